@@ -1,0 +1,18 @@
+"""asgi_amqp: an ASGI 1.0 channel layer on RabbitMQ."""
+
+import logging
+
+from .errors import (AMQPLayerError, AuthenticationError, BrokerConnectionError,
+                     BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
+                     MessageTooLarge, OperationTimeout)
+from .layer import AMQPChannelLayer
+
+__version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "AMQPChannelLayer", "ChannelFull", "MessageTooLarge", "AMQPLayerError",
+    "BrokerConnectionError", "AuthenticationError", "OperationTimeout",
+    "BrokerOperationError", "ManagementAPIError", "LayerClosed", "__version__",
+]

@@ -1,0 +1,138 @@
+"""Topology operations (declare, bind, unbind, delete), run one at a time.
+
+An operation is a list of ``Step``s, each one AMQP RPC. Steps are written as
+plain data (see ``steps`` below) so that the layer states its intent, e.g.
+"declare the group exchange, declare the member exchange, bind them", and
+this executor alone deals with callbacks and channel errors.
+
+Operations run strictly one after another on their own channel. A channel
+error (404, 406) closes that channel; the executor fails only the operation
+that caused it, unless the step said a 404 is fine (deleting or unbinding
+something already gone), reopens the channel and carries on with the next.
+"""
+
+import collections
+import logging
+
+from .channels import ChannelUser
+from .errors import BrokerConnectionError, BrokerOperationError
+
+logger = logging.getLogger(__name__)
+
+NOT_FOUND = 404
+
+
+class Step(collections.namedtuple("Step", "method kwargs not_found_ok")):
+    """One RPC on a pika channel: ``getattr(channel, method)(callback=..., **kwargs)``."""
+
+
+def queue_declare(queue, arguments, passive=False):
+    return Step("queue_declare", dict(queue=queue, durable=True, arguments=arguments, passive=passive), False)
+
+
+def queue_delete(queue):
+    return Step("queue_delete", dict(queue=queue), True)
+
+
+def queue_purge(queue):
+    return Step("queue_purge", dict(queue=queue), True)
+
+
+def queue_bind(queue, exchange):
+    return Step("queue_bind", dict(queue=queue, exchange=exchange, routing_key=""), False)
+
+
+def exchange_declare(exchange, auto_delete=False, exchange_type="fanout"):
+    return Step(
+        "exchange_declare",
+        dict(exchange=exchange, exchange_type=exchange_type, durable=True, auto_delete=auto_delete),
+        False,
+    )
+
+
+def exchange_delete(exchange):
+    return Step("exchange_delete", dict(exchange=exchange), True)
+
+
+def exchange_bind(destination, source, routing_key=""):
+    return Step("exchange_bind", dict(destination=destination, source=source, routing_key=routing_key), False)
+
+
+def exchange_unbind(destination, source):
+    return Step("exchange_unbind", dict(destination=destination, source=source, routing_key=""), True)
+
+
+class _Operation(object):
+    __slots__ = ("pending", "steps", "index", "result")
+
+    def __init__(self, pending, steps):
+        self.pending = pending
+        self.steps = list(steps)
+        self.index = 0
+        self.result = None
+
+
+class AdminExecutor(ChannelUser):
+    name = "admin"
+
+    def __init__(self, connection):
+        self._queue = collections.deque()
+        self._current = None
+        super(AdminExecutor, self).__init__(connection)
+
+    def run(self, pending, steps):
+        """Run ``steps`` in order; ``pending`` gets the last step's method frame."""
+        self._queue.append(_Operation(pending, steps))
+        self._next()
+
+    def on_ready(self):
+        self._next()
+
+    def _next(self):
+        if self._current is not None or not self.ready:
+            return
+        while self._queue:
+            operation = self._queue.popleft()
+            if operation.pending.wanted:
+                self._current = operation
+                self._issue()
+                return
+
+    def _issue(self):
+        operation = self._current
+        if operation.index >= len(operation.steps):
+            self._current = None
+            operation.pending.resolve(operation.result)
+            self._next()
+            return
+        step = operation.steps[operation.index]
+        getattr(self.channel, step.method)(callback=self._on_step_done, **step.kwargs)
+
+    def _on_step_done(self, frame):
+        operation = self._current
+        operation.result = frame.method
+        operation.index += 1
+        self._issue()
+
+    def on_lost(self, reply_code, reply_text):
+        operation, self._current = self._current, None
+        if operation is None:
+            return
+        step = operation.steps[operation.index]
+        if reply_code == NOT_FOUND and step.not_found_ok:
+            # Already gone is what we wanted; go on once the channel is back.
+            operation.index += 1
+            self._queue.appendleft(operation)
+        elif reply_code is None or reply_code >= 500 or reply_code == 320:
+            operation.pending.fail(BrokerConnectionError(
+                "connection to the broker lost during %s" % step.method))
+        else:
+            operation.pending.fail(BrokerOperationError(reply_code, reply_text))
+
+    def fail_all(self, error):
+        if self._current is not None:
+            self._current.pending.fail(error)
+            self._current = None
+        for operation in self._queue:
+            operation.pending.fail(error)
+        self._queue.clear()

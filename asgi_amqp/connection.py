@@ -1,0 +1,245 @@
+"""The I/O thread: the only thread that ever touches the pika connection.
+
+Callers hand work to it with ``submit`` and wait on a ``Pending`` with a
+timeout. ``submit`` is the one place where threads meet: it appends to an
+inbox under a lock and wakes the loop with ``add_callback_threadsafe`` (the
+one pika call that is safe from another thread), at most once per batch, so
+a burst of callers costs one wake-up.
+
+The thread runs one pika ``IOLoop`` for its whole life and creates a new
+``SelectConnection`` on it after every loss, trying the configured URLs in
+turn with capped exponential backoff. Heartbeats are serviced by the loop
+whatever callers do. Work submitted while there is no connection waits for
+the next one; the caller's own timeout bounds that wait. A connection that
+has never opened fails waiting work at once with the reason, so a typo in
+the URL is an error in the caller within seconds, not a hang.
+"""
+
+import collections
+import logging
+import threading
+import time
+
+import pika
+from pika.adapters.select_connection import IOLoop
+
+from .admin import AdminExecutor
+from .consumers import ConsumerPool
+from .errors import AuthenticationError, BrokerConnectionError, LayerClosed
+from .publisher import Publisher
+from .receiving import Getter, Liveness
+from .urls import describe_parameters
+
+logger = logging.getLogger(__name__)
+
+
+class Session(object):
+    """What lives on one connection: a channel for each kind of work."""
+
+    def __init__(self, connection, liveness, linger, idle_timeout):
+        self.connection = connection
+        self.liveness = liveness
+        self.publisher = Publisher(connection)
+        self.admin = AdminExecutor(connection)
+        self.consumers = ConsumerPool(connection, liveness, linger, idle_timeout)
+        self.getter = Getter(connection, liveness, self.consumers.take_held)
+        self._parts = (self.publisher, self.admin, self.consumers, self.getter)
+
+    def close(self, error):
+        for part in self._parts:
+            part.shutdown()
+            part.fail_all(error)
+
+
+class IOThread(object):
+    def __init__(self, parameters, name="asgi_amqp-io", linger=0.25, idle_timeout=30.0,
+                 reconnect_max_delay=5.0):
+        self._parameters = list(parameters)
+        self._name = name
+        self._linger = linger
+        self._idle_timeout = idle_timeout
+        self._reconnect_max_delay = reconnect_max_delay
+        self._lock = threading.Lock()
+        self._inbox = collections.deque()
+        self._wakeup_sent = False
+        self._ioloop = None
+        self._thread = None
+        self._started = threading.Event()
+        self._stopping = False
+        # Everything below is touched by the I/O thread only.
+        self._connection = None
+        self._session = None
+        self._waiting = collections.deque()  # work that needs a session
+        self._attempt = 0
+        self._ever_connected = False
+        self._last_error = None
+        self._liveness = Liveness()
+
+    # -- any thread ----------------------------------------------------------
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        if not self._started.wait(10):
+            raise BrokerConnectionError("the I/O thread did not start")
+
+    @property
+    def alive(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, work):
+        """Run ``work(session)`` on the I/O thread once a session exists.
+
+        ``work`` must be an object with ``pending`` and ``__call__(session)``.
+        """
+        with self._lock:
+            if self._stopping:
+                raise LayerClosed("the layer is closed")
+            self._inbox.append(work)
+            if self._wakeup_sent:
+                return
+            self._wakeup_sent = True
+        self._ioloop.add_callback_threadsafe(self._drain_inbox)
+
+    def stop(self, timeout=10.0):
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        if self._ioloop is not None:
+            self._ioloop.add_callback_threadsafe(self._shutdown)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("I/O thread did not stop within %.1f s", timeout)
+
+    # -- the I/O thread ------------------------------------------------------
+
+    def _run(self):
+        self._ioloop = IOLoop()
+        self._ioloop.add_callback_threadsafe(self._connect)
+        self._started.set()
+        try:
+            self._ioloop.start()
+        except Exception:
+            logger.exception("I/O loop crashed")
+        finally:
+            self._fail_waiting(LayerClosed("the layer is closed"))
+            self._ioloop.close()
+
+    def _drain_inbox(self):
+        with self._lock:
+            self._wakeup_sent = False
+            batch = list(self._inbox)
+            self._inbox.clear()
+        for work in batch:
+            if not work.pending.wanted:
+                continue
+            if self._session is not None:
+                self._dispatch(work)
+            elif not self._ever_connected and self._last_error is not None:
+                work.pending.fail(self._last_error)
+            else:
+                self._waiting.append(work)
+
+    def _dispatch(self, work):
+        try:
+            work(self._session)
+        except Exception as exc:
+            logger.exception("error while running %s", work.pending.description)
+            work.pending.fail(BrokerConnectionError("internal error: %s" % exc))
+
+    def _connect(self):
+        if self._stopping:
+            return
+        parameters = self._parameters[self._attempt % len(self._parameters)]
+        logger.debug("connecting to %s", describe_parameters(parameters))
+        self._connection = pika.SelectConnection(
+            parameters,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_closed,
+            custom_ioloop=self._ioloop,
+        )
+
+    def _on_open(self, connection):
+        if connection is not self._connection:
+            return
+        if self._ever_connected:
+            logger.info("reconnected to %s", describe_parameters(connection.params))
+        self._attempt = 0
+        self._ever_connected = True
+        self._last_error = None
+        self._liveness.forget()
+        self._session = Session(connection, self._liveness, self._linger, self._idle_timeout)
+        waiting, self._waiting = self._waiting, collections.deque()
+        for work in waiting:
+            if work.pending.wanted:
+                self._dispatch(work)
+
+    def _on_open_error(self, connection, error):
+        self._last_error = _connection_error(error, connection.params)
+        logger.warning("%s", self._last_error)
+        if isinstance(self._last_error, AuthenticationError) or not self._ever_connected:
+            self._fail_waiting(self._last_error)
+        self._schedule_reconnect()
+
+    def _on_closed(self, connection, reason):
+        if connection is not self._connection:
+            return
+        session, self._session = self._session, None
+        error = BrokerConnectionError(
+            "connection to %s lost: %s" % (describe_parameters(connection.params), _reason(reason)))
+        if session is not None:
+            session.close(error)
+        if self._stopping:
+            self._ioloop.stop()
+            return
+        logger.warning("%s; reconnecting", error)
+        self._last_error = error
+        self._schedule_reconnect()
+
+    def _schedule_reconnect(self):
+        if self._stopping:
+            self._ioloop.stop()
+            return
+        self._attempt += 1
+        rounds = (self._attempt - 1) // len(self._parameters)
+        delay = 0 if self._attempt % len(self._parameters) else min(
+            self._reconnect_max_delay, 0.1 * (2 ** rounds))
+        if isinstance(self._last_error, AuthenticationError):
+            delay = self._reconnect_max_delay
+        self._ioloop.call_later(delay, self._connect)
+
+    def _fail_waiting(self, error):
+        waiting, self._waiting = self._waiting, collections.deque()
+        for work in waiting:
+            work.pending.fail(error)
+
+    def _shutdown(self):
+        self._fail_waiting(LayerClosed("the layer is closed"))
+        connection = self._connection
+        if connection is not None and (connection.is_open or connection.is_opening):
+            if connection.is_open:
+                connection.close()
+                return  # _on_closed stops the loop
+            # Still opening: pika cannot close it cleanly; stop the loop after it settles.
+        self._ioloop.stop()
+
+
+def _reason(reason):
+    code = getattr(reason, "reply_code", None)
+    text = getattr(reason, "reply_text", None)
+    if code is not None:
+        return "%s %s" % (code, text)
+    return type(reason).__name__ + (": %s" % reason if str(reason) else "")
+
+
+def _connection_error(error, parameters):
+    where = describe_parameters(parameters)
+    if isinstance(error, (pika.exceptions.ProbableAuthenticationError,
+                          pika.exceptions.AuthenticationError)):
+        return AuthenticationError("the broker at %s refused the credentials" % where)
+    if isinstance(error, pika.exceptions.ProbableAccessDeniedError):
+        return AuthenticationError("the broker at %s denied access to the vhost" % where)
+    return BrokerConnectionError("cannot connect to %s: %s" % (where, _reason(error)))

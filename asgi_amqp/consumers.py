@@ -1,0 +1,223 @@
+"""Blocking receives, served by consumers that outlive a single call.
+
+A Channels worker calls ``receive(channels, block=True)`` in a tight loop
+over the same 10-20 channels. Starting and cancelling a consumer on every
+channel for every call would cost two round trips per channel per call, so
+consumers are kept between calls instead:
+
+* each consumer has ``prefetch_count=1``: the broker pushes at most one
+  message per queue to this process before it is taken, so one round trip
+  (the ack) is spent per message delivered;
+* a delivery is handed to a waiting caller and acked only if the caller takes
+  it; with nobody waiting it is *held*, unacked, for the next call;
+* a message held longer than ``linger`` seconds is nacked back to the queue
+  and that consumer cancelled, so a message never waits in a busy process
+  while another process is idle; and a consumer nobody has wanted for
+  ``idle_timeout`` seconds is cancelled to free the broker's resources.
+
+Held messages are unacked: if this process dies they go back to the queue,
+so nothing it had not handed to a caller is lost.
+"""
+
+import collections
+import logging
+import random
+import time
+
+
+from .channels import ChannelUser
+from .receiving import Delivery
+
+logger = logging.getLogger(__name__)
+
+
+class _Consumer(object):
+    __slots__ = ("queue", "tag", "active", "held", "wanted_at")
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.tag = None
+        self.active = False
+        self.held = collections.deque()  # (delivery_tag, Delivery, time held)
+        self.wanted_at = time.monotonic()
+
+
+class _Waiter(object):
+    __slots__ = ("pending", "queues", "timer")
+
+    def __init__(self, pending, queues):
+        self.pending = pending
+        self.queues = queues
+        self.timer = None
+
+
+class ConsumerPool(ChannelUser):
+    name = "consume"
+
+    def __init__(self, connection, liveness, linger, idle_timeout):
+        self._liveness = liveness
+        self._linger = linger
+        self._idle_timeout = idle_timeout
+        self._consumers = {}  # queue -> _Consumer
+        self._by_tag = {}
+        self._waiters = []
+        self._backlog = collections.deque()  # wait() calls made before the channel opened
+        self._housekeeping = None
+        super(ConsumerPool, self).__init__(connection)
+
+    def setup(self, channel, done):
+        channel.add_on_cancel_callback(self._on_broker_cancel)
+        channel.basic_qos(prefetch_count=1, callback=done)
+
+    def on_ready(self):
+        while self._backlog:
+            self.wait(*self._backlog.popleft())
+        self._schedule_housekeeping()
+
+    # -- serving callers ----------------------------------------------------
+
+    def wait(self, pending, queues, timeout):
+        """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``timeout``."""
+        if not pending.wanted:
+            return
+        if not self.ready:
+            self._backlog.append((pending, queues, timeout))
+            return
+        names = [queue for queue, _ in queues]
+        if self.take_held(pending, names):
+            return
+        waiter = _Waiter(pending, set(names))
+        waiter.timer = self._connection.ioloop.call_later(
+            timeout, lambda: self._expire(waiter))
+        self._waiters.append(waiter)
+        for queue, arguments in queues:
+            self._ensure_consumer(queue, arguments)
+
+    def take_held(self, pending, queues):
+        """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
+        candidates = [q for q in queues if q in self._consumers and self._consumers[q].held]
+        random.shuffle(candidates)
+        for queue in candidates:
+            consumer = self._consumers[queue]
+            delivery_tag, delivery, _ = consumer.held[0]
+            if not pending.resolve(delivery):
+                return True  # the caller left; the message stays held for someone else
+            consumer.held.popleft()
+            consumer.wanted_at = time.monotonic()
+            self.channel.basic_ack(delivery_tag)
+            return True
+        return False
+
+    def _expire(self, waiter):
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        waiter.pending.resolve(None)
+
+    # -- consumers ----------------------------------------------------------
+
+    def _ensure_consumer(self, queue, arguments):
+        consumer = self._consumers.get(queue)
+        if consumer is not None:
+            consumer.wanted_at = time.monotonic()
+            return
+        consumer = self._consumers[queue] = _Consumer(queue)
+        # Declaring first means basic.consume cannot 404 and close the channel
+        # under every other consumer.
+        self.channel.queue_declare(
+            queue, durable=True, arguments=arguments,
+            callback=lambda frame: self._start(consumer, arguments))
+
+    def _start(self, consumer, arguments):
+        if self._consumers.get(consumer.queue) is not consumer:
+            return
+        self._liveness.touch(consumer.queue, arguments)
+        consumer.tag = self.channel.basic_consume(
+            consumer.queue, self._on_message, auto_ack=False)
+        consumer.active = True
+        self._by_tag[consumer.tag] = consumer
+
+    def _cancel(self, consumer):
+        """Stop a consumer and give back what it holds."""
+        self._consumers.pop(consumer.queue, None)
+        if consumer.tag is not None:
+            self._by_tag.pop(consumer.tag, None)
+            if self.channel is not None:
+                self.channel.basic_cancel(consumer.tag)
+        self._requeue(consumer)
+
+    def _requeue(self, consumer):
+        while consumer.held and self.channel is not None:
+            delivery_tag, _, _ = consumer.held.popleft()
+            self.channel.basic_nack(delivery_tag, requeue=True)
+        consumer.held.clear()
+
+    def _on_message(self, channel, method, properties, body):
+        consumer = self._by_tag.get(method.consumer_tag)
+        if consumer is None:
+            # Sent before our basic.cancel reached the broker.
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            return
+        delivery = Delivery(consumer.queue, properties.headers or {}, body, method.redelivered)
+        for waiter in [w for w in self._waiters if consumer.queue in w.queues]:
+            self._waiters.remove(waiter)
+            self._connection.ioloop.remove_timeout(waiter.timer)
+            if waiter.pending.resolve(delivery):
+                consumer.wanted_at = time.monotonic()
+                channel.basic_ack(method.delivery_tag)
+                return
+        consumer.held.append((method.delivery_tag, delivery, time.monotonic()))
+
+    def _on_broker_cancel(self, frame):
+        # The queue was deleted (flush, or expiry); waiters re-declare on their next call.
+        consumer = self._by_tag.pop(frame.method.consumer_tag, None)
+        if consumer is not None:
+            self._consumers.pop(consumer.queue, None)
+            consumer.held.clear()
+            self._liveness.forget(consumer.queue)
+
+    # -- housekeeping -------------------------------------------------------
+
+    def _schedule_housekeeping(self):
+        if self._housekeeping is None and self.ready:
+            interval = max(0.01, min(self._linger, self._idle_timeout) / 2.0)
+            self._housekeeping = self._connection.ioloop.call_later(interval, self._sweep)
+
+    def _sweep(self):
+        self._housekeeping = None
+        if not self.ready:
+            return
+        now = time.monotonic()
+        wanted = set()
+        for waiter in self._waiters:
+            wanted |= waiter.queues
+        for consumer in list(self._consumers.values()):
+            if consumer.queue in wanted or not consumer.active:
+                continue
+            lingered = consumer.held and now - consumer.held[0][2] > self._linger
+            idle = not consumer.held and now - consumer.wanted_at > self._idle_timeout
+            if lingered or idle:
+                self._cancel(consumer)
+        self._schedule_housekeeping()
+
+    def on_lost(self, reply_code, reply_text):
+        # The broker requeues every unacked delivery of a closed channel.
+        for consumer in self._consumers.values():
+            consumer.held.clear()
+        self._consumers.clear()
+        self._by_tag.clear()
+        for waiter in self._waiters:
+            self._connection.ioloop.remove_timeout(waiter.timer)
+            waiter.pending.resolve(None)
+        self._waiters = []
+        if self._housekeeping is not None:
+            self._connection.ioloop.remove_timeout(self._housekeeping)
+            self._housekeeping = None
+
+    def fail_all(self, error):
+        self.on_lost(None, None)
+        for pending, _, _ in self._backlog:
+            pending.resolve(None)
+        self._backlog.clear()
+
+    def consumed_queues(self):
+        return list(self._consumers)

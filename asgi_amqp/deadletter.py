@@ -1,0 +1,185 @@
+"""The dead-letter worker: group expiry and dropping members whose messages expire.
+
+It runs on its own thread with its own ``BlockingConnection``, so nothing it
+does can delay callers, and it competes with the workers of every other
+layer process on the one shared dead-letter queue, so each event is handled
+once. What arrives there:
+
+* a membership marker that **expired** (reason ``expired``): nobody called
+  ``group_add`` again within ``group_expiry``, so the channel's member
+  exchange is unbound from the group. If a fresh marker already sits in the
+  marker queue, the member re-joined while the event was in flight and the
+  membership stays.
+* a marker pushed out by a repeated ``group_add`` (reason ``maxlen``):
+  ignored; that membership was just renewed.
+* a channel message that **expired**: its channel is not being read, so the
+  channel's member exchange is deleted, which drops it from all its groups.
+
+Fan-out to process-local members does not pass through here: the broker
+dead-letters group messages from a member's zero-length queue straight into
+the owning process's queue (see ``naming``).
+
+Deliveries are collected by the consumer callback and handled after
+``process_data_events`` returns; topology changes run on a second channel, so
+a 404 (already deleted) only closes that channel. Every event is acked after
+it was handled. The loop reconnects with backoff after any error and stops
+within a fraction of a second of ``stop()``.
+"""
+
+import logging
+import threading
+
+import pika
+import pika.exceptions
+
+from . import naming
+from .urls import describe_parameters
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+PREFETCH = 50
+
+
+class DeadLetterWorker(object):
+    def __init__(self, parameters, topology, name="asgi_amqp-deadletters", max_backoff=5.0):
+        self._parameters = list(parameters)
+        self._topology = topology
+        self._name = name
+        self._max_backoff = max_backoff
+        self._stop = threading.Event()
+        self._thread = None
+        self._connection = None
+        self._inbox = []
+        self._actions = None
+        self.handled = 0
+        self.ready = threading.Event()
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout=10.0):
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("dead-letter worker did not stop within %.1f s", timeout)
+
+    # -- the worker thread ---------------------------------------------------
+
+    def _run(self):
+        attempt = 0
+        while not self._stop.is_set():
+            parameters = self._parameters[attempt % len(self._parameters)]
+            try:
+                self._serve(parameters)
+                attempt = 0
+            except Exception as exc:  # the thread must never die silently
+                self.ready.clear()
+                attempt += 1
+                delay = min(self._max_backoff, 0.1 * 2 ** min(attempt, 10))
+                logger.warning("dead-letter worker: %s (%s); retrying in %.1f s",
+                               type(exc).__name__, describe_parameters(parameters), delay)
+                self._stop.wait(delay)
+            finally:
+                self._close_connection()
+
+    def _serve(self, parameters):
+        self._connection = pika.BlockingConnection(parameters)
+        events = self._connection.channel()
+        self._declare_dead_letter_queue(events)
+        events.basic_qos(prefetch_count=PREFETCH)
+        events.basic_consume(self._topology.dead_letter_queue, self._collect)
+        self._actions = self._connection.channel()
+        self.ready.set()
+        while not self._stop.is_set():
+            self._connection.process_data_events(time_limit=POLL_SECONDS)
+            batch, self._inbox = self._inbox, []
+            for method, properties in batch:
+                self._handle(properties)
+                events.basic_ack(method.delivery_tag)
+                self.handled += 1
+
+    def _declare_dead_letter_queue(self, channel):
+        topology = self._topology
+        channel.exchange_declare(topology.dead_letter_exchange, "fanout", durable=True)
+        channel.queue_declare(topology.dead_letter_queue, durable=True,
+                              arguments=topology.dead_letter_queue_arguments())
+        channel.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange)
+        channel.exchange_declare(topology.group_router, "direct", durable=True)
+
+    def _collect(self, _channel, method, properties, _body):
+        self._inbox.append((method, properties))
+
+    def _close_connection(self):
+        connection, self._connection = self._connection, None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except Exception:
+                logger.debug("dead-letter worker: error closing connection", exc_info=True)
+
+    # -- events ---------------------------------------------------------------
+
+    def _handle(self, properties):
+        headers = properties.headers or {}
+        deaths = headers.get("x-death") or []
+        if not deaths or _text(deaths[0].get("reason")) != "expired":
+            return  # maxlen: a marker replaced by a repeated group_add
+        try:
+            if _text(headers.get(naming.KIND_HEADER)) == naming.MARKER_KIND:
+                self._expire_membership(headers)
+            else:
+                self._drop_channel(headers, deaths)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            # Already gone; only the actions channel is lost.
+            logger.debug("dead-letter worker: %s", exc)
+            self._actions = self._connection.channel()
+
+    def _expire_membership(self, headers):
+        group = _text(headers.get(naming.GROUP_HEADER))
+        channel = _text(headers.get(naming.CHANNEL_HEADER))
+        if not group or not channel:
+            return
+        marker_queue = self._topology.marker_queue(group, channel)
+        try:
+            fresh = self._actions.queue_declare(marker_queue, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            self._actions = self._connection.channel()  # no marker queue: not renewed
+            fresh = 0
+        if fresh:
+            return
+        logger.debug("group membership expired: %s in %s", channel, group)
+        self._actions.exchange_unbind(destination=self._topology.member_exchange(channel),
+                                source=self._topology.group_exchange(group))
+
+    def _drop_channel(self, headers, deaths):
+        channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(deaths)
+        if not channel:
+            return
+        logger.debug("message expired in %s: dropping it from its groups", channel)
+        self._actions.exchange_delete(self._topology.member_exchange(channel))
+
+    def _channel_from_deaths(self, deaths):
+        """The channel a dead message belonged to, from its x-death history."""
+        topology = self._topology
+        for death in deaths:
+            queue = _text(death.get("queue"))
+            local = topology.channel_of_local_member_queue(queue)
+            if local:
+                return local
+        channel = topology.channel_of_queue(_text(deaths[0].get("queue")))
+        if channel and not channel.endswith("!"):
+            return channel
+        return None
+
+
+def _text(value):
+    if isinstance(value, bytes):
+        return value.decode("utf8", "replace")
+    return value or ""

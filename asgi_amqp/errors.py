@@ -1,0 +1,53 @@
+"""Exceptions raised by the layer.
+
+Every error that reaches a caller is one of these or a TypeError/ValueError
+for bad input, and none of their messages contain credentials.
+"""
+
+from asgiref.base_layer import BaseChannelLayer
+
+
+class ChannelFull(BaseChannelLayer.ChannelFull):
+    """The channel's queue holds ``capacity`` messages already."""
+
+
+class MessageTooLarge(BaseChannelLayer.MessageTooLarge):
+    """The encoded message is larger than ``max_message_size``."""
+
+
+class AMQPLayerError(Exception):
+    """Base class of the layer's own runtime errors."""
+
+
+class BrokerConnectionError(AMQPLayerError, ConnectionError):
+    """The broker could not be reached or the connection was lost.
+
+    A ``send`` that raises this may or may not have been delivered.
+    """
+
+
+class AuthenticationError(BrokerConnectionError):
+    """The broker refused the credentials or the vhost."""
+
+
+class OperationTimeout(BrokerConnectionError):
+    """The broker did not answer within ``operation_timeout``."""
+
+
+class BrokerOperationError(AMQPLayerError):
+    """The broker refused an operation (for example, mismatched queue arguments)."""
+
+    def __init__(self, reply_code, reply_text):
+        super(BrokerOperationError, self).__init__(
+            "broker refused the operation: %s %s" % (reply_code, reply_text)
+        )
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+
+class ManagementAPIError(AMQPLayerError):
+    """The RabbitMQ management HTTP API is unavailable or refused a request."""
+
+
+class LayerClosed(AMQPLayerError):
+    """The layer was closed."""

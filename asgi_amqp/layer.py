@@ -1,0 +1,417 @@
+"""AMQPChannelLayer: the ASGI 1.0 channel layer API on RabbitMQ.
+
+Each method validates its input in the caller's thread, states what it wants
+from the broker as a short sequence of primitive operations (publish, a list
+of topology steps, get, wait for a delivery), and hands each to the I/O
+thread, waiting on the result with a timeout. All broker objects and their
+arguments come from ``naming.Topology``.
+"""
+
+import logging
+import os
+import random
+import secrets
+import string
+import threading
+import uuid
+
+import pika
+from asgiref.base_layer import BaseChannelLayer
+
+from . import admin, naming
+from .connection import IOThread
+from .deadletter import DeadLetterWorker
+from .errors import (BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
+                     MessageTooLarge)
+from .futures import Pending
+from .management import ManagementClient
+from .publisher import ACKED, NACKED, Publish
+from .serialization import Serializer, UndecodableMessage
+from .urls import management_url_for, parse_urls, redact, vhost_of
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
+DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
+_NAME_ALPHABET = string.ascii_letters + string.digits
+_MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
+
+
+class _Work(object):
+    """A call of ``function(session, pending, *args)`` on the I/O thread."""
+
+    __slots__ = ("pending", "function", "args")
+
+    def __init__(self, pending, function, args):
+        self.pending = pending
+        self.function = function
+        self.args = args
+
+    def __call__(self, session):
+        self.function(session, self.pending, *self.args)
+
+
+def _do_publish(session, pending, exchange, routing_key, body, properties, mandatory):
+    session.publisher.publish(Publish(pending, exchange, routing_key, body, properties, mandatory))
+
+
+def _do_admin(session, pending, steps):
+    session.admin.run(pending, steps)
+
+
+def _do_get(session, pending, queues):
+    session.getter.get(pending, queues)
+
+
+def _do_wait(session, pending, queues, timeout):
+    session.consumers.wait(pending, queues, timeout)
+
+
+def _do_forget(session, pending):
+    session.liveness.forget()
+    pending.resolve(None)
+
+
+class AMQPChannelLayer(BaseChannelLayer):
+    """An ASGI 1.0 channel layer on RabbitMQ.
+
+    :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
+        turn. Defaults to ``$AMQP_URL`` or ``amqp://guest:guest@localhost:5672/%2F``.
+    :param expiry: seconds a message waits in a channel before it expires.
+    :param group_expiry: seconds a group membership lasts without a new ``group_add``.
+    :param capacity: default maximum number of messages waiting in a channel.
+    :param channel_capacity: ``{pattern: capacity}``; glob strings or compiled regexes.
+    :param prefix: prefix of every queue and exchange the layer creates; layers
+        with different prefixes on one vhost never see each other's data.
+    :param management_url: RabbitMQ management API; defaults to the first
+        URL's host and credentials on port 15672. Needed by ``group_channels``
+        and ``flush``.
+    :param receive_timeout: seconds a blocking ``receive`` waits before it
+        returns ``(None, None)``.
+    :param operation_timeout: seconds any other call waits for the broker
+        before raising ``OperationTimeout``.
+    :param max_message_size: largest encoded message accepted, in bytes.
+    :param symmetric_encryption_keys: list of keys; messages are encrypted
+        with the first (Fernet) and decrypted with any.
+    :param linger: seconds a message pushed to this process for a blocking
+        receive may wait for the next call before it is given back.
+    :param consumer_idle_timeout: seconds after which an unused consumer is cancelled.
+    :param dead_letter_worker: run the dead-letter worker in this process
+        (group expiry, dropping expired members). At least one process
+        sharing the prefix must run it.
+    """
+
+    extensions = ["groups", "flush"]
+
+    ChannelFull = ChannelFull
+    MessageTooLarge = MessageTooLarge
+
+    def __init__(self, url=None, expiry=60, group_expiry=86400, capacity=100,
+                 channel_capacity=None, prefix="asgi", management_url=None,
+                 receive_timeout=5.0, operation_timeout=10.0,
+                 max_message_size=DEFAULT_MAX_MESSAGE_SIZE, symmetric_encryption_keys=None,
+                 linger=0.25, consumer_idle_timeout=30.0, dead_letter_worker=True):
+        super(AMQPChannelLayer, self).__init__(
+            expiry=expiry, group_expiry=group_expiry, capacity=capacity,
+            channel_capacity=channel_capacity)
+        url = url or os.environ.get("AMQP_URL") or DEFAULT_URL
+        self._urls = [url] if isinstance(url, str) else list(url)
+        self._parameters = parse_urls(self._urls)
+        _positive("expiry", expiry)
+        _positive("group_expiry", group_expiry)
+        _positive("receive_timeout", receive_timeout)
+        _positive("operation_timeout", operation_timeout)
+        _positive("capacity", capacity)
+        _positive("max_message_size", max_message_size)
+        self.receive_timeout = receive_timeout
+        self.operation_timeout = operation_timeout
+        self.topology = naming.Topology(prefix, expiry, group_expiry, self.get_capacity)
+        self._serializer = Serializer(max_message_size, symmetric_encryption_keys)
+        self._management_url = management_url or management_url_for(self._urls[0])
+        self._management = None
+        self._linger = linger
+        self._consumer_idle_timeout = consumer_idle_timeout
+        self._run_worker = dead_letter_worker
+        self._start_lock = threading.Lock()
+        self._pid = None
+        self._io = None
+        self._worker = None
+        self._closed = False
+        self._infrastructure_pid = None
+
+    def __repr__(self):
+        return "<%s %s prefix=%r>" % (
+            type(self).__name__, ", ".join(redact(u) for u in self._urls), self.topology.prefix)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _running_io(self):
+        """The I/O thread, started on first use and again in a forked child."""
+        if self._closed:
+            raise LayerClosed("the layer is closed")
+        if self._io is not None and self._pid == os.getpid():
+            return self._io
+        with self._start_lock:
+            if self._io is None or self._pid != os.getpid():
+                # In a forked child the parent's threads do not exist and its
+                # sockets must not be touched: start afresh.
+                self._pid = os.getpid()
+                self._io = IOThread(self._parameters, linger=self._linger,
+                                    idle_timeout=self._consumer_idle_timeout)
+                self._io.start()
+                self._worker = None
+                if self._run_worker:
+                    self._worker = DeadLetterWorker(self._parameters, self.topology)
+                    self._worker.start()
+            return self._io
+
+    def threads(self):
+        """The threads this layer runs in this process (for monitoring)."""
+        found = []
+        for part in (self._io, self._worker):
+            if part is not None and self._pid == os.getpid() and part._thread is not None:
+                found.append(part._thread)
+        return found
+
+    def close(self):
+        """Stop the I/O thread and the dead-letter worker; the layer is unusable afterwards."""
+        self._closed = True
+        if self._pid != os.getpid():
+            return
+        io, worker = self._io, self._worker
+        if worker is not None:
+            worker.stop()
+        if io is not None:
+            io.stop()
+
+    # -- primitives ---------------------------------------------------------
+
+    def _call(self, description, function, *args, **kwargs):
+        timeout = kwargs.get("timeout", self.operation_timeout)
+        pending = Pending(description)
+        self._running_io().submit(_Work(pending, function, args))
+        return pending, pending.wait(timeout)
+
+    def _publish(self, exchange, routing_key, body, properties, mandatory, what):
+        return self._call(what, _do_publish, exchange, routing_key, body, properties, mandatory)[1]
+
+    def _admin(self, steps, what):
+        return self._call(what, _do_admin, steps)[1]
+
+    def _properties(self, headers=None):
+        return pika.BasicProperties(
+            delivery_mode=1, content_type="application/x-msgpack",
+            message_id=uuid.uuid4().hex, headers=headers)
+
+    # -- ASGI API -------------------------------------------------------------
+
+    def send(self, channel, message):
+        self._check_channel_name(channel)
+        body = self._serializer.dumps(message)
+        queue = self.topology.channel_queue(channel)
+        headers = {naming.CHANNEL_HEADER: channel} if naming.is_process_local(channel) else None
+        properties = self._properties(headers)
+        for _ in range(3):
+            outcome = self._publish("", queue, body, properties, True, "send to %s" % channel)
+            if outcome == ACKED:
+                return
+            if outcome == NACKED:
+                raise self.ChannelFull("channel %s is full" % channel)
+            # Returned: the queue does not exist (new, expired or flushed).
+            self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
+        raise BrokerOperationError(312, "queue %s disappears as soon as it is declared" % queue)
+
+    def receive(self, channels, block=False):
+        queues = self._queues_for_receive(channels)
+        for _ in range(_MAX_SKIPPED):
+            if block:
+                pending = Pending("blocking receive")
+                self._running_io().submit(
+                    _Work(pending, _do_wait, (queues, self.receive_timeout)))
+                delivery = pending.wait_or(self.receive_timeout + self.operation_timeout, None)
+            else:
+                delivery = self._call("receive", _do_get, queues)[1]
+            if delivery is None:
+                return None, None
+            decoded = self._decode(delivery)
+            if decoded is not None:
+                return decoded
+        return None, None
+
+    def new_channel(self, pattern):
+        if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
+            raise TypeError("new_channel pattern must end with '?', not %r" % (pattern,))
+        self._check_channel_name(pattern[:-1])
+        suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
+        return pattern + suffix
+
+    # -- groups ---------------------------------------------------------------
+
+    def group_add(self, group, channel):
+        self._check_group_name(group)
+        self._check_channel_name(channel)
+        self._ensure_infrastructure()
+        topology = self.topology
+        member = topology.member_exchange(channel)
+        # The channel's queue must exist: for a process-local member the
+        # broker dead-letters into it, and dead-lettering into a missing queue
+        # drops the message silently.
+        steps = [self._declare_channel_queue(channel)]
+        if naming.is_process_local(channel):
+            target = topology.local_member_queue(channel)
+            steps.append(admin.queue_declare(target, topology.local_member_queue_arguments(channel)))
+        else:
+            target = topology.channel_queue(channel)
+        marker = topology.marker_queue(group, channel)
+        steps += [
+            admin.exchange_declare(topology.group_exchange(group)),
+            admin.exchange_bind(topology.group_exchange(group), topology.group_router, group),
+            admin.exchange_declare(member, auto_delete=True),
+            admin.queue_bind(target, member),
+            admin.exchange_bind(member, topology.group_exchange(group)),
+            admin.queue_declare(marker, topology.marker_queue_arguments()),
+        ]
+        try:
+            self._admin(steps, "group_add %s %s" % (group, channel))
+        except BrokerOperationError as exc:
+            if exc.reply_code != 404:
+                raise
+            # The member exchange was deleted between two steps (its channel's
+            # message expired at that moment); building it again is correct.
+            self._ensure_infrastructure(again=True)
+            self._admin(steps, "group_add %s %s" % (group, channel))
+        self._renew_marker(group, channel, marker)
+
+    def _renew_marker(self, group, channel, marker):
+        properties = self._properties({
+            naming.KIND_HEADER: naming.MARKER_KIND,
+            naming.GROUP_HEADER: group,
+            naming.CHANNEL_HEADER: channel,
+        })
+        outcome = self._publish("", marker, b"", properties, True, "group marker")
+        if outcome != ACKED:
+            raise BrokerOperationError(312, "membership marker for %s was not accepted" % channel)
+
+    def group_discard(self, group, channel):
+        self._check_group_name(group)
+        self._check_channel_name(channel)
+        topology = self.topology
+        self._admin([
+            admin.exchange_unbind(topology.member_exchange(channel), topology.group_exchange(group)),
+            admin.queue_delete(topology.marker_queue(group, channel)),
+        ], "group_discard %s %s" % (group, channel))
+
+    def group_channels(self, group):
+        self._check_group_name(group)
+        destinations = self._management_client().exchange_destinations(
+            self.topology.group_exchange(group))
+        channels = (self.topology.channel_of_member_exchange(d) for d in destinations)
+        return [c for c in channels if c]
+
+    def send_group(self, group, message):
+        self._check_group_name(group)
+        body = self._serializer.dumps(message)
+        self._ensure_infrastructure()
+        # Full members drop the message (the broker nacks); that is the spec.
+        self._publish(self.topology.group_router, group, body, self._properties(), False,
+                      "send to group %s" % group)
+
+    # -- flush ------------------------------------------------------------------
+
+    def flush(self):
+        """Delete every queue and exchange under this layer's prefix.
+
+        The shared dead-letter queue and exchange and the group router stay
+        (emptied), because other processes' workers depend on them.
+        """
+        client = self._management_client()
+        prefix = self.topology.prefix + naming.SEPARATOR
+        keep = self.topology.infrastructure()
+        queues = [q for q in client.queue_names(prefix) if q not in keep]
+        exchanges = [x for x in client.exchange_names(prefix) if x not in keep]
+        steps = [admin.queue_delete(q) for q in queues]
+        steps += [admin.exchange_delete(x) for x in exchanges]
+        steps.append(admin.queue_purge(self.topology.dead_letter_queue))
+        self._admin(steps, "flush")
+        self._call("flush caches", _do_forget)
+
+    def _ensure_infrastructure(self, again=False):
+        """Declare the shared objects once per process (and again after a 404)."""
+        if self._infrastructure_pid == os.getpid() and not again:
+            return
+        topology = self.topology
+        self._admin([
+            admin.exchange_declare(topology.dead_letter_exchange),
+            admin.queue_declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments()),
+            admin.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange),
+            admin.exchange_declare(topology.group_router, exchange_type="direct"),
+        ], "declare the layer's shared objects")
+        self._infrastructure_pid = os.getpid()
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _declare_channel_queue(self, channel):
+        return admin.queue_declare(self.topology.channel_queue(channel),
+                                   self.topology.channel_queue_arguments(channel))
+
+    def _queues_for_receive(self, channels):
+        if not isinstance(channels, (list, tuple)) or not channels:
+            raise TypeError("channels must be a non-empty list of channel names")
+        channels = list(channels)
+        for channel in channels:
+            self._check_channel_name(channel, receive=True)
+        random.shuffle(channels)
+        queues, seen = [], set()
+        for channel in channels:
+            queue = self.topology.channel_queue(channel)
+            if queue not in seen:
+                seen.add(queue)
+                queues.append((queue, self.topology.channel_queue_arguments(channel)))
+        return queues
+
+    def _decode(self, delivery):
+        """(channel, message) for a delivery, or None for one that is skipped."""
+        channel = self.topology.channel_of_queue(delivery.queue)
+        if channel and channel.endswith("!"):
+            channel = self._local_channel(delivery.headers, channel)
+        try:
+            if not channel:
+                raise UndecodableMessage("it names no process-local channel")
+            return channel, self._serializer.loads(delivery.body)
+        except UndecodableMessage as exc:
+            logger.warning("skipped a message in %s: %s", delivery.queue, exc)
+            return None
+
+    def _local_channel(self, headers, prefix):
+        channel = headers.get(naming.CHANNEL_HEADER)
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf8", "replace")
+        if isinstance(channel, str) and channel.startswith(prefix):
+            return channel
+        # A group message dead-lettered here from a member queue of this prefix.
+        for death in headers.get("x-death") or []:
+            queue = death.get("queue")
+            if isinstance(queue, bytes):
+                queue = queue.decode("utf8", "replace")
+            local = self.topology.channel_of_local_member_queue(queue or "")
+            if local and local.startswith(prefix):
+                return local
+        return None
+
+    def _management_client(self):
+        if self._management is None:
+            self._management = ManagementClient(
+                self._management_url, vhost_of(self._urls[0]), timeout=self.operation_timeout)
+        return self._management
+
+    def _check_channel_name(self, name, receive=False):
+        # BaseChannelLayer.valid_channel_names uses assert; this never does.
+        self.valid_channel_name(name, receive=receive)
+
+    def _check_group_name(self, name):
+        self.valid_group_name(name)
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("%s must be a positive number, not %r" % (name, value))

@@ -1,0 +1,188 @@
+"""Every name and argument the layer gives to broker objects, in one place.
+
+The topology (all objects are durable; transient messages live in them):
+
+``{prefix}:q:{channel}``
+    The queue of a normal or single-reader channel. A process-local channel
+    ``foo!bar`` lives in the queue of its non-local part, ``foo!``, and the
+    message carries the full name in the ``asgi-channel`` header.
+    Arguments: ``x-max-length`` = capacity with ``x-overflow: reject-publish``
+    (a full queue nacks the publish, which the sender turns into ChannelFull),
+    ``x-message-ttl`` = expiry, ``x-expires`` = twice the expiry (unused queues
+    go away; RabbitMQ does not dead-letter what they hold), and dead-lettering
+    to the layer's dead-letter exchange so that an expired message can drop
+    its channel from every group.
+
+``{prefix}:groups``
+    A direct exchange that always exists. ``send_group`` publishes to it with
+    the group name as routing key, so a send to a group nobody joined is
+    simply unroutable; publishing to a group exchange that does not exist
+    would be a 404 that closes the AMQP channel.
+
+``{prefix}:g:{group}``
+    The fanout exchange of a group, bound from the router with the group
+    name as routing key.
+
+``{prefix}:m:{channel}``
+    The member exchange of a channel: a fanout, auto-delete exchange bound
+    from each group exchange the channel belongs to, and bound to the
+    channel's delivery queue. Deleting it drops the channel from all its
+    groups at once; because it is auto-delete, it also goes away by itself
+    when the channel's queue expires.
+
+``{prefix}:l:{channel}``
+    The delivery queue of a *process-local* member ``foo!bar``. It holds
+    nothing (``x-max-length: 0``): every group message routed to it is
+    dead-lettered at once, through the default exchange, straight into the
+    queue ``{prefix}:q:foo!``. The ``x-death`` entry it gains names this
+    queue, which is how a receiver learns the local part. The broker does
+    this fan-out, so a group send is visible to local members as soon as the
+    send is confirmed, and no worker hop is involved.
+
+``{prefix}:k:{group}:{channel}``
+    The marker queue of one membership. Each ``group_add`` publishes a marker
+    into it; ``x-max-length: 1`` pushes the previous marker out (reason
+    ``maxlen``, which the dead-letter worker ignores) and the marker expires
+    after ``group_expiry`` (reason ``expired``), at which point the worker
+    removes the membership.
+
+``{prefix}:dlx`` and ``{prefix}:dead-letters``
+    The dead-letter exchange and the queue every layer process's dead-letter
+    worker consumes from, competing, so each event is handled once.
+
+ASGI names use only ``[A-Za-z0-9-_.?!]``, so ``:`` can never be part of a
+channel or group name and the names above parse back unambiguously.
+"""
+
+import re
+
+SEPARATOR = ":"
+CHANNEL_HEADER = "asgi-channel"
+GROUP_HEADER = "asgi-group"
+KIND_HEADER = "asgi-kind"
+MARKER_KIND = "marker"
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+
+
+def _ms(seconds):
+    return max(1, int(round(seconds * 1000)))
+
+
+class Topology(object):
+    """Maps channels and groups onto queue and exchange names and arguments."""
+
+    def __init__(self, prefix, expiry, group_expiry, capacity_for):
+        if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+            raise ValueError(
+                "prefix must be 1-40 characters of letters, digits, '-', '_' or '.'"
+            )
+        self.prefix = prefix
+        self.expiry = expiry
+        self.group_expiry = group_expiry
+        self._capacity_for = capacity_for
+
+    def _name(self, kind, *parts):
+        return SEPARATOR.join((self.prefix, kind) + parts)
+
+    # -- names ------------------------------------------------------------
+
+    @property
+    def dead_letter_exchange(self):
+        return self._name("dlx")
+
+    @property
+    def dead_letter_queue(self):
+        return self._name("dead-letters")
+
+    @property
+    def group_router(self):
+        return self._name("groups")
+
+    def infrastructure(self):
+        """Objects shared by all channels and groups; flush empties but keeps them."""
+        return {self.dead_letter_exchange, self.dead_letter_queue, self.group_router}
+
+    def channel_queue(self, channel):
+        """The queue that holds messages for ``channel`` (``foo!bar`` -> ``foo!``)."""
+        return self._name("q", non_local_name(channel))
+
+    def group_exchange(self, group):
+        return self._name("g", group)
+
+    def member_exchange(self, channel):
+        return self._name("m", channel)
+
+    def local_member_queue(self, channel):
+        return self._name("l", channel)
+
+    def marker_queue(self, group, channel):
+        return self._name("k", group, channel)
+
+    def owns(self, name):
+        """Whether a broker object name was made by this topology."""
+        return name.startswith(self.prefix + SEPARATOR)
+
+    # -- parsing names back -------------------------------------------------
+
+    def _strip(self, kind, name):
+        head = self._name(kind) + SEPARATOR
+        if name.startswith(head):
+            return name[len(head):]
+        return None
+
+    def channel_of_queue(self, queue):
+        """``{prefix}:q:foo`` -> ``foo`` (``foo!`` for process-local queues)."""
+        return self._strip("q", queue)
+
+    def channel_of_member_exchange(self, exchange):
+        return self._strip("m", exchange)
+
+    def channel_of_local_member_queue(self, queue):
+        return self._strip("l", queue)
+
+    # -- arguments --------------------------------------------------------
+
+    def channel_queue_arguments(self, channel):
+        return {
+            "x-max-length": int(self._capacity_for(channel)),
+            "x-overflow": "reject-publish",
+            "x-message-ttl": _ms(self.expiry),
+            "x-expires": _ms(max(2 * self.expiry, 1)),
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+        }
+
+    def local_member_queue_arguments(self, channel):
+        # Lives as long as the longest membership can: every group_add
+        # re-declares it, which renews the x-expires lease.
+        return {
+            "x-max-length": 0,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.channel_queue(channel),
+            "x-expires": _ms(self.group_expiry + max(1.0, 0.1 * self.group_expiry)),
+        }
+
+    def marker_queue_arguments(self):
+        # The queue must outlive its marker: a queue removed by x-expires
+        # does not dead-letter, so the membership would never expire.
+        return {
+            "x-max-length": 1,
+            "x-message-ttl": _ms(self.group_expiry),
+            "x-expires": _ms(self.group_expiry + max(2.0, 0.1 * self.group_expiry)),
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+        }
+
+    def dead_letter_queue_arguments(self):
+        return {}
+
+
+def non_local_name(channel):
+    """``foo!bar`` -> ``foo!``; other names are returned unchanged."""
+    index = channel.find("!")
+    if index == -1:
+        return channel
+    return channel[: index + 1]
+
+
+def is_process_local(channel):
+    return "!" in channel

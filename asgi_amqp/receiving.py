@@ -1,0 +1,157 @@
+"""Taking messages off the broker: ``basic_get`` for non-blocking receives.
+
+A receive names several queues. Each queue is declared first if this
+connection has not used it within half its ``x-expires`` lease (a declare,
+a get or a consume renews the lease, so a queue used that recently still
+exists), which keeps a 404 from closing the channel in the common case; a
+404 that happens anyway (the queue was flushed) counts as empty.
+
+Messages are acknowledged only once the caller has taken them (see
+``futures.Pending``); one the caller abandoned is put back with a nack.
+"""
+
+import collections
+import logging
+import time
+
+from pika import spec
+
+from .channels import ChannelUser
+
+logger = logging.getLogger(__name__)
+
+NOT_FOUND = 404
+
+
+class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered")):
+    """A message as it came off the broker, decoded later by the caller."""
+
+
+class Liveness(object):
+    """Which queues this connection knows to exist, from its own recent use."""
+
+    def __init__(self):
+        self._until = {}
+
+    def alive(self, queue):
+        return self._until.get(queue, 0) > time.monotonic()
+
+    def touch(self, queue, arguments):
+        lease_ms = (arguments or {}).get("x-expires")
+        if lease_ms:
+            self._until[queue] = time.monotonic() + lease_ms / 2000.0
+
+    def forget(self, queue=None):
+        if queue is None:
+            self._until.clear()
+        else:
+            self._until.pop(queue, None)
+
+
+class _GetRequest(object):
+    __slots__ = ("pending", "queues", "index")
+
+    def __init__(self, pending, queues):
+        self.pending = pending
+        self.queues = queues  # list of (queue, arguments), in the order to try
+        self.index = 0
+
+
+class Getter(ChannelUser):
+    """Serves non-blocking receives, one request at a time."""
+
+    name = "get"
+
+    def __init__(self, connection, liveness, take_held):
+        self._liveness = liveness
+        self._take_held = take_held
+        self._queue = collections.deque()
+        self._current = None
+        super(Getter, self).__init__(connection)
+
+    def setup(self, channel, done):
+        channel.add_callback(self._on_empty, [spec.Basic.GetEmpty], one_shot=False)
+        done()
+
+    def get(self, pending, queues):
+        self._queue.append(_GetRequest(pending, queues))
+        self._next()
+
+    def on_ready(self):
+        self._next()
+
+    def _next(self):
+        while self._current is None and self.ready and self._queue:
+            request = self._queue.popleft()
+            if not request.pending.wanted:
+                continue
+            # A consumer of an earlier blocking receive may hold one already.
+            if self._take_held(request.pending, [q for q, _ in request.queues]):
+                continue
+            self._current = request
+            self._try_queue()
+
+    def _try_queue(self):
+        request = self._current
+        if request.index >= len(request.queues):
+            self._finish(None)
+            return
+        queue, arguments = request.queues[request.index]
+        if self._liveness.alive(queue):
+            self.channel.basic_get(queue, self._on_message, auto_ack=False)
+        else:
+            self.channel.queue_declare(
+                queue, durable=True, arguments=arguments, callback=self._on_declared
+            )
+
+    def _on_declared(self, frame):
+        queue, arguments = self._current.queues[self._current.index]
+        self._liveness.touch(queue, arguments)
+        if frame.method.message_count == 0:
+            self._on_empty(frame)
+        else:
+            self.channel.basic_get(queue, self._on_message, auto_ack=False)
+
+    def _on_empty(self, _frame):
+        request = self._current
+        queue, arguments = request.queues[request.index]
+        self._liveness.touch(queue, arguments)
+        request.index += 1
+        self._try_queue()
+
+    def _on_message(self, channel, method, properties, body):
+        request = self._current
+        queue, arguments = request.queues[request.index]
+        self._liveness.touch(queue, arguments)
+        delivery = Delivery(queue, properties.headers or {}, body, method.redelivered)
+        if request.pending.resolve(delivery):
+            channel.basic_ack(method.delivery_tag)
+        else:
+            channel.basic_nack(method.delivery_tag, requeue=True)
+        self._current = None
+        self._next()
+
+    def _finish(self, value):
+        request, self._current = self._current, None
+        request.pending.resolve(value)
+        self._next()
+
+    def on_lost(self, reply_code, reply_text):
+        request = self._current
+        if request is None:
+            return
+        self._current = None
+        if reply_code == NOT_FOUND:
+            # The queue was deleted under us (e.g. flushed): it is empty.
+            self._liveness.forget(request.queues[request.index][0])
+            request.index += 1
+            self._queue.appendleft(request)
+        else:
+            request.pending.resolve(None)
+            logger.warning("get channel closed: %s %s", reply_code, reply_text)
+
+    def fail_all(self, error):
+        for request in ([self._current] if self._current else []) + list(self._queue):
+            request.pending.fail(error)
+        self._current = None
+        self._queue.clear()

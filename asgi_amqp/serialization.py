@@ -1,0 +1,143 @@
+"""Message validation, msgpack encoding and optional Fernet encryption.
+
+Validation happens in the caller's thread before anything is handed to the
+I/O thread, so bad input never reaches the broker and the error names the
+offending key.
+"""
+
+import logging
+
+import msgpack
+
+from .errors import MessageTooLarge
+
+logger = logging.getLogger(__name__)
+
+INT_MIN = -(2 ** 63)
+INT_MAX = 2 ** 64 - 1
+MAX_DEPTH = 64
+_SCALARS = (str, bytes, bool, float, type(None))
+
+
+class UndecodableMessage(ValueError):
+    """A body on the broker that this layer cannot turn back into a message."""
+
+
+def _path(parent, key):
+    return "%s[%r]" % (parent, key)
+
+
+def validate_message(message):
+    """Raise TypeError unless ``message`` is a dict of ASGI-serializable values.
+
+    ASGI messages are dicts with str keys whose values are str, bytes, int,
+    float, bool, None, lists (tuples are sent as lists) and dicts of these.
+    """
+    if not isinstance(message, dict):
+        raise TypeError("message must be a dict, not %s" % type(message).__name__)
+    _validate_value(message, "message", 0)
+
+
+def _validate_value(value, where, depth):
+    if depth > MAX_DEPTH:
+        raise ValueError("%s is nested more than %d levels deep" % (where, MAX_DEPTH))
+    if isinstance(value, _SCALARS):
+        return
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise ValueError(
+                "%s: integer %d is outside the range msgpack can carry" % (where, value)
+            )
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    "%s has a key of type %s; keys must be str" % (where, type(key).__name__)
+                )
+            _validate_value(item, _path(where, key), depth + 1)
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _validate_value(item, _path(where, index), depth + 1)
+        return
+    raise TypeError(
+        "%s has a value of type %s, which ASGI messages cannot carry"
+        % (where, type(value).__name__)
+    )
+
+
+class Serializer(object):
+    """Turns validated messages into bodies and back, enforcing the size limit."""
+
+    def __init__(self, max_message_size, symmetric_encryption_keys=None):
+        self.max_message_size = max_message_size
+        self._crypter = _make_crypter(symmetric_encryption_keys)
+
+    @property
+    def encrypted(self):
+        return self._crypter is not None
+
+    def dumps(self, message):
+        validate_message(message)
+        body = msgpack.packb(message, use_bin_type=True)
+        if self._crypter is not None:
+            body = self._crypter.encrypt(body)
+        if len(body) > self.max_message_size:
+            raise MessageTooLarge(
+                "message is %d bytes encoded; the limit (max_message_size) is %d"
+                % (len(body), self.max_message_size)
+            )
+        return body
+
+    def loads(self, body):
+        if self._crypter is not None:
+            body = self._decrypt(body)
+        try:
+            message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        except Exception as exc:
+            raise UndecodableMessage("body is not a msgpack message: %s" % exc)
+        if not isinstance(message, dict):
+            raise UndecodableMessage("body decodes to %s, not a dict" % type(message).__name__)
+        return message
+
+    def _decrypt(self, body):
+        from cryptography.fernet import InvalidToken
+
+        try:
+            return self._crypter.decrypt(body)
+        except (InvalidToken, TypeError):
+            raise UndecodableMessage("body was not encrypted with any configured key")
+
+
+def _make_crypter(keys):
+    if not keys:
+        return None
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("symmetric_encryption_keys must be a list of keys, not one key")
+    try:
+        from cryptography.fernet import Fernet, MultiFernet
+    except ImportError:
+        raise ImportError(
+            "symmetric_encryption_keys needs the 'cryptography' package: "
+            "pip install 'asgi-amqp-layer[crypto]'"
+        )
+    return MultiFernet([Fernet(_fernet_key(key)) for key in keys])
+
+
+def _fernet_key(key):
+    """Accept either a Fernet key or any secret, as asgi_redis does.
+
+    A secret that is not a valid Fernet key is stretched with SHA-256, so
+    that a Django SECRET_KEY-like string works.
+    """
+    import base64
+    import hashlib
+
+    raw = key.encode("utf8") if isinstance(key, str) else key
+    try:
+        if len(base64.urlsafe_b64decode(raw)) == 32:
+            return raw
+    except Exception:
+        pass
+    return base64.urlsafe_b64encode(hashlib.sha256(raw).digest())

@@ -1,0 +1,73 @@
+"""AMQP URLs: parsing into pika parameters with the layer's defaults,
+deriving the management API URL, and printing them without credentials."""
+
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+import pika
+
+DEFAULT_HEARTBEAT = 20
+DEFAULT_BLOCKED_CONNECTION_TIMEOUT = 30
+DEFAULT_SOCKET_TIMEOUT = 5
+MANAGEMENT_PORT = 15672
+
+
+def parse_urls(url, client_name="asgi_amqp"):
+    """One URL or a list of them -> list of pika ConnectionParameters."""
+    urls = [url] if isinstance(url, str) else list(url or [])
+    if not urls or not all(isinstance(u, str) and u for u in urls):
+        raise ValueError("url must be an AMQP URL or a non-empty list of them")
+    return [_parameters(u, client_name) for u in urls]
+
+
+def _parameters(url, client_name):
+    parts = urlsplit(url)
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError("unsupported URL scheme %r: use amqp:// or amqps://" % parts.scheme)
+    given = parse_qs(parts.query)
+    try:
+        parameters = pika.URLParameters(url)
+    except ValueError as exc:
+        # pika's message names the bad key only; it never echoes the URL.
+        raise ValueError("invalid AMQP URL %s: %s" % (redact(url), exc))
+    if "heartbeat" not in given:
+        parameters.heartbeat = DEFAULT_HEARTBEAT
+    if "blocked_connection_timeout" not in given:
+        parameters.blocked_connection_timeout = DEFAULT_BLOCKED_CONNECTION_TIMEOUT
+    if "socket_timeout" not in given:
+        parameters.socket_timeout = DEFAULT_SOCKET_TIMEOUT
+    if "connection_attempts" not in given:
+        parameters.connection_attempts = 1
+    parameters.client_properties = {"connection_name": client_name}
+    return parameters
+
+
+def redact(url):
+    """The URL with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = "%s:***@%s" % (parts.username or "", parts.netloc.rpartition("@")[2])
+    return parts._replace(netloc=netloc).geturl()
+
+
+def describe_parameters(parameters):
+    """host:port/vhost for logs and errors; never the credentials."""
+    return "%s:%s/%s" % (parameters.host, parameters.port, quote(parameters.virtual_host, safe=""))
+
+
+def vhost_of(url):
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def management_url_for(url):
+    """The management API on the same host as ``url``, with its credentials, port 15672."""
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "amqps" else "http"
+    userinfo = parts.netloc.rpartition("@")[0]
+    if not userinfo:
+        userinfo = "guest:guest"
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = "[%s]" % host
+    return "%s://%s@%s:%d/" % (scheme, userinfo, host, MANAGEMENT_PORT)

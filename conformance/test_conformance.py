@@ -1,0 +1,42 @@
+"""asgiref 1.1.2's conformance suite, against RabbitMQ and against the in-memory reference.
+
+The settings are the ones the suite documents: 1 s message expiry with a
+1.1 s expiry delay, 2 s group expiry, and capacity 5.
+"""
+
+import uuid
+
+import pytest
+from asgiref import conformance
+from asgiref.inmemory import ChannelLayer as InMemoryChannelLayer
+
+from asgi_amqp import AMQPChannelLayer
+
+
+@pytest.fixture(scope="class")
+def amqp_layer(request, broker):
+    layer = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix="conf-%s" % uuid.uuid4().hex[:8],
+        expiry=1,
+        group_expiry=2,
+        capacity=5,
+        receive_timeout=1,
+    )
+    request.cls.channel_layer = layer
+    yield layer
+    layer.flush()
+    layer.close()
+
+
+@pytest.mark.usefixtures("amqp_layer")
+class TestAMQPConformance(conformance.ConformanceTestCase):
+    expiry_delay = 1.1
+    capacity_limit = 5
+
+
+class TestInMemoryConformance(conformance.ConformanceTestCase):
+    channel_layer = InMemoryChannelLayer(expiry=1, group_expiry=2, capacity=5)
+    expiry_delay = 1.1
+    capacity_limit = 5

@@ -1,0 +1,49 @@
+import io
+import os
+import re
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read(name):
+    with io.open(os.path.join(HERE, name), encoding="utf8") as handle:
+        return handle.read()
+
+
+version = re.search(r'^__version__ = "([^"]+)"', read("asgi_amqp/__init__.py"), re.M).group(1)
+
+setup(
+    # The name asgi_amqp on the package index belongs to an unrelated, older
+    # project; the import package is still asgi_amqp.
+    name="asgi-amqp-layer",
+    version=version,
+    description="A synchronous ASGI 1.0 channel layer (Channels 1.x) on RabbitMQ",
+    long_description=read("README.rst"),
+    long_description_content_type="text/x-rst",
+    license="BSD-3-Clause",
+    packages=find_packages(include=["asgi_amqp", "asgi_amqp.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        "pika>=1.3,<2",
+        "msgpack>=1.0,<2",
+        "asgiref==1.1.2",
+        "six",
+    ],
+    extras_require={
+        "crypto": ["cryptography>=3.4"],
+        "test": [
+            "pytest>=7",
+            "hypothesis>=6",
+            "cryptography>=3.4",
+            "docker>=6",
+        ],
+        "bench": ["redis<4", "tqdm", "pyarrow", "pandas", "matplotlib"],
+    },
+    classifiers=[
+        "Framework :: Django",
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Networking",
+    ],
+)

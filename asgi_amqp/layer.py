@@ -83,8 +83,9 @@ class AMQPChannelLayer(BaseChannelLayer):
     :param channel_capacity: ``{pattern: capacity}``; glob strings or compiled regexes.
     :param prefix: prefix of every queue and exchange the layer creates; layers
         with different prefixes on one vhost never see each other's data.
-    :param management_url: RabbitMQ management API; defaults to the first
-        URL's host and credentials on port 15672. Needed by ``group_channels``
+    :param management_url: RabbitMQ management API; defaults to
+        ``$AMQP_MANAGEMENT_URL``, else the first URL's host and credentials on
+        port 15672. Needed by ``group_channels``
         and ``flush``.
     :param receive_timeout: seconds a blocking ``receive`` waits before it
         returns ``(None, None)``.
@@ -127,7 +128,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         self.operation_timeout = operation_timeout
         self.topology = naming.Topology(prefix, expiry, group_expiry, self.get_capacity)
         self._serializer = Serializer(max_message_size, symmetric_encryption_keys)
-        self._management_url = management_url or management_url_for(self._urls[0])
+        self._management_url = (management_url or os.environ.get("AMQP_MANAGEMENT_URL")
+                                or management_url_for(self._urls[0]))
         self._management = None
         self._linger = linger
         self._consumer_idle_timeout = consumer_idle_timeout
@@ -155,14 +157,15 @@ class AMQPChannelLayer(BaseChannelLayer):
             if self._io is None or self._pid != os.getpid():
                 # In a forked child the parent's threads do not exist and its
                 # sockets must not be touched: start afresh.
-                self._pid = os.getpid()
-                self._io = IOThread(self._parameters, linger=self._linger,
-                                    idle_timeout=self._consumer_idle_timeout)
-                self._io.start()
-                self._worker = None
+                io = IOThread(self._parameters, linger=self._linger,
+                              idle_timeout=self._consumer_idle_timeout)
+                io.start()
+                worker = None
                 if self._run_worker:
-                    self._worker = DeadLetterWorker(self._parameters, self.topology)
-                    self._worker.start()
+                    worker = DeadLetterWorker(self._parameters, self.topology)
+                    worker.start()
+                # Published only once running: other threads take the fast path above.
+                self._io, self._worker, self._pid = io, worker, os.getpid()
             return self._io
 
     def threads(self):

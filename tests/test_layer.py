@@ -1,0 +1,192 @@
+"""The layer's own behaviour beyond the conformance suite: threads, lifecycle, fork, receive."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from asgi_amqp import AMQPChannelLayer, LayerClosed
+from helpers import drain, make_layer
+
+
+@pytest.fixture
+def layer(broker):
+    layer = make_layer(broker, expiry=30, capacity=10000, receive_timeout=1)
+    yield layer
+    layer.flush()
+    layer.close()
+
+
+def test_lazy_connect_starts_nothing_until_first_use(broker):
+    before = set(threading.enumerate())
+    layer = make_layer(broker)
+    assert layer.threads() == []
+    assert set(threading.enumerate()) == before
+    layer.send("lazy", {"a": 1})
+    assert len(layer.threads()) == 2
+    layer.flush()
+    layer.close()
+
+
+def test_close_stops_every_thread(broker):
+    before = set(threading.enumerate())
+    layer = make_layer(broker)
+    layer.send("c", {"a": 1})
+    layer.receive(["c"], block=True)
+    threads = layer.threads()
+    assert threads and all(t.is_alive() for t in threads)
+    layer.flush()
+    layer.close()
+    for thread in threads:
+        thread.join(5)
+        assert not thread.is_alive(), thread.name
+    assert set(threading.enumerate()) <= before
+    with pytest.raises(LayerClosed):
+        layer.send("c", {"a": 1})
+
+
+def test_sixteen_threads_share_one_layer(layer):
+    per_thread = 50
+    errors = []
+
+    def sender(index):
+        try:
+            for n in range(per_thread):
+                layer.send("shared", {"thread": index, "n": n})
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sender, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    received = []
+    lock = threading.Lock()
+
+    def receiver():
+        for channel, message in iter(lambda: layer.receive(["shared"], block=True), (None, None)):
+            with lock:
+                received.append((message["thread"], message["n"]))
+
+    readers = [threading.Thread(target=receiver) for _ in range(16)]
+    for thread in readers:
+        thread.start()
+    for thread in readers:
+        thread.join(60)
+    assert sorted(received) == [(t, n) for t in range(16) for n in range(per_thread)]
+
+
+def test_blocking_receive_returns_none_after_receive_timeout(layer):
+    started = time.monotonic()
+    assert layer.receive(["nothing.here"], block=True) == (None, None)
+    elapsed = time.monotonic() - started
+    assert 0.9 <= elapsed < 3, elapsed
+
+
+def test_blocking_receive_wakes_up_when_a_message_arrives(layer):
+    result = {}
+
+    def receive():
+        started = time.monotonic()
+        result["got"] = layer.receive(["wake.a", "wake.b"], block=True)
+        result["at"] = time.monotonic() - started
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    time.sleep(0.2)
+    layer.send("wake.b", {"v": 1})
+    thread.join(5)
+    assert result["got"] == ("wake.b", {"v": 1})
+    assert result["at"] < 0.9  # well before the 1 s receive timeout
+
+
+def test_blocking_receive_over_many_channels_in_a_loop(layer):
+    channels = ["loop.%d" % i for i in range(12)]
+    for i in range(60):
+        layer.send(channels[i % 12], {"i": i})
+    seen = []
+    for _ in range(60):
+        channel, message = layer.receive(channels, block=True)
+        assert channel == "loop.%d" % (message["i"] % 12)
+        seen.append(message["i"])
+    assert sorted(seen) == list(range(60))
+    assert layer.receive(channels, block=False) == (None, None)
+
+
+def test_receive_shuffles_channels(layer):
+    for i in range(20):
+        layer.send("fair.a", {"i": i})
+        layer.send("fair.b", {"i": i})
+    firsts = [layer.receive(["fair.a", "fair.b"])[0] for _ in range(20)]
+    assert set(firsts) == {"fair.a", "fair.b"}
+
+
+def test_new_channel_names_are_unique_and_usable(layer):
+    names = {layer.new_channel("http.response?") for _ in range(200)}
+    assert len(names) == 200
+    name = names.pop()
+    layer.send(name, {"reply": 1})
+    assert layer.receive([name]) == (name, {"reply": 1})
+
+
+def test_process_local_channels_share_a_queue(layer):
+    layer.send("daphne!a", {"n": 1})
+    layer.send("daphne!b", {"n": 2})
+    assert sorted(drain(layer, ["daphne!"])) == [("daphne!a", {"n": 1}), ("daphne!b", {"n": 2})]
+
+
+def test_channel_capacity_patterns(broker):
+    layer = make_layer(broker, capacity=100, channel_capacity={"tight.*": 2})
+    try:
+        layer.send("tight.one", {})
+        layer.send("tight.one", {})
+        with pytest.raises(layer.ChannelFull):
+            layer.send("tight.one", {})
+        for _ in range(5):
+            layer.send("loose", {})
+    finally:
+        layer.flush()
+        layer.close()
+
+
+def test_extensions_and_version():
+    import asgi_amqp
+
+    assert {"groups", "flush"} <= set(AMQPChannelLayer.extensions)
+    assert isinstance(asgi_amqp.__version__, str)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_layer_used_before_fork_works_in_the_child(layer):
+    layer.send("before.fork", {"v": 1})
+    assert layer.receive(["before.fork"]) == ("before.fork", {"v": 1})
+    parent_threads = layer.threads()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: use the inherited layer object
+        status = 1
+        try:
+            os.close(read_end)
+            layer.send("from.child", {"pid": os.getpid()})
+            got = layer.receive(["to.child"], block=True)
+            ok = got == ("to.child", {"hello": "child"}) and len(layer.threads()) == 2
+            os.write(write_end, b"ok" if ok else repr(got).encode())
+            layer.close()
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    channel, message = layer.receive(["from.child"], block=True)
+    assert channel == "from.child" and message["pid"] == pid
+    layer.send("to.child", {"hello": "child"})
+    answer = os.read(read_end, 200)
+    _, status = os.waitpid(pid, 0)
+    assert answer == b"ok", answer
+    assert status == 0
+    # The parent's own connection was never touched by the child.
+    assert layer.threads() == parent_threads
+    layer.send("after.fork", {"v": 2})
+    assert layer.receive(["after.fork"]) == ("after.fork", {"v": 2})

@@ -27,7 +27,7 @@ from .admin import AdminExecutor
 from .consumers import ConsumerPool
 from .errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from .publisher import Publisher
-from .receiving import Getter, Liveness
+from .receiving import Getter, HandedOff, Liveness
 from .urls import describe_parameters
 
 logger = logging.getLogger(__name__)
@@ -36,13 +36,13 @@ logger = logging.getLogger(__name__)
 class Session(object):
     """What lives on one connection: a channel for each kind of work."""
 
-    def __init__(self, connection, liveness, linger, idle_timeout):
+    def __init__(self, connection, liveness, handed_off, linger, idle_timeout):
         self.connection = connection
         self.liveness = liveness
         self.publisher = Publisher(connection)
         self.admin = AdminExecutor(connection)
-        self.consumers = ConsumerPool(connection, liveness, linger, idle_timeout)
-        self.getter = Getter(connection, liveness, self.consumers.take_held)
+        self.consumers = ConsumerPool(connection, liveness, handed_off, linger, idle_timeout)
+        self.getter = Getter(connection, liveness, handed_off, self.consumers.take_held)
         self._parts = (self.publisher, self.admin, self.consumers, self.getter)
 
     def close(self, error):
@@ -74,6 +74,7 @@ class IOThread(object):
         self._ever_connected = False
         self._last_error = None
         self._liveness = Liveness()
+        self._handed_off = HandedOff()
 
     # -- any thread ----------------------------------------------------------
 
@@ -171,7 +172,8 @@ class IOThread(object):
         self._ever_connected = True
         self._last_error = None
         self._liveness.forget()
-        self._session = Session(connection, self._liveness, self._linger, self._idle_timeout)
+        self._session = Session(connection, self._liveness, self._handed_off, self._linger,
+                                self._idle_timeout)
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:
             if work.pending.wanted:

@@ -54,8 +54,9 @@ class _Waiter(object):
 class ConsumerPool(ChannelUser):
     name = "consume"
 
-    def __init__(self, connection, liveness, linger, idle_timeout):
+    def __init__(self, connection, liveness, handed_off, linger, idle_timeout):
         self._liveness = liveness
+        self._handed_off = handed_off
         self._linger = linger
         self._idle_timeout = idle_timeout
         self._consumers = {}  # queue -> _Consumer
@@ -102,6 +103,7 @@ class ConsumerPool(ChannelUser):
             delivery_tag, delivery, _ = consumer.held[0]
             if not pending.resolve(delivery):
                 return True  # the caller left; the message stays held for someone else
+            self._handed_off.add(delivery.message_id)
             consumer.held.popleft()
             consumer.wanted_at = time.monotonic()
             self.channel.basic_ack(delivery_tag)
@@ -157,11 +159,16 @@ class ConsumerPool(ChannelUser):
             # Sent before our basic.cancel reached the broker.
             channel.basic_nack(method.delivery_tag, requeue=True)
             return
-        delivery = Delivery(consumer.queue, properties.headers or {}, body, method.redelivered)
+        if self._handed_off.is_duplicate(method, properties):
+            channel.basic_ack(method.delivery_tag)
+            return
+        delivery = Delivery(consumer.queue, properties.headers or {}, body, method.redelivered,
+                            properties.message_id)
         for waiter in [w for w in self._waiters if consumer.queue in w.queues]:
             self._waiters.remove(waiter)
             self._connection.ioloop.remove_timeout(waiter.timer)
             if waiter.pending.resolve(delivery):
+                self._handed_off.add(properties.message_id)
                 consumer.wanted_at = time.monotonic()
                 channel.basic_ack(method.delivery_tag)
                 return

@@ -52,6 +52,7 @@ class DeadLetterWorker(object):
         self._connection = None
         self._inbox = []
         self._actions = None
+        self._attempt = 0
         self.handled = 0
         self.ready = threading.Event()
 
@@ -73,16 +74,15 @@ class DeadLetterWorker(object):
     # -- the worker thread ---------------------------------------------------
 
     def _run(self):
-        attempt = 0
+        self._attempt = 0
         while not self._stop.is_set():
-            parameters = self._parameters[attempt % len(self._parameters)]
+            parameters = self._parameters[self._attempt % len(self._parameters)]
             try:
                 self._serve(parameters)
-                attempt = 0
             except Exception as exc:  # the thread must never die silently
                 self.ready.clear()
-                attempt += 1
-                delay = min(self._max_backoff, 0.1 * 2 ** min(attempt, 10))
+                self._attempt += 1
+                delay = min(self._max_backoff, 0.1 * 2 ** min(self._attempt, 10))
                 logger.warning("dead-letter worker: %s (%s); retrying in %.1f s",
                                type(exc).__name__, describe_parameters(parameters), delay)
                 self._stop.wait(delay)
@@ -96,6 +96,7 @@ class DeadLetterWorker(object):
         events.basic_qos(prefetch_count=PREFETCH)
         events.basic_consume(self._topology.dead_letter_queue, self._collect)
         self._actions = self._connection.channel()
+        self._attempt = 0
         self.ready.set()
         while not self._stop.is_set():
             self._connection.process_data_events(time_limit=POLL_SECONDS)

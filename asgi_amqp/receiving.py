@@ -23,8 +23,33 @@ logger = logging.getLogger(__name__)
 NOT_FOUND = 404
 
 
-class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered")):
+class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered message_id")):
     """A message as it came off the broker, decoded later by the caller."""
+
+
+class HandedOff(object):
+    """Ids of messages recently handed to callers of this process.
+
+    An ack is fire-and-forget: if the connection drops right after a message
+    was handed over, the ack may never reach the broker, which then
+    redelivers the message (flagged ``redelivered``) on the next connection.
+    Checking redelivered messages against this log keeps such a message
+    from being handed over twice. Other processes cannot see this log; see
+    the README's delivery guarantees.
+    """
+
+    def __init__(self, size=100000):
+        self._size = size
+        self._ids = collections.OrderedDict()
+
+    def add(self, message_id):
+        if message_id:
+            self._ids[message_id] = None
+            if len(self._ids) > self._size:
+                self._ids.popitem(last=False)
+
+    def is_duplicate(self, method, properties):
+        return method.redelivered and properties.message_id in self._ids
 
 
 class Liveness(object):
@@ -62,8 +87,9 @@ class Getter(ChannelUser):
 
     name = "get"
 
-    def __init__(self, connection, liveness, take_held):
+    def __init__(self, connection, liveness, handed_off, take_held):
         self._liveness = liveness
+        self._handed_off = handed_off
         self._take_held = take_held
         self._queue = collections.deque()
         self._current = None
@@ -123,8 +149,14 @@ class Getter(ChannelUser):
         request = self._current
         queue, arguments = request.queues[request.index]
         self._liveness.touch(queue, arguments)
-        delivery = Delivery(queue, properties.headers or {}, body, method.redelivered)
+        if self._handed_off.is_duplicate(method, properties):
+            channel.basic_ack(method.delivery_tag)
+            self._try_queue()  # same queue again
+            return
+        delivery = Delivery(queue, properties.headers or {}, body, method.redelivered,
+                            properties.message_id)
         if request.pending.resolve(delivery):
+            self._handed_off.add(properties.message_id)
             channel.basic_ack(method.delivery_tag)
         else:
             channel.basic_nack(method.delivery_tag, requeue=True)

@@ -1,0 +1,126 @@
+"""A small pika helper for the benchmark's untimed housekeeping.
+
+Purging, counting and deleting queues happens on this connection, never on a
+contestant's own, so housekeeping cannot disturb what is measured. Every
+queue or exchange a contestant creates is registered with ``track_*`` and
+deleted by ``delete_tracked`` at the end of the run, whatever happened.
+"""
+
+import logging
+import threading
+import time
+
+import pika
+import pika.exceptions
+
+
+class _QuietWhileBusy(logging.Filter):
+    """Drop pika's "Channel.Close (404)" warnings caused by our own passive
+    declares and purges (only on the thread doing housekeeping, only while it
+    does); the layer's own warnings, on its own threads, still show."""
+
+    def __init__(self):
+        super(_QuietWhileBusy, self).__init__()
+        self.busy_thread = None
+
+    def filter(self, record):
+        return not (record.thread == self.busy_thread and "NOT_FOUND" in record.getMessage())
+
+
+_QUIET = _QuietWhileBusy()
+logging.getLogger("pika.channel").addFilter(_QUIET)
+
+
+def connection_parameters(url):
+    """pika parameters for the benchmark's own connections. Heartbeats are off:
+    these connections sit idle while other contestants run, and a blocking
+    connection only answers heartbeats when it is called."""
+    parameters = pika.URLParameters(url)
+    parameters.connection_attempts = 1
+    parameters.socket_timeout = 5
+    parameters.heartbeat = 0
+    return parameters
+
+
+class Admin(object):
+    def __init__(self, url):
+        self.connection = pika.BlockingConnection(connection_parameters(url))
+        self._channel = self.connection.channel()
+        self.queues = []
+        self.exchanges = []
+
+    # -- facts ------------------------------------------------------------------
+
+    @property
+    def server_properties(self):
+        return dict(self.connection._impl.server_properties or {})
+
+    def server_version(self):
+        props = self.server_properties
+        return "%s %s" % (_text(props.get("product", "RabbitMQ")), _text(props.get("version", "?")))
+
+    # -- queues -------------------------------------------------------------------
+
+    def _run(self, method, *args, **kwargs):
+        """Run one RPC; a channel-level error (404) reopens the channel and returns None."""
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self.connection.channel()
+        _QUIET.busy_thread = threading.get_ident()
+        try:
+            return getattr(self._channel, method)(*args, **kwargs)
+        except pika.exceptions.ChannelClosedByBroker:
+            self._channel = self.connection.channel()
+            return None
+        finally:
+            _QUIET.busy_thread = None
+
+    def depth(self, queue):
+        """Ready messages in ``queue``, or None if it does not exist."""
+        frame = self._run("queue_declare", queue, passive=True)
+        return None if frame is None else frame.method.message_count
+
+    def wait_depth(self, queue, expected, timeout=10.0):
+        """Poll until ``queue`` holds ``expected`` ready messages; the last depth seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.depth(queue)
+            if seen == expected or time.monotonic() > deadline:
+                return seen
+            self.connection.sleep(0.01)
+
+    def purge(self, queue):
+        self._run("queue_purge", queue)
+
+    def declare(self, queue, arguments):
+        self._run("queue_declare", queue, durable=True, arguments=arguments)
+        self.track_queue(queue)
+
+    # -- clean-up -------------------------------------------------------------------
+
+    def track_queue(self, name):
+        if name not in self.queues:
+            self.queues.append(name)
+
+    def track_exchange(self, name):
+        if name not in self.exchanges:
+            self.exchanges.append(name)
+
+    def delete_tracked(self):
+        """Delete every tracked object; returns (queues deleted, exchanges deleted)."""
+        queues = exchanges = 0
+        for queue in self.queues:
+            if self._run("queue_delete", queue) is not None:
+                queues += 1
+        for exchange in self.exchanges:
+            if self._run("exchange_delete", exchange) is not None:
+                exchanges += 1
+        self.queues, self.exchanges = [], []
+        return queues, exchanges
+
+    def close(self):
+        if self.connection.is_open:
+            self.connection.close()
+
+
+def _text(value):
+    return value.decode("utf8", "replace") if isinstance(value, bytes) else str(value)

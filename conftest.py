@@ -1,0 +1,60 @@
+"""Repository-wide pytest set-up: a real RabbitMQ broker for the test session.
+
+The session fixture ``broker`` yields a :class:`devtools.rabbitmq.Broker`:
+
+* ``$AMQP_URL`` (and ``$AMQP_MANAGEMENT_URL``) if set;
+* else a ``rabbitmq:3-management`` container if a Docker engine answers;
+* else a private RabbitMQ node (``rabbitmq-server`` must be installed; as root,
+  ``make broker-deps`` installs it), deleted at the end of the session.
+
+Tests that break the broker on purpose (kill it, stop_app, close connections)
+are marked ``faults`` and start a private :class:`devtools.rabbitmq.RabbitNode`
+of their own, never the session broker.
+"""
+
+import contextlib
+import signal
+import threading
+
+import pytest
+
+from devtools.rabbitmq import provide_broker
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: takes seconds (starts extra broker nodes, waits for expiry, ...)")
+    config.addinivalue_line(
+        "markers", "faults: injects broker faults (kill, stop_app, close connections); "
+                   "needs a private node")
+    # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture
+    # teardown and leave the private broker node behind.  Turn it into a
+    # KeyboardInterrupt, which pytest unwinds cleanly.
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+
+
+def _sigterm_to_interrupt(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
+
+@pytest.fixture(scope="session")
+def broker(request):
+    """The session's broker (a devtools.rabbitmq.Broker: amqp_url, management_url, owner)."""
+    with provide_broker() as found:
+        _announce(request.config, "broker: %s -> %s" % (found.description, found.amqp_url))
+        yield found
+
+
+def _announce(config, message):
+    """Write one line to the terminal, past pytest's output capture."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    suspended = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+    with suspended:
+        reporter.ensure_newline()
+        reporter.write_line(message, cyan=True)
+

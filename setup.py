@@ -39,6 +39,14 @@ setup(
             "cryptography>=3.4",
             "docker>=6",
         ],
+        "twisted": ["twisted"],
+        "channels": [
+            "channels==1.1.8",
+            "daphne==1.4.2",
+            "Django==2.2.28",
+            "twisted",
+            "autobahn",
+        ],
         "bench": ["redis<4", "tqdm", "pyarrow", "pandas", "matplotlib"],
     },
     classifiers=[

@@ -18,7 +18,7 @@ import uuid
 import pika
 from asgiref.base_layer import BaseChannelLayer
 
-from . import admin, naming
+from . import admin, naming, twisted_support
 from .connection import IOThread
 from .deadletter import DeadLetterWorker
 from .errors import (BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
@@ -102,7 +102,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         sharing the prefix must run it.
     """
 
-    extensions = ["groups", "flush"]
+    extensions = ["groups", "flush"] + (["twisted"] if twisted_support.AVAILABLE else [])
 
     ChannelFull = ChannelFull
     MessageTooLarge = MessageTooLarge
@@ -247,6 +247,10 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._check_channel_name(pattern[:-1])
         suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
         return pattern + suffix
+
+    def receive_twisted(self, channels):
+        """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
+        return twisted_support.receive_twisted(self, channels)
 
     # -- groups ---------------------------------------------------------------
 

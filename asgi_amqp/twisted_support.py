@@ -1,0 +1,28 @@
+"""The ``twisted`` extension: ``receive_twisted`` for daphne's native mode.
+
+Daphne 1.x runs its reply reader natively on the reactor when the layer
+lists ``twisted`` in its extensions; otherwise it polls ``receive`` every
+50 ms. ``receive_twisted`` runs an ordinary blocking receive on the
+reactor's thread pool, so the reactor thread never blocks and the Deferred
+fires on the reactor thread as soon as the I/O thread hands a message over
+(the consumer behind it is kept between calls, see ``consumers``). When the
+blocking receive times out it fires with ``(None, None)`` and daphne simply
+asks again.
+
+Twisted is optional: without it the extension is not listed.
+"""
+
+try:
+    from twisted.internet import threads
+except ImportError:  # pragma: no cover - exercised by installs without Twisted
+    threads = None
+
+AVAILABLE = threads is not None
+
+
+def receive_twisted(layer, channels):
+    if threads is None:
+        raise RuntimeError("receive_twisted needs Twisted: pip install twisted")
+    # Validate in the caller so bad names fail the Deferred's creation, not later.
+    layer._queues_for_receive(channels)
+    return threads.deferToThread(layer.receive, list(channels), True)

@@ -106,7 +106,13 @@ class AdminExecutor(ChannelUser):
             self._next()
             return
         step = operation.steps[operation.index]
-        getattr(self.channel, step.method)(callback=self._on_step_done, **step.kwargs)
+        try:
+            getattr(self.channel, step.method)(callback=self._on_step_done, **step.kwargs)
+        except Exception as exc:  # e.g. a name pika cannot encode: fail this operation only
+            logger.exception("%s failed", step.method)
+            self._current = None
+            operation.pending.fail(BrokerOperationError(None, "%s failed: %s" % (step.method, exc)))
+            self._next()
 
     def _on_step_done(self, frame):
         operation = self._current

@@ -42,7 +42,7 @@ class Session(object):
         self.publisher = Publisher(connection)
         self.admin = AdminExecutor(connection)
         self.consumers = ConsumerPool(connection, liveness, handed_off, linger, idle_timeout)
-        self.getter = Getter(connection, liveness, handed_off, self.consumers.take_held)
+        self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts = (self.publisher, self.admin, self.consumers, self.getter)
 
     def close(self, error):
@@ -221,11 +221,10 @@ class IOThread(object):
     def _shutdown(self):
         self._fail_waiting(LayerClosed("the layer is closed"))
         connection = self._connection
-        if connection is not None and (connection.is_open or connection.is_opening):
-            if connection.is_open:
-                connection.close()
-                return  # _on_closed stops the loop
-            # Still opening: pika cannot close it cleanly; stop the loop after it settles.
+        if connection is not None and connection.is_open:
+            connection.close()
+            return  # _on_closed stops the loop
+        # Never opened, still opening or reconnecting: nothing to close cleanly.
         self._ioloop.stop()
 
 

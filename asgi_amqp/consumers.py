@@ -64,6 +64,7 @@ class ConsumerPool(ChannelUser):
         self._waiters = []
         self._backlog = collections.deque()  # wait() calls made before the channel opened
         self._housekeeping = None
+        self._settling = []  # callbacks waiting for a basic.qos round trip
         super(ConsumerPool, self).__init__(connection)
 
     def setup(self, channel, done):
@@ -109,6 +110,26 @@ class ConsumerPool(ChannelUser):
             self.channel.basic_ack(delivery_tag)
             return True
         return False
+
+    def settle(self, queues, callback):
+        """Call ``callback`` once deliveries already pushed for ``queues`` have arrived.
+
+        A message sent before a non-blocking receive may have been pushed to
+        one of our consumers instead of being in the queue for basic.get. A
+        round trip on the consumers' channel (basic.qos, which changes
+        nothing) lets such a push land in ``held`` first.
+        """
+        active = any(q in self._consumers and self._consumers[q].active for q in queues)
+        if not active or not self.ready:
+            callback()
+            return
+        self._settling.append(callback)
+        self.channel.basic_qos(prefetch_count=1, callback=self._on_settled)
+
+    def _on_settled(self, _frame):
+        # Replies on one channel arrive in order: the oldest waiter is done.
+        if self._settling:
+            self._settling.pop(0)()
 
     def _expire(self, waiter):
         if waiter in self._waiters:
@@ -207,6 +228,9 @@ class ConsumerPool(ChannelUser):
         self._schedule_housekeeping()
 
     def on_lost(self, reply_code, reply_text):
+        settling, self._settling = self._settling, []
+        for callback in settling:  # nothing more will arrive on this channel
+            callback()
         # The broker requeues every unacked delivery of a closed channel.
         for consumer in self._consumers.values():
             consumer.held.clear()

@@ -38,9 +38,11 @@ class BrokerOperationError(AMQPLayerError):
     """The broker refused an operation (for example, mismatched queue arguments)."""
 
     def __init__(self, reply_code, reply_text):
-        super(BrokerOperationError, self).__init__(
-            "broker refused the operation: %s %s" % (reply_code, reply_text)
-        )
+        if reply_code is None:
+            message = reply_text
+        else:
+            message = "broker refused the operation: %s %s" % (reply_code, reply_text)
+        super(BrokerOperationError, self).__init__(message)
         self.reply_code = reply_code
         self.reply_text = reply_text
 

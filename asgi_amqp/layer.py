@@ -8,6 +8,7 @@ arguments come from ``naming.Topology``.
 """
 
 import logging
+import math
 import os
 import random
 import secrets
@@ -124,12 +125,18 @@ class AMQPChannelLayer(BaseChannelLayer):
         _positive("operation_timeout", operation_timeout)
         _positive("capacity", capacity)
         _positive("max_message_size", max_message_size)
+        for pattern, value in self.channel_capacity:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError("channel_capacity values must be positive integers, not %r"
+                                 % (value,))
         self.receive_timeout = receive_timeout
         self.operation_timeout = operation_timeout
         self.topology = naming.Topology(prefix, expiry, group_expiry, self.get_capacity)
         self._serializer = Serializer(max_message_size, symmetric_encryption_keys)
         self._management_url = (management_url or os.environ.get("AMQP_MANAGEMENT_URL")
                                 or management_url_for(self._urls[0]))
+        if not self._management_url.startswith(("http://", "https://")):
+            raise ValueError("management_url must be an http:// or https:// URL")
         self._management = None
         self._linger = linger
         self._consumer_idle_timeout = consumer_idle_timeout
@@ -244,9 +251,13 @@ class AMQPChannelLayer(BaseChannelLayer):
     def new_channel(self, pattern):
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
             raise TypeError("new_channel pattern must end with '?', not %r" % (pattern,))
-        self._check_channel_name(pattern[:-1])
+        self._check_group_name(pattern[:-1])  # the part before '?' has the group alphabet
         suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
-        return pattern + suffix
+        name = pattern + suffix
+        if len(name) > naming.MAX_NAME_LENGTH:
+            raise TypeError("new_channel pattern %r is too long: the name must stay under "
+                            "100 characters with its 12-character suffix" % pattern)
+        return name
 
     def receive_twisted(self, channels):
         """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
@@ -411,14 +422,27 @@ class AMQPChannelLayer(BaseChannelLayer):
                 self._management_url, vhost_of(self._urls[0]), timeout=self.operation_timeout)
         return self._management
 
-    def _check_channel_name(self, name, receive=False):
-        # BaseChannelLayer.valid_channel_names uses assert; this never does.
-        self.valid_channel_name(name, receive=receive)
+    # The base class's checks use loose regexes, and assert in valid_channel_names.
+    def valid_channel_name(self, name, receive=False):
+        naming.check_channel_name(name, receive=receive)
+        return True
 
-    def _check_group_name(self, name):
-        self.valid_group_name(name)
+    def valid_group_name(self, name):
+        naming.check_group_name(name)
+        return True
+
+    def valid_channel_names(self, names, receive=False):
+        if not isinstance(names, list) or not names:
+            raise TypeError("names must be a non-empty list")
+        for name in names:
+            naming.check_channel_name(name, receive=receive)
+        return True
+
+    _check_channel_name = valid_channel_name
+    _check_group_name = valid_group_name
 
 
 def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
         raise ValueError("%s must be a positive number, not %r" % (name, value))

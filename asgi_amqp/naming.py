@@ -62,7 +62,13 @@ GROUP_HEADER = "asgi-group"
 KIND_HEADER = "asgi-kind"
 MARKER_KIND = "marker"
 
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}", re.ASCII)
+# asgiref's own regexes end in "$" (which also matches before a trailing
+# newline) and use Unicode-aware \d and \w; a name that slips through them
+# can be longer than AMQP's 255-byte limit or be renamed by the broker.
+CHANNEL_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+([?!][a-zA-Z0-9\-_.]*)?", re.ASCII)
+GROUP_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+", re.ASCII)
+MAX_NAME_LENGTH = 99  # asgiref: names shorter than 100 characters
 
 
 def _ms(seconds):
@@ -73,7 +79,7 @@ class Topology(object):
     """Maps channels and groups onto queue and exchange names and arguments."""
 
     def __init__(self, prefix, expiry, group_expiry, capacity_for):
-        if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
             raise ValueError(
                 "prefix must be 1-40 characters of letters, digits, '-', '_' or '.'"
             )
@@ -174,6 +180,28 @@ class Topology(object):
 
     def dead_letter_queue_arguments(self):
         return {}
+
+
+def check_channel_name(name, receive=False):
+    """Raise TypeError unless ``name`` is a valid ASGI channel name."""
+    if not (isinstance(name, str) and len(name) <= MAX_NAME_LENGTH
+            and CHANNEL_NAME_RE.fullmatch(name)):
+        raise TypeError(
+            "channel name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
+            "or '.', with at most one '?' or '!' part; got %r" % (name,))
+    if "?" in name and name.endswith("?"):
+        raise TypeError("single-reader channel names must not end with '?': %r" % name)
+    if receive and "!" in name and not name.endswith("!"):
+        raise TypeError("process-local channel names in receive() must end at the '!': %r" % name)
+
+
+def check_group_name(name):
+    """Raise TypeError unless ``name`` is a valid ASGI group name."""
+    if not (isinstance(name, str) and len(name) <= MAX_NAME_LENGTH
+            and GROUP_NAME_RE.fullmatch(name)):
+        raise TypeError(
+            "group name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
+            "or '.'; got %r" % (name,))
 
 
 def non_local_name(channel):

@@ -17,6 +17,7 @@ import time
 from pika import spec
 
 from .channels import ChannelUser
+from .errors import BrokerConnectionError, BrokerOperationError
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,10 @@ class Getter(ChannelUser):
 
     name = "get"
 
-    def __init__(self, connection, liveness, handed_off, take_held):
+    def __init__(self, connection, liveness, handed_off, consumers):
         self._liveness = liveness
         self._handed_off = handed_off
-        self._take_held = take_held
+        self._consumers = consumers
         self._queue = collections.deque()
         self._current = None
         super(Getter, self).__init__(connection)
@@ -112,7 +113,7 @@ class Getter(ChannelUser):
             if not request.pending.wanted:
                 continue
             # A consumer of an earlier blocking receive may hold one already.
-            if self._take_held(request.pending, [q for q, _ in request.queues]):
+            if self._consumers.take_held(request.pending, [q for q, _ in request.queues]):
                 continue
             self._current = request
             self._try_queue()
@@ -120,15 +121,28 @@ class Getter(ChannelUser):
     def _try_queue(self):
         request = self._current
         if request.index >= len(request.queues):
-            self._finish(None)
+            self._consumers.settle([q for q, _ in request.queues], self._after_settle)
             return
         queue, arguments = request.queues[request.index]
-        if self._liveness.alive(queue):
-            self.channel.basic_get(queue, self._on_message, auto_ack=False)
-        else:
-            self.channel.queue_declare(
-                queue, durable=True, arguments=arguments, callback=self._on_declared
-            )
+        try:
+            if self._liveness.alive(queue):
+                self.channel.basic_get(queue, self._on_message, auto_ack=False)
+            else:
+                self.channel.queue_declare(
+                    queue, durable=True, arguments=arguments, callback=self._on_declared
+                )
+        except Exception as exc:  # e.g. a name pika cannot encode: fail this call only
+            logger.exception("receive from %s failed", queue)
+            self._current = None
+            request.pending.fail(BrokerOperationError(None, "receive failed: %s" % exc))
+            self._next()
+
+    def _after_settle(self):
+        """Nothing was in the queues; a consumer may have been pushed one meanwhile."""
+        request, self._current = self._current, None
+        if not self._consumers.take_held(request.pending, [q for q, _ in request.queues]):
+            request.pending.resolve(None)
+        self._next()
 
     def _on_declared(self, frame):
         queue, arguments = self._current.queues[self._current.index]
@@ -163,11 +177,6 @@ class Getter(ChannelUser):
         self._current = None
         self._next()
 
-    def _finish(self, value):
-        request, self._current = self._current, None
-        request.pending.resolve(value)
-        self._next()
-
     def on_lost(self, reply_code, reply_text):
         request = self._current
         if request is None:
@@ -178,9 +187,12 @@ class Getter(ChannelUser):
             self._liveness.forget(request.queues[request.index][0])
             request.index += 1
             self._queue.appendleft(request)
+        elif reply_code is None or reply_code >= 500 or reply_code == 320:
+            request.pending.fail(BrokerConnectionError(
+                "connection lost during receive (%s %s)" % (reply_code, reply_text)))
         else:
-            request.pending.resolve(None)
-            logger.warning("get channel closed: %s %s", reply_code, reply_text)
+            # e.g. 406: the queue exists with other arguments (another expiry).
+            request.pending.fail(BrokerOperationError(reply_code, reply_text))
 
     def fail_all(self, error):
         for request in ([self._current] if self._current else []) + list(self._queue):

@@ -53,7 +53,8 @@ def _validate_value(value, where, depth):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(
-                    "%s has a key of type %s; keys must be str" % (where, type(key).__name__)
+                    "%s has the key %r of type %s; keys must be str"
+                    % (where, key, type(key).__name__)
                 )
             _validate_value(item, _path(where, key), depth + 1)
         return
@@ -80,7 +81,11 @@ class Serializer(object):
 
     def dumps(self, message):
         validate_message(message)
-        body = msgpack.packb(message, use_bin_type=True)
+        try:
+            body = msgpack.packb(message, use_bin_type=True)
+        except UnicodeEncodeError as exc:
+            raise ValueError("message holds a string that is not valid Unicode text "
+                             "(a lone surrogate?): %s" % exc) from None
         if self._crypter is not None:
             body = self._crypter.encrypt(body)
         if len(body) > self.max_message_size:

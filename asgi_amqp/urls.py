@@ -1,6 +1,7 @@
 """AMQP URLs: parsing into pika parameters with the layer's defaults,
 deriving the management API URL, and printing them without credentials."""
 
+import re
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pika
@@ -24,11 +25,19 @@ def _parameters(url, client_name):
     if parts.scheme not in ("amqp", "amqps"):
         raise ValueError("unsupported URL scheme %r: use amqp:// or amqps://" % parts.scheme)
     given = parse_qs(parts.query)
+    parameters = None
     try:
         parameters = pika.URLParameters(url)
-    except ValueError as exc:
-        # pika's message names the bad key only; it never echoes the URL.
-        raise ValueError("invalid AMQP URL %s: %s" % (redact(url), exc))
+    except ValueError:
+        pass
+    if parameters is None:
+        # Raised outside the except block: pika's message can quote part of
+        # the password (as the "port" when a '/' in it was not
+        # percent-encoded), and it must not ride along as __context__.
+        raise ValueError(
+            "invalid AMQP URL %s: check the host, port and query keys, and that "
+            "special characters in the user name and password are percent-encoded"
+            % redact(url))
     if "heartbeat" not in given:
         parameters.heartbeat = DEFAULT_HEARTBEAT
     if "blocked_connection_timeout" not in given:
@@ -41,13 +50,18 @@ def _parameters(url, client_name):
     return parameters
 
 
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*):.*@")
+
+
 def redact(url):
-    """The URL with any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = "%s:***@%s" % (parts.username or "", parts.netloc.rpartition("@")[2])
-    return parts._replace(netloc=netloc).geturl()
+    """The URL with any password replaced by ``***``.
+
+    Everything up to the last '@' counts as user information, so a password
+    with an unencoded '/', '?' or '#' is hidden too.
+    """
+    if not isinstance(url, str):
+        return "<url>"
+    return _USERINFO.sub(lambda m: "%s%s:***@" % (m.group("scheme"), m.group("user")), url, count=1)
 
 
 def describe_parameters(parameters):

@@ -7,6 +7,7 @@ thread, waiting on the result with a timeout. All broker objects and their
 arguments come from ``naming.Topology``.
 """
 
+import itertools
 import logging
 import math
 import os
@@ -14,7 +15,6 @@ import random
 import secrets
 import string
 import threading
-import uuid
 
 import pika
 from asgiref.base_layer import BaseChannelLayer
@@ -147,6 +147,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._worker = None
         self._closed = False
         self._infrastructure_pid = None
+        self._id_token = secrets.token_hex(8)
+        self._id_counter = itertools.count()
 
     def __repr__(self):
         return "<%s %s prefix=%r>" % (
@@ -171,6 +173,7 @@ class AMQPChannelLayer(BaseChannelLayer):
                 if self._run_worker:
                     worker = DeadLetterWorker(self._parameters, self.topology)
                     worker.start()
+                self._id_token = secrets.token_hex(8)  # a forked child gets its own
                 # Published only once running: other threads take the fast path above.
                 self._io, self._worker, self._pid = io, worker, os.getpid()
             return self._io
@@ -209,9 +212,11 @@ class AMQPChannelLayer(BaseChannelLayer):
         return self._call(what, _do_admin, steps)[1]
 
     def _properties(self, headers=None):
+        # Ids only need to be unique per process and cheap: a random
+        # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack",
-            message_id=uuid.uuid4().hex, headers=headers)
+            message_id="%s.%d" % (self._id_token, next(self._id_counter)), headers=headers)
 
     # -- ASGI API -------------------------------------------------------------
 

@@ -157,26 +157,46 @@ class AMQPChannelLayer(BaseChannelLayer):
     # -- lifecycle ------------------------------------------------------------
 
     def _running_io(self):
-        """The I/O thread, started on first use and again in a forked child."""
+        """The I/O thread: started on first use, in a forked child, and after a crash."""
         if self._closed:
             raise LayerClosed("the layer is closed")
-        if self._io is not None and self._pid == os.getpid():
-            return self._io
+        io = self._io
+        if io is not None and self._pid == os.getpid() and io.alive:
+            return io
+        if self._pid != os.getpid():
+            # A lock held by some thread of the parent at fork time stays held
+            # forever in the child, which has only the forking thread.
+            self._start_lock = threading.Lock()
         with self._start_lock:
             if self._io is None or self._pid != os.getpid():
                 # In a forked child the parent's threads do not exist and its
                 # sockets must not be touched: start afresh.
-                io = IOThread(self._parameters, linger=self._linger,
-                              idle_timeout=self._consumer_idle_timeout)
-                io.start()
-                worker = None
-                if self._run_worker:
-                    worker = DeadLetterWorker(self._parameters, self.topology)
-                    worker.start()
-                self._id_token = secrets.token_hex(8)  # a forked child gets its own
-                # Published only once running: other threads take the fast path above.
-                self._io, self._worker, self._pid = io, worker, os.getpid()
+                self._start_threads()
+            elif not self._io.alive:
+                logger.error("the I/O thread died; starting a new one")
+                self._io = self._new_io_thread()
+            if self._worker is not None and not self._worker.alive and not self._closed:
+                logger.error("the dead-letter worker died; starting a new one")
+                self._worker = self._new_worker()
             return self._io
+
+    def _start_threads(self):
+        io = self._new_io_thread()
+        worker = self._new_worker() if self._run_worker else None
+        self._id_token = secrets.token_hex(8)  # a forked child gets its own
+        # Published only once running: other threads take the fast path above.
+        self._io, self._worker, self._pid = io, worker, os.getpid()
+
+    def _new_io_thread(self):
+        io = IOThread(self._parameters, linger=self._linger,
+                      idle_timeout=self._consumer_idle_timeout)
+        io.start()
+        return io
+
+    def _new_worker(self):
+        worker = DeadLetterWorker(self._parameters, self.topology)
+        worker.start()
+        return worker
 
     def threads(self):
         """The threads this layer runs in this process (for monitoring)."""

@@ -190,3 +190,17 @@ def test_layer_used_before_fork_works_in_the_child(layer):
     assert layer.threads() == parent_threads
     layer.send("after.fork", {"v": 2})
     assert layer.receive(["after.fork"]) == ("after.fork", {"v": 2})
+
+
+def test_dead_threads_are_replaced_on_the_next_call(layer):
+    layer.send("revive", {"n": 1})
+    old_threads = layer.threads()
+    # Stand-ins for a crash: both threads end without the layer being closed.
+    layer._io.stop()
+    layer._worker.stop()
+    assert not any(t.is_alive() for t in old_threads)
+    layer.send("revive", {"n": 2})
+    new_threads = layer.threads()
+    assert len(new_threads) == 2 and all(t.is_alive() for t in new_threads)
+    assert not set(new_threads) & set(old_threads)
+    assert sorted(m["n"] for _, m in drain(layer, ["revive"])) == [1, 2]

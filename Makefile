@@ -1,8 +1,12 @@
 # Developer tasks for asgi_amqp (GNU make).
 #
 #   make test [PYTEST_ARGS='-k foo -x']   tests against a real broker
-#   make demo                             examples/demo.py against a real broker
+#   make demo [DEMO_ARGS=--once]          the chat example (daphne + 2 runworkers) on a
+#                                         real broker, http://127.0.0.1:8000/ until Ctrl-C
+#   make demo-basic                       examples/demo.py (two processes, no Django)
 #   make bench [BENCH_ARGS=...]           benchmarks/run.py against a real broker
+#   make bench-channels [CHANNELS_BENCH_ARGS=...]
+#                                         daphne + runworker on asgi_amqp vs asgi_redis
 #
 # The broker is $AMQP_URL if set, else a Docker container if a Docker engine
 # answers, else a private RabbitMQ node started from the machine's
@@ -13,6 +17,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+DEMO_ARGS ?=
+CHANNELS_BENCH_ARGS ?=
+# The asgi_redis side of bench-channels has its own virtualenv.
+REDIS_VENV ?= .venv-redis
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -21,11 +29,13 @@ PACKAGE_META := $(wildcard setup.py setup.cfg pyproject.toml)
 BROKER_PY = $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
-.PHONY: help venv broker-deps test demo bench clean distclean
+.PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test demo demo-basic bench \
+        bench-channels clean distclean
 
 help:
-	@echo "targets: venv broker-deps test demo bench clean distclean"
-	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS=... BENCH_ARGS=..."
+	@echo "targets: venv broker-deps e2e-deps test demo demo-basic bench bench-channels clean distclean"
+	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS=... BENCH_ARGS=... DEMO_ARGS=..."
+	@echo "           CHANNELS_BENCH_ARGS=... REDIS_VENV=$(REDIS_VENV)"
 
 venv: $(STAMP)
 
@@ -34,7 +44,7 @@ $(VPY):
 
 # Re-install only when the package metadata is newer than the stamp.
 $(STAMP): $(PACKAGE_META) | $(VPY)
-	$(VPY) -m pip install -e '.[test]'
+	$(VPY) -m pip install -e '.[test,spark,channels]'
 	touch $@
 
 # rabbitmq-server for private nodes: not needed with AMQP_URL or a Docker
@@ -63,14 +73,70 @@ broker-deps:
 	    exit 1; \
 	fi
 
-test: venv broker-deps
+# Headless Chromium for the browser test (tests/e2e/test_channels_browser.py):
+# Debian's chromium and chromium-driver, installed when missing and we are root.
+e2e-deps:
+	@if command -v chromium >/dev/null 2>&1 && \
+	    { command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ]; }; then \
+	    :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	    echo "e2e-deps: installing chromium and chromium-driver"; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	else \
+	    echo "e2e-deps: the browser test needs chromium and chromium-driver." >&2; \
+	    echo "  As root: make e2e-deps (apt-get install chromium chromium-driver)" >&2; \
+	    exit 1; \
+	fi
+
+test: venv broker-deps e2e-deps
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
+# The chat example: daphne + two runworkers on the layer, a scripted room,
+# then http://127.0.0.1:8000/ until Ctrl-C (DEMO_ARGS=--once: exit after the
+# scripted part; --port N).
 demo: venv broker-deps
+	$(VPY) -m devtools.rabbitmq run -- $(VPY) examples/chat_demo.py $(DEMO_ARGS)
+
+demo-basic: venv broker-deps
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) examples/demo.py
 
 bench: venv broker-deps
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/run.py $(BENCH_ARGS)
+
+# asgi_redis 1.4.3 for bench-channels, in its own virtualenv (see
+# benchmarks/requirements-redis.txt: asgi_redis goes in with --no-deps).
+$(REDIS_VENV)/.installed: benchmarks/requirements-redis.txt
+	test -x $(REDIS_VENV)/bin/python || $(PYTHON) -m venv $(REDIS_VENV)
+	$(REDIS_VENV)/bin/python -m pip install -r benchmarks/requirements-redis.txt
+	$(REDIS_VENV)/bin/python -m pip install --no-deps 'asgi_redis==1.4.3'
+	touch $@
+
+redis-venv: $(REDIS_VENV)/.installed
+
+# A Redis for bench-channels: $$REDIS_URL, else one answering on
+# 127.0.0.1:6379, else the bench starts a private redis-server on a free port
+# (installed here with apt-get when missing and we are root).
+redis-deps:
+	@if [ -n "$$REDIS_URL" ]; then \
+	    echo "redis-deps: REDIS_URL is set"; \
+	elif $(PYTHON) -c 'import socket, sys; s = socket.create_connection(("127.0.0.1", 6379), 1); s.sendall(b"PING\r\n"); sys.exit(not s.recv(16).startswith(b"+PONG"))' 2>/dev/null; then \
+	    echo "redis-deps: a Redis answers on 127.0.0.1:6379"; \
+	elif command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; then \
+	    echo "redis-deps: the benchmark will start a private redis-server"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	    echo "redis-deps: installing redis-server"; \
+	    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
+	        || echo "redis-deps: apt-get reported a failure; checking the binary"; \
+	    [ -x /usr/bin/redis-server ] || { echo "redis-deps: redis-server is still missing" >&2; exit 1; }; \
+	else \
+	    echo "redis-deps: no Redis on 127.0.0.1:6379 and no redis-server." >&2; \
+	    echo "  As root: make redis-deps (apt-get install redis-server), or set REDIS_URL=redis://..." >&2; \
+	    exit 1; \
+	fi
+
+bench-channels: venv broker-deps redis-venv redis-deps
+	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/channels_bench.py \
+	    --redis-python $(REDIS_VENV)/bin/python $(CHANNELS_BENCH_ARGS)
 
 clean:
 	rm -rf build dist .eggs .pytest_cache .hypothesis .mypy_cache .ruff_cache htmlcov .coverage .coverage.*
@@ -79,4 +145,4 @@ clean:
 	    -name '*.py[co]' -exec rm -f {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(REDIS_VENV)

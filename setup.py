@@ -38,7 +38,11 @@ setup(
             "hypothesis>=6",
             "cryptography>=3.4",
             "docker>=6",
+            "click>=8.0",
+            "tqdm>=4",
         ],
+        "cli": ["click>=8.0", "tqdm>=4"],
+        "spark": ["pyspark>=3.4"],
         "twisted": ["twisted"],
         "channels": [
             "channels==1.1.8",
@@ -49,6 +53,7 @@ setup(
         ],
         "bench": ["redis<4", "tqdm", "pyarrow", "pandas", "matplotlib"],
     },
+    entry_points={"console_scripts": ["asgi-amqp=asgi_amqp.cli:main"]},
     classifiers=[
         "Framework :: Django",
         "Programming Language :: Python :: 3",

@@ -15,11 +15,12 @@ import random
 import secrets
 import string
 import threading
+import time
 
 import pika
 from asgiref.base_layer import BaseChannelLayer
 
-from . import admin, naming, twisted_support
+from . import admin, naming, statistics, twisted_support
 from .connection import IOThread
 from .deadletter import DeadLetterWorker
 from .errors import (BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
@@ -103,7 +104,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         sharing the prefix must run it.
     """
 
-    extensions = ["groups", "flush"] + (["twisted"] if twisted_support.AVAILABLE else [])
+    # "statistics" is added on an instance whose management API answers.
+    extensions = statistics.Extensions(
+        ["groups", "flush"] + (["twisted"] if twisted_support.AVAILABLE else []))
 
     ChannelFull = ChannelFull
     MessageTooLarge = MessageTooLarge
@@ -147,6 +150,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._worker = None
         self._closed = False
         self._infrastructure_pid = None
+        self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_counter = itertools.count()
 
@@ -236,7 +240,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack",
-            message_id="%s.%d" % (self._id_token, next(self._id_counter)), headers=headers)
+            message_id="%s.%d" % (self._id_token, next(self._id_counter)), headers=headers,
+            timestamp=int(time.time()))  # the broker's messages_max_age reads it
 
     # -- ASGI API -------------------------------------------------------------
 
@@ -251,6 +256,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             if outcome == ACKED:
                 return
             if outcome == NACKED:
+                self._stats.count_full(channel)
                 raise self.ChannelFull("channel %s is full" % channel)
             # Returned: the queue does not exist (new, expired or flushed).
             self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
@@ -358,6 +364,16 @@ class AMQPChannelLayer(BaseChannelLayer):
         # Full members drop the message (the broker nacks); that is the spec.
         self._publish(self.topology.group_router, group, body, self._properties(), False,
                       "send to group %s" % group)
+
+    # -- statistics extension -------------------------------------------------
+
+    def global_statistics(self):
+        """ASGI ``statistics`` extension: figures for all channels of the prefix."""
+        return statistics.global_statistics(self)
+
+    def channel_statistics(self, channel):
+        """ASGI ``statistics`` extension: figures for one channel (its queue)."""
+        return statistics.channel_statistics(self, channel)
 
     # -- flush ------------------------------------------------------------------
 

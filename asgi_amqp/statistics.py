@@ -1,0 +1,283 @@
+"""The ASGI 1.0 ``statistics`` extension.
+
+``global_statistics(layer)`` and ``channel_statistics(layer, channel)`` return
+dicts with the keys the ASGI spec names:
+
+``messages_count``
+    messages published into the channel's queue, as the broker counts them
+    (the management API's ``message_stats.publish``). The broker counts a
+    publish that a full queue refused as well, and the count starts when the
+    queue was (re)created: queues expire when unused and ``flush`` deletes
+    them, so it is "since the queue exists", not "since server start".
+``messages_count_per_second``
+    the broker's publish rate into the queue (``publish_details.rate``).
+``messages_pending``
+    messages waiting in the queue (``messages_ready``).
+``messages_max_age``
+    seconds the message at the head of the queue has waited, from the
+    ``timestamp`` property of that message (``head_message_timestamp``,
+    whole seconds); 0 when the queue is empty or its head has no timestamp.
+``channel_full_count``, ``channel_full_count_per_second``
+    how often ``send`` raised ``ChannelFull`` in *this process* (the broker
+    does not count refused publishes per queue), and how many of those were
+    in the last second. They come from the layer's ``_stats`` counters (a
+    :class:`Counters`); a layer without them reports 0.
+
+Everything except the two ``channel_full`` figures comes from RabbitMQ's
+management HTTP API, which computes queue figures every
+``collect_statistics_interval`` (5 s by default): a figure can be up to that
+old, and on a fresh node or a new queue the rates are 0 until the node has
+taken two samples. The global figures are sums (the age a maximum) over the
+layer's channel queues, ``{prefix}:q:*``.
+
+A process-local channel ``foo!bar`` lives in the queue ``foo!``, shared by
+every channel ``foo!...``; its figures are those of that queue.
+"""
+
+import collections
+import threading
+import time
+import weakref
+
+from . import naming
+from .errors import ManagementAPIError
+
+__all__ = [
+    "KEYS", "Counters", "Extensions", "global_statistics", "channel_statistics",
+    "all_channel_statistics", "is_available",
+]
+
+KEYS = (
+    "messages_count",
+    "messages_count_per_second",
+    "messages_pending",
+    "messages_max_age",
+    "channel_full_count",
+    "channel_full_count_per_second",
+)
+
+_AVAILABLE_FOR = 300.0   # seconds a "the management API answers" is trusted
+_UNAVAILABLE_FOR = 30.0  # seconds before an unanswered probe is tried again
+
+
+class Counters(object):
+    """Thread-safe ``ChannelFull`` counters, owned by a layer.
+
+    ``count_full(channel)`` records one ChannelFull. ``full_count(channel)``
+    is the total since the counters were made, ``full_rate(channel)`` the
+    number per second over the last ``window`` seconds (a sliding window in
+    ``buckets`` steps). ``channel=None`` means all channels together.
+
+    Channels are counted by their queue (``foo!bar`` as ``foo!``). At most
+    ``max_channels`` channels are remembered; the least recently counted are
+    forgotten beyond that, but still count in the totals.
+    """
+
+    def __init__(self, window=1.0, buckets=10, max_channels=10000, clock=time.monotonic):
+        if window <= 0 or buckets < 1 or max_channels < 1:
+            raise ValueError("window, buckets and max_channels must be positive")
+        self.window = float(window)
+        self._step = self.window / buckets
+        self._buckets = buckets
+        self._max_channels = max_channels
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._total = _Series()
+        self._channels = collections.OrderedDict()  # queue channel -> _Series
+
+    @staticmethod
+    def _key(channel):
+        return naming.non_local_name(channel)
+
+    def count_full(self, channel):
+        bucket = int(self._clock() // self._step)
+        key = self._key(channel)
+        with self._lock:
+            self._total.add(bucket, self._buckets)
+            series = self._channels.get(key)
+            if series is None:
+                series = self._channels[key] = _Series()
+                if len(self._channels) > self._max_channels:
+                    self._channels.popitem(last=False)
+            else:
+                self._channels.move_to_end(key)
+            series.add(bucket, self._buckets)
+
+    def _series(self, channel):
+        if channel is None:
+            return self._total
+        return self._channels.get(self._key(channel))
+
+    def full_count(self, channel=None):
+        with self._lock:
+            series = self._series(channel)
+            return series.count if series is not None else 0
+
+    def full_rate(self, channel=None):
+        bucket = int(self._clock() // self._step)
+        with self._lock:
+            series = self._series(channel)
+            if series is None:
+                return 0.0
+            return series.recent(bucket, self._buckets) / self.window
+
+    def channels(self):
+        """The channels (queue names' channel part) with a ChannelFull on record."""
+        with self._lock:
+            return list(self._channels)
+
+
+class _Series(object):
+    """A total and per-bucket counts for the last few buckets (under the owner's lock)."""
+
+    __slots__ = ("count", "_recent")
+
+    def __init__(self):
+        self.count = 0
+        self._recent = collections.deque()  # [bucket, count], oldest first
+
+    def add(self, bucket, keep):
+        self.count += 1
+        recent = self._recent
+        if recent and recent[-1][0] == bucket:
+            recent[-1][1] += 1
+        else:
+            recent.append([bucket, 1])
+        while recent and recent[0][0] <= bucket - keep:
+            recent.popleft()
+
+    def recent(self, bucket, keep):
+        return sum(n for b, n in self._recent if b > bucket - keep)
+
+
+# -- the extension ------------------------------------------------------------
+
+def _empty():
+    return {
+        "messages_count": 0,
+        "messages_count_per_second": 0.0,
+        "messages_pending": 0,
+        "messages_max_age": 0,
+        "channel_full_count": 0,
+        "channel_full_count_per_second": 0.0,
+    }
+
+
+def _from_queue(record, now):
+    """The broker's figures of one queue record (a management API dict)."""
+    figures = _empty()
+    if not record:
+        return figures
+    stats = record.get("message_stats") or {}
+    figures["messages_count"] = int(stats.get("publish") or 0)
+    figures["messages_count_per_second"] = float(
+        (stats.get("publish_details") or {}).get("rate") or 0.0)
+    pending = int(record.get("messages_ready") or 0)
+    figures["messages_pending"] = pending
+    head = record.get("head_message_timestamp")
+    if pending and isinstance(head, (int, float)) and head > 0:
+        figures["messages_max_age"] = max(0, int(now - head))
+    return figures
+
+
+def _counters(layer):
+    return getattr(layer, "_stats", None)
+
+
+def _add_full(figures, counters, channel):
+    if counters is not None:
+        figures["channel_full_count"] = counters.full_count(channel)
+        figures["channel_full_count_per_second"] = counters.full_rate(channel)
+    return figures
+
+
+def _check_channel(layer, channel):
+    if not isinstance(channel, str):
+        raise TypeError("channel name must be a str, not %s" % type(channel).__name__)
+    layer.valid_channel_name(channel)  # raises TypeError; "foo!" is valid
+
+
+def channel_statistics(layer, channel):
+    """The statistics of one channel (of its queue, for ``foo!bar``)."""
+    _check_channel(layer, channel)
+    record = layer._management_client().queue(layer.topology.channel_queue(channel))
+    figures = _from_queue(record, time.time())
+    return _add_full(figures, _counters(layer), channel)
+
+
+def all_channel_statistics(layer):
+    """``{channel: statistics}`` for every channel queue of the layer's prefix.
+
+    Channels of process-local queues are named ``foo!``. Channels with a
+    ChannelFull on record in this process but no queue are included too.
+    """
+    topology = layer.topology
+    now = time.time()
+    counters = _counters(layer)
+    found = {}
+    for record in layer._management_client().queues(topology.channel_queue("")):
+        channel = topology.channel_of_queue(record.get("name", ""))
+        if channel:
+            found[channel] = _add_full(_from_queue(record, now), counters, channel)
+    if counters is not None:
+        for channel in counters.channels():
+            if channel not in found:
+                found[channel] = _add_full(_empty(), counters, channel)
+    return found
+
+
+def global_statistics(layer):
+    """The statistics of all the layer's channels together."""
+    return summarize(all_channel_statistics(layer).values(), _counters(layer))
+
+
+def summarize(per_channel, counters=None):
+    """Totals of several channels' statistics (the maximum for the age)."""
+    total = _empty()
+    for figures in per_channel:
+        for key in ("messages_count", "messages_count_per_second", "messages_pending"):
+            total[key] += figures[key]
+        total["messages_max_age"] = max(total["messages_max_age"], figures["messages_max_age"])
+    # The process-wide counters include channels that fell out of the per-channel table.
+    return _add_full(total, counters, None)
+
+
+# -- is the extension available? --------------------------------------------------
+
+_probe_lock = threading.Lock()
+_probes = weakref.WeakKeyDictionary()  # layer -> (answer, valid until)
+
+
+def is_available(layer):
+    """Whether the layer's management API answers (cached: 5 min if yes, 30 s if no)."""
+    now = time.monotonic()
+    with _probe_lock:
+        cached = _probes.get(layer)
+    if cached is not None and cached[1] > now:
+        return cached[0]
+    try:
+        layer._management_client().ping()
+        answer = True
+    except (ManagementAPIError, ValueError):
+        answer = False
+    with _probe_lock:
+        _probes[layer] = (answer, now + (_AVAILABLE_FOR if answer else _UNAVAILABLE_FOR))
+    return answer
+
+
+class Extensions(object):
+    """A class attribute for ``extensions`` that adds ``statistics`` when it works.
+
+    On the class (``AMQPChannelLayer.extensions``) it is the fixed list; on a
+    layer it is that list plus ``"statistics"`` if the layer's management API
+    answers (see :func:`is_available`). Each access returns a new list.
+    """
+
+    def __init__(self, base):
+        self.base = tuple(base)
+
+    def __get__(self, layer, owner=None):
+        found = list(self.base)
+        if layer is not None and "statistics" not in found and is_available(layer):
+            found.append("statistics")
+        return found

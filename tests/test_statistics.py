@@ -1,0 +1,289 @@
+"""The ASGI ``statistics`` extension (asgi_amqp/statistics.py).
+
+The broker's figures come from the management API, which refreshes them
+every collect_statistics_interval (5 s by default). All traffic is therefore
+sent once, by a module fixture, which then waits for the figures to show it;
+each test checks its own part.
+"""
+
+import threading
+import time
+import uuid
+
+import pika
+import pytest
+
+from asgi_amqp import AMQPChannelLayer, ChannelFull, statistics
+from helpers import make_layer, wait_until
+
+CAPACITY = 20
+SENT = {"st.a": 7, "st.b": 3, "st.local!": 4}  # per queue
+FULL = 5          # ChannelFull provoked on st.full
+AGED = 30         # seconds: the head message of st.aged has this timestamp age
+
+
+# -- Counters (no broker) ------------------------------------------------------------------
+
+class Clock(object):
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_counters_count_per_channel_and_in_total():
+    counters = statistics.Counters(clock=Clock())
+    for _ in range(3):
+        counters.count_full("a")
+    counters.count_full("b")
+    assert counters.full_count("a") == 3
+    assert counters.full_count("b") == 1
+    assert counters.full_count("never") == 0
+    assert counters.full_count() == 4
+    assert sorted(counters.channels()) == ["a", "b"]
+
+
+def test_counters_count_process_local_channels_by_their_queue():
+    counters = statistics.Counters(clock=Clock())
+    counters.count_full("x!one")
+    counters.count_full("x!two")
+    assert counters.full_count("x!") == 2
+    assert counters.full_count("x!three") == 2
+
+
+def test_counters_rate_is_a_sliding_window():
+    clock = Clock()
+    counters = statistics.Counters(window=1.0, buckets=10, clock=clock)
+    for _ in range(4):
+        counters.count_full("a")
+    clock.now += 0.55
+    counters.count_full("a")
+    assert counters.full_rate("a") == 5.0
+    assert counters.full_rate() == 5.0
+    clock.now += 0.5  # the first four are now 1.05 s old
+    assert counters.full_rate("a") == 1.0
+    clock.now += 0.6
+    assert counters.full_rate("a") == 0.0
+    assert counters.full_count("a") == 5
+    assert counters.full_rate("never") == 0.0
+
+
+def test_counters_rate_over_a_longer_window():
+    clock = Clock()
+    counters = statistics.Counters(window=10.0, clock=clock)
+    for _ in range(20):
+        counters.count_full("a")
+        clock.now += 0.25
+    assert counters.full_rate("a") == pytest.approx(2.0)
+
+
+def test_counters_forget_least_recent_channels_but_keep_totals():
+    counters = statistics.Counters(max_channels=2, clock=Clock())
+    counters.count_full("a")
+    counters.count_full("b")
+    counters.count_full("a")
+    counters.count_full("c")  # evicts b, the least recently counted
+    assert sorted(counters.channels()) == ["a", "c"]
+    assert counters.full_count("b") == 0
+    assert counters.full_count() == 4
+
+
+def test_counters_are_thread_safe():
+    counters = statistics.Counters()
+    threads = [threading.Thread(target=lambda: [counters.count_full("t%d" % (i % 7))
+                                                for i in range(2000)]) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counters.full_count() == 16000
+    assert sum(counters.full_count("t%d" % i) for i in range(7)) == 16000
+
+
+def test_counters_reject_nonsense():
+    with pytest.raises(ValueError):
+        statistics.Counters(window=0)
+
+
+# -- against the broker ------------------------------------------------------------------------
+
+def _layer(broker, **config):
+    return make_layer(broker, **config)
+
+
+def _publish_aged(broker, queue, arguments):
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(queue, durable=True, arguments=arguments)
+        channel.basic_publish("", queue, b"\x80",  # an empty msgpack map: {}
+                              pika.BasicProperties(timestamp=int(time.time()) - AGED))
+    finally:
+        connection.close()
+
+
+@pytest.fixture(scope="module")
+def traffic(broker):
+    """A layer after known traffic, once the management API shows all of it."""
+    layer = _layer(broker, prefix="st-%s" % uuid.uuid4().hex[:10], capacity=CAPACITY, expiry=120)
+    for i in range(SENT["st.a"]):
+        layer.send("st.a", {"i": i})
+    for i in range(SENT["st.b"]):
+        layer.send("st.b", {"i": i})
+    for i in range(SENT["st.local!"]):
+        layer.send("st.local!%d" % (i % 2), {"i": i})
+    for i in range(CAPACITY):
+        layer.send("st.full", {"i": i})
+    for _ in range(FULL):
+        with pytest.raises(ChannelFull):
+            layer.send("st.full", {"i": -1})
+    _publish_aged(broker, layer.topology.channel_queue("st.aged"),
+                  layer.topology.channel_queue_arguments("st.aged"))
+    expected = dict(SENT, **{"st.full": CAPACITY, "st.aged": 1})
+
+    def visible():
+        found = statistics.all_channel_statistics(layer)
+        # Depth and head timestamp are refreshed by separate timers.
+        # Publish counts come from yet another (channel) stats event.
+        return (all(c in found and found[c]["messages_pending"] == n
+                    for c, n in expected.items())
+                and all(found[c]["messages_count"] >= n for c, n in SENT.items())
+                and found["st.aged"]["messages_max_age"] > 0)
+    wait_until(visible, timeout=20, interval=0.25, message="statistics showing the traffic")
+    yield layer
+    layer.flush()
+    layer.close()
+
+
+def test_channel_statistics_has_the_spec_keys(traffic):
+    figures = statistics.channel_statistics(traffic, "st.a")
+    assert set(figures) == set(statistics.KEYS)
+    assert isinstance(figures["messages_count_per_second"], float)
+    assert isinstance(figures["channel_full_count_per_second"], float)
+
+
+def test_channel_pending_equals_messages_sent(traffic):
+    for channel, count in SENT.items():
+        figures = statistics.channel_statistics(traffic, channel)
+        assert figures["messages_pending"] == count, channel
+        # The broker counts publishes (a first one may come back unroutable).
+        assert count <= figures["messages_count"] <= count + 1, channel
+        assert figures["messages_count_per_second"] >= 0
+
+
+def test_process_local_channel_reports_its_queue(traffic):
+    assert statistics.channel_statistics(traffic, "st.local!0")["messages_pending"] == 4
+    assert statistics.channel_statistics(traffic, "st.local!")["messages_pending"] == 4
+
+
+def test_global_statistics_include_every_channel(traffic):
+    figures = statistics.global_statistics(traffic)
+    assert set(figures) == set(statistics.KEYS)
+    assert figures["messages_pending"] == sum(SENT.values()) + CAPACITY + 1
+    assert figures["messages_count"] >= figures["messages_pending"]
+    assert figures["channel_full_count"] == FULL
+    assert figures["messages_max_age"] >= AGED - 1
+
+
+def test_channel_full_count_matches_channel_full_raised(traffic):
+    figures = statistics.channel_statistics(traffic, "st.full")
+    assert figures["channel_full_count"] == FULL
+    assert figures["messages_pending"] == CAPACITY
+    # The count stays; the per-second rate falls to 0 once a second has passed.
+    time.sleep(1.05)
+    figures = statistics.channel_statistics(traffic, "st.full")
+    assert figures["channel_full_count"] == FULL
+    assert figures["channel_full_count_per_second"] == 0.0
+    assert statistics.channel_statistics(traffic, "st.a")["channel_full_count"] == 0
+
+
+def test_channel_full_rate_in_the_last_second(broker):
+    layer = _layer(broker, capacity=1)
+    try:
+        layer.send("st.r", {})
+        for _ in range(3):
+            with pytest.raises(ChannelFull):
+                layer.send("st.r", {})
+        figures = statistics.channel_statistics(layer, "st.r")
+        assert figures["channel_full_count"] == 3
+        assert figures["channel_full_count_per_second"] == 3.0
+    finally:
+        layer.flush()
+        layer.close()
+
+
+def test_messages_max_age_from_the_head_message_timestamp(traffic):
+    age = statistics.channel_statistics(traffic, "st.aged")["messages_max_age"]
+    assert AGED - 1 <= age <= AGED + 30
+    # Messages the layer sends carry no timestamp unless the layer sets one:
+    # then 0, else their real age, which is far below AGED here.
+    assert statistics.channel_statistics(traffic, "st.a")["messages_max_age"] < AGED - 1
+
+
+def test_channel_without_a_queue_is_all_zero(traffic):
+    figures = statistics.channel_statistics(traffic, "st.never")
+    assert figures == {
+        "messages_count": 0, "messages_count_per_second": 0.0, "messages_pending": 0,
+        "messages_max_age": 0, "channel_full_count": 0, "channel_full_count_per_second": 0.0,
+    }
+
+
+def test_invalid_channel_name_raises_type_error(traffic):
+    with pytest.raises(TypeError):
+        statistics.channel_statistics(traffic, "bad name")
+    with pytest.raises(TypeError):
+        statistics.channel_statistics(traffic, b"bytes")
+
+
+def test_available_only_when_the_management_api_answers(broker):
+    good = make_layer(broker)
+    bad = AMQPChannelLayer(url=broker.amqp_url, management_url="http://127.0.0.1:1/")
+    try:
+        assert statistics.is_available(good) is True
+        started = time.monotonic()
+        assert statistics.is_available(bad) is False
+        assert statistics.is_available(bad) is False  # cached
+        assert time.monotonic() - started < 5
+    finally:
+        good.close()
+        bad.close()
+
+
+def test_extensions_descriptor(broker):
+    class Layer(AMQPChannelLayer):
+        extensions = statistics.Extensions(["groups", "flush"])
+
+    assert Layer.extensions == ["groups", "flush"]  # on the class: no probe
+    good = Layer(url=broker.amqp_url, management_url=broker.management_url)
+    bad = Layer(url=broker.amqp_url, management_url="http://127.0.0.1:1/")
+    try:
+        assert good.extensions == ["groups", "flush", "statistics"]
+        assert bad.extensions == ["groups", "flush"]
+        good.extensions.append("x")  # a new list each time
+        assert "x" not in good.extensions
+    finally:
+        good.close()
+        bad.close()
+
+
+def test_layer_integration(broker):
+    """Runs once the layer has the statistics methods and lists the extension."""
+    layer = make_layer(broker, capacity=1)
+    try:
+        assert "statistics" in layer.extensions
+        layer.send("st.i", {})
+        with pytest.raises(ChannelFull):
+            layer.send("st.i", {})
+        assert layer.channel_statistics("st.i")["channel_full_count"] == 1
+        assert layer.global_statistics()["channel_full_count"] == 1
+    finally:
+        layer.flush()
+        layer.close()
+    bad = AMQPChannelLayer(url=broker.amqp_url, management_url="http://127.0.0.1:1/")
+    try:
+        assert "statistics" not in bad.extensions
+        assert "groups" in bad.extensions
+    finally:
+        bad.close()

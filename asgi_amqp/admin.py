@@ -14,20 +14,26 @@ something already gone), reopens the channel and carries on with the next.
 import collections
 import logging
 
+import pika.exceptions
+
 from .channels import ChannelUser
 from .errors import BrokerConnectionError, BrokerOperationError
 
 logger = logging.getLogger(__name__)
 
 NOT_FOUND = 404
+STATE_ERRORS = (pika.exceptions.ConnectionWrongStateError, pika.exceptions.ChannelWrongStateError,
+                pika.exceptions.ChannelClosed, pika.exceptions.ConnectionClosed,
+                pika.exceptions.DuplicateGetOkCallback)
 
 
 class Step(collections.namedtuple("Step", "method kwargs not_found_ok")):
     """One RPC on a pika channel: ``getattr(channel, method)(callback=..., **kwargs)``."""
 
 
-def queue_declare(queue, arguments, passive=False):
-    return Step("queue_declare", dict(queue=queue, durable=True, arguments=arguments, passive=passive), False)
+def queue_declare(queue, arguments, passive=False, not_found_ok=False):
+    return Step("queue_declare", dict(queue=queue, durable=True, arguments=arguments, passive=passive),
+                not_found_ok)
 
 
 def queue_delete(queue):
@@ -38,8 +44,8 @@ def queue_purge(queue):
     return Step("queue_purge", dict(queue=queue), True)
 
 
-def queue_bind(queue, exchange):
-    return Step("queue_bind", dict(queue=queue, exchange=exchange, routing_key=""), False)
+def queue_bind(queue, exchange, not_found_ok=False):
+    return Step("queue_bind", dict(queue=queue, exchange=exchange, routing_key=""), not_found_ok)
 
 
 def exchange_declare(exchange, auto_delete=False, exchange_type="fanout"):
@@ -60,6 +66,36 @@ def exchange_bind(destination, source, routing_key=""):
 
 def exchange_unbind(destination, source):
     return Step("exchange_unbind", dict(destination=destination, source=source, routing_key=""), True)
+
+
+class Callback(object):
+    """Stands in for a ``Pending`` when the I/O thread itself waits for an operation."""
+
+    __slots__ = ("_on_done", "_done")
+    wanted = True
+
+    def __init__(self, on_done):
+        self._on_done = on_done
+        self._done = False
+
+    def resolve(self, value=None):
+        if not self._done:
+            self._done = True
+            self._on_done(value, None)
+        return True
+
+    def fail(self, error):
+        if not self._done:
+            self._done = True
+            self._on_done(None, error)
+        return True
+
+
+def broker_call_error(exc, what):
+    """The error a caller sees when a pika call on the I/O thread raised."""
+    if isinstance(exc, STATE_ERRORS):
+        return BrokerConnectionError("connection lost during %s (%s)" % (what, type(exc).__name__))
+    return BrokerOperationError(None, "%s failed: %s" % (what, exc))
 
 
 class _Operation(object):
@@ -108,10 +144,10 @@ class AdminExecutor(ChannelUser):
         step = operation.steps[operation.index]
         try:
             getattr(self.channel, step.method)(callback=self._on_step_done, **step.kwargs)
-        except Exception as exc:  # e.g. a name pika cannot encode: fail this operation only
-            logger.exception("%s failed", step.method)
+        except Exception as exc:  # connection gone, or a name pika cannot encode
+            logger.debug("%s failed", step.method, exc_info=True)
             self._current = None
-            operation.pending.fail(BrokerOperationError(None, "%s failed: %s" % (step.method, exc)))
+            operation.pending.fail(broker_call_error(exc, step.method))
             self._next()
 
     def _on_step_done(self, frame):

@@ -41,7 +41,8 @@ class Session(object):
         self.liveness = liveness
         self.publisher = Publisher(connection)
         self.admin = AdminExecutor(connection)
-        self.consumers = ConsumerPool(connection, liveness, handed_off, linger, idle_timeout)
+        self.consumers = ConsumerPool(connection, self.admin, liveness, handed_off, linger,
+                                      idle_timeout)
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts = (self.publisher, self.admin, self.consumers, self.getter)
 
@@ -53,7 +54,7 @@ class Session(object):
 
 class IOThread(object):
     def __init__(self, parameters, name="asgi_amqp-io", linger=0.25, idle_timeout=30.0,
-                 reconnect_max_delay=5.0):
+                 reconnect_max_delay=5.0, handed_off=None):
         self._parameters = list(parameters)
         self._name = name
         self._linger = linger
@@ -74,7 +75,9 @@ class IOThread(object):
         self._ever_connected = False
         self._last_error = None
         self._liveness = Liveness()
-        self._handed_off = HandedOff()
+        # Shared with a replacement I/O thread, so a restart cannot hand a
+        # redelivered message over twice.
+        self._handed_off = handed_off if handed_off is not None else HandedOff()
 
     # -- any thread ----------------------------------------------------------
 
@@ -228,7 +231,23 @@ class IOThread(object):
         self._ioloop.stop()
 
 
+def _root_cause(error):
+    """pika wraps socket and TLS errors in workflow exceptions; dig the cause out."""
+    for _ in range(6):
+        if (isinstance(error, pika.exceptions.AMQPConnectionError) and error.args
+                and isinstance(error.args[0], BaseException)):
+            error = error.args[0]
+        elif getattr(error, "exceptions", None):
+            error = error.exceptions[-1]
+        elif isinstance(getattr(error, "exception", None), BaseException):
+            error = error.exception
+        else:
+            break
+    return error
+
+
 def _reason(reason):
+    reason = _root_cause(reason)
     code = getattr(reason, "reply_code", None)
     text = getattr(reason, "reply_text", None)
     if code is not None:

@@ -25,10 +25,14 @@ import random
 import time
 
 
+from . import admin
+from .admin import Callback
 from .channels import ChannelUser
 from .receiving import Delivery
 
 logger = logging.getLogger(__name__)
+
+UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
 
 
 class _Consumer(object):
@@ -54,7 +58,9 @@ class _Waiter(object):
 class ConsumerPool(ChannelUser):
     name = "consume"
 
-    def __init__(self, connection, liveness, handed_off, linger, idle_timeout):
+    def __init__(self, connection, admin_executor, liveness, handed_off, linger, idle_timeout):
+        self._admin = admin_executor
+        self._unavailable = {}  # queue -> monotonic time before which it is not retried
         self._liveness = liveness
         self._handed_off = handed_off
         self._linger = linger
@@ -97,6 +103,8 @@ class ConsumerPool(ChannelUser):
 
     def take_held(self, pending, queues):
         """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
+        if self.channel is None or not self.ready:
+            return False  # the channel is gone; the broker requeues what it held
         candidates = [q for q in queues if q in self._consumers and self._consumers[q].held]
         random.shuffle(candidates)
         for queue in candidates:
@@ -143,16 +151,29 @@ class ConsumerPool(ChannelUser):
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
             return
+        if self._unavailable.get(queue, 0) > time.monotonic():
+            return  # its node is down: keep waiting on the other queues
         consumer = self._consumers[queue] = _Consumer(queue)
-        # Declaring first means basic.consume cannot 404 and close the channel
-        # under every other consumer.
-        self.channel.queue_declare(
-            queue, durable=True, arguments=arguments,
-            callback=lambda frame: self._start(consumer, arguments))
+        # Declared first, and on the admin channel: basic.consume on a missing
+        # queue would 404 and close this channel under every other consumer,
+        # and a queue whose node is down must not starve the others.
+        self._admin.run(Callback(lambda result, error: self._declared(consumer, arguments, error)),
+                        [admin.queue_declare(queue, arguments)])
 
-    def _start(self, consumer, arguments):
+    def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:
             return
+        if error is not None:
+            logger.warning("cannot consume from %s: %s", consumer.queue, error)
+            del self._consumers[consumer.queue]
+            self._unavailable[consumer.queue] = time.monotonic() + UNAVAILABLE_BACKOFF
+            return
+        if not self.ready:
+            del self._consumers[consumer.queue]
+            return
+        self._start(consumer, arguments)
+
+    def _start(self, consumer, arguments):
         self._liveness.touch(consumer.queue, arguments)
         consumer.tag = self.channel.basic_consume(
             consumer.queue, self._on_message, auto_ack=False)
@@ -228,21 +249,22 @@ class ConsumerPool(ChannelUser):
         self._schedule_housekeeping()
 
     def on_lost(self, reply_code, reply_text):
-        settling, self._settling = self._settling, []
-        for callback in settling:  # nothing more will arrive on this channel
-            callback()
-        # The broker requeues every unacked delivery of a closed channel.
+        # The broker requeues every unacked delivery of a closed channel, so
+        # what was held is forgotten before anyone can be handed it.
         for consumer in self._consumers.values():
             consumer.held.clear()
         self._consumers.clear()
         self._by_tag.clear()
-        for waiter in self._waiters:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
             self._connection.ioloop.remove_timeout(waiter.timer)
             waiter.pending.resolve(None)
-        self._waiters = []
         if self._housekeeping is not None:
             self._connection.ioloop.remove_timeout(self._housekeeping)
             self._housekeeping = None
+        settling, self._settling = self._settling, []
+        for callback in settling:  # nothing more will arrive on this channel
+            callback()
 
     def fail_all(self, error):
         self.on_lost(None, None)

@@ -23,9 +23,10 @@ from asgiref.base_layer import BaseChannelLayer
 from . import admin, naming, statistics, twisted_support
 from .connection import IOThread
 from .deadletter import DeadLetterWorker
-from .errors import (BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
+from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
                      MessageTooLarge)
 from .futures import Pending
+from .receiving import HandedOff
 from .management import ManagementClient
 from .publisher import ACKED, NACKED, Publish
 from .serialization import Serializer, UndecodableMessage
@@ -99,6 +100,8 @@ class AMQPChannelLayer(BaseChannelLayer):
     :param linger: seconds a message pushed to this process for a blocking
         receive may wait for the next call before it is given back.
     :param consumer_idle_timeout: seconds after which an unused consumer is cancelled.
+    :param queue_type: ``"classic"`` or ``"quorum"``: quorum channel queues
+        survive the loss of a cluster node with their messages.
     :param dead_letter_worker: run the dead-letter worker in this process
         (group expiry, dropping expired members). At least one process
         sharing the prefix must run it.
@@ -115,7 +118,8 @@ class AMQPChannelLayer(BaseChannelLayer):
                  channel_capacity=None, prefix="asgi", management_url=None,
                  receive_timeout=5.0, operation_timeout=10.0,
                  max_message_size=DEFAULT_MAX_MESSAGE_SIZE, symmetric_encryption_keys=None,
-                 linger=0.25, consumer_idle_timeout=30.0, dead_letter_worker=True):
+                 linger=0.25, consumer_idle_timeout=30.0, dead_letter_worker=True,
+                 queue_type="classic"):
         super(AMQPChannelLayer, self).__init__(
             expiry=expiry, group_expiry=group_expiry, capacity=capacity,
             channel_capacity=channel_capacity)
@@ -134,7 +138,8 @@ class AMQPChannelLayer(BaseChannelLayer):
                                  % (value,))
         self.receive_timeout = receive_timeout
         self.operation_timeout = operation_timeout
-        self.topology = naming.Topology(prefix, expiry, group_expiry, self.get_capacity)
+        self.topology = naming.Topology(prefix, expiry, group_expiry, self.get_capacity,
+                                        queue_type=queue_type)
         self._serializer = Serializer(max_message_size, symmetric_encryption_keys)
         self._management_url = (management_url or os.environ.get("AMQP_MANAGEMENT_URL")
                                 or management_url_for(self._urls[0]))
@@ -185,6 +190,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             return self._io
 
     def _start_threads(self):
+        self._handed_off = HandedOff()  # per process: a forked child starts empty
         io = self._new_io_thread()
         worker = self._new_worker() if self._run_worker else None
         self._id_token = secrets.token_hex(8)  # a forked child gets its own
@@ -193,7 +199,7 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     def _new_io_thread(self):
         io = IOThread(self._parameters, linger=self._linger,
-                      idle_timeout=self._consumer_idle_timeout)
+                      idle_timeout=self._consumer_idle_timeout, handed_off=self._handed_off)
         io.start()
         return io
 
@@ -256,8 +262,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             if outcome == ACKED:
                 return
             if outcome == NACKED:
-                self._stats.count_full(channel)
-                raise self.ChannelFull("channel %s is full" % channel)
+                self._raise_for_nack(channel, queue)
             # Returned: the queue does not exist (new, expired or flushed).
             self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
         raise BrokerOperationError(312, "queue %s disappears as soon as it is declared" % queue)
@@ -278,6 +283,18 @@ class AMQPChannelLayer(BaseChannelLayer):
             if decoded is not None:
                 return decoded
         return None, None
+
+    def _raise_for_nack(self, channel, queue):
+        """A nack means full, unless the queue is not: a queue on a node that
+        is going down refuses messages too, and that is not ChannelFull."""
+        depth = self._admin([admin.queue_declare(queue, None, passive=True)],
+                            "check %s" % queue).message_count
+        if depth < self.get_capacity(channel):
+            raise BrokerConnectionError(
+                "the broker refused the message for %s although its queue is not full "
+                "(its node may be going down); it was not delivered" % channel)
+        self._stats.count_full(channel)
+        raise self.ChannelFull("channel %s is full" % channel)
 
     def new_channel(self, pattern):
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
@@ -399,11 +416,15 @@ class AMQPChannelLayer(BaseChannelLayer):
         if self._infrastructure_pid == os.getpid() and not again:
             return
         topology = self.topology
+        # Senders need only the exchanges. The dead-letter queue is the
+        # workers' business; its node being down must not stop group_add.
         self._admin([
             admin.exchange_declare(topology.dead_letter_exchange),
-            admin.queue_declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments()),
-            admin.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange),
             admin.exchange_declare(topology.group_router, exchange_type="direct"),
+            admin.queue_declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments(),
+                                not_found_ok=True),
+            admin.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange,
+                             not_found_ok=True),
         ], "declare the layer's shared objects")
         self._infrastructure_pid = os.getpid()
 

@@ -16,6 +16,7 @@ import time
 
 from pika import spec
 
+from .admin import broker_call_error
 from .channels import ChannelUser
 from .errors import BrokerConnectionError, BrokerOperationError
 
@@ -131,10 +132,10 @@ class Getter(ChannelUser):
                 self.channel.queue_declare(
                     queue, durable=True, arguments=arguments, callback=self._on_declared
                 )
-        except Exception as exc:  # e.g. a name pika cannot encode: fail this call only
-            logger.exception("receive from %s failed", queue)
+        except Exception as exc:  # connection gone, or a name pika cannot encode
+            logger.debug("receive from %s failed", queue, exc_info=True)
             self._current = None
-            request.pending.fail(BrokerOperationError(None, "receive failed: %s" % exc))
+            request.pending.fail(broker_call_error(exc, "receive"))
             self._next()
 
     def _after_settle(self):

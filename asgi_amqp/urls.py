@@ -10,6 +10,7 @@ DEFAULT_HEARTBEAT = 20
 DEFAULT_BLOCKED_CONNECTION_TIMEOUT = 30
 DEFAULT_SOCKET_TIMEOUT = 5
 MANAGEMENT_PORT = 15672
+MANAGEMENT_TLS_PORT = 15671
 
 
 def parse_urls(url, client_name="asgi_amqp"):
@@ -75,7 +76,10 @@ def vhost_of(url):
 
 
 def management_url_for(url):
-    """The management API on the same host as ``url``, with its credentials, port 15672."""
+    """The management API on the same host as ``url``, with its credentials.
+
+    Port 15672 (http), or 15671 (https) for an ``amqps://`` URL: RabbitMQ's defaults.
+    """
     parts = urlsplit(url)
     scheme = "https" if parts.scheme == "amqps" else "http"
     userinfo = parts.netloc.rpartition("@")[0]
@@ -84,4 +88,5 @@ def management_url_for(url):
     host = parts.hostname or "localhost"
     if ":" in host:
         host = "[%s]" % host
-    return "%s://%s@%s:%d/" % (scheme, userinfo, host, MANAGEMENT_PORT)
+    port = MANAGEMENT_TLS_PORT if scheme == "https" else MANAGEMENT_PORT
+    return "%s://%s@%s:%d/" % (scheme, userinfo, host, port)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from asgi_amqp import AMQPChannelLayer, LayerClosed
-from helpers import drain, make_layer
+from helpers import drain, make_layer, management
 
 
 @pytest.fixture
@@ -204,3 +204,29 @@ def test_dead_threads_are_replaced_on_the_next_call(layer):
     assert len(new_threads) == 2 and all(t.is_alive() for t in new_threads)
     assert not set(new_threads) & set(old_threads)
     assert sorted(m["n"] for _, m in drain(layer, ["revive"])) == [1, 2]
+
+
+def test_quorum_queues(broker):
+    layer = make_layer(broker, queue_type="quorum", capacity=3, expiry=30, receive_timeout=1)
+    try:
+        for i in range(3):
+            layer.send("q.chan", {"i": i})
+        with pytest.raises(layer.ChannelFull):  # exactly at capacity, as with classic queues
+            layer.send("q.chan", {"i": 3})
+        assert [m["i"] for _, m in drain(layer, ["q.chan"], block=True)] == [0, 1, 2]
+        layer.group_add("qg", "q.member")
+        layer.group_add("qg", "q.local!a")
+        layer.send_group("qg", {"g": 1})
+        assert layer.receive(["q.member"], block=True) == ("q.member", {"g": 1})
+        assert layer.receive(["q.local!"], block=True) == ("q.local!a", {"g": 1})
+        api = management(broker)
+        record = api.queue(layer.topology.channel_queue("q.chan"))
+        assert record["type"] == "quorum"
+    finally:
+        layer.flush()
+        layer.close()
+
+
+def test_unknown_queue_type_is_refused(broker):
+    with pytest.raises(ValueError):
+        make_layer(broker, queue_type="mirrored")

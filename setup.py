@@ -40,6 +40,8 @@ setup(
             "docker>=6",
             "click>=8.0",
             "tqdm>=4",
+            "websocket-client>=1.0",
+            "selenium>=4.10",
         ],
         "cli": ["click>=8.0", "tqdm>=4"],
         "spark": ["pyspark>=3.4"],

@@ -54,7 +54,7 @@ class Session(object):
 
 class IOThread(object):
     def __init__(self, parameters, name="asgi_amqp-io", linger=0.25, idle_timeout=30.0,
-                 reconnect_max_delay=5.0, handed_off=None):
+                 reconnect_max_delay=2.0, handed_off=None):
         self._parameters = list(parameters)
         self._name = name
         self._linger = linger

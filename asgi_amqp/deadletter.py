@@ -42,7 +42,7 @@ PREFETCH = 50
 
 
 class DeadLetterWorker(object):
-    def __init__(self, parameters, topology, name="asgi_amqp-deadletters", max_backoff=5.0):
+    def __init__(self, parameters, topology, name="asgi_amqp-deadletters", max_backoff=2.0):
         self._parameters = list(parameters)
         self._topology = topology
         self._name = name

@@ -58,24 +58,39 @@ class Pending(object):
             self._state = _ABANDONED
         return True
 
+    def _wait(self, timeout):
+        """True if a result arrived; False once abandoned after ``timeout``.
+
+        Anything that interrupts the wait (SystemExit from a signal handler,
+        KeyboardInterrupt) abandons the operation first, so a message that
+        arrives while the caller unwinds goes back to the queue.
+        """
+        try:
+            arrived = self._event.wait(timeout)
+        except BaseException:
+            self.abandon()
+            raise
+        return arrived or not self.abandon()
+
+    def _result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
     def wait(self, timeout):
         """The result, or OperationTimeout after ``timeout`` seconds.
 
         On timeout the caller abandons the operation, unless the result won
         the race, in which case the result is returned as usual.
         """
-        if not self._event.wait(timeout) and self.abandon():
+        if not self._wait(timeout):
             raise OperationTimeout(
                 "%s: no answer from the broker within %.1f s" % (self.description, timeout)
             )
-        if self._error is not None:
-            raise self._error
-        return self._value
+        return self._result()
 
     def wait_or(self, timeout, default):
         """Like ``wait`` but returns ``default`` instead of raising on timeout."""
-        if not self._event.wait(timeout) and self.abandon():
+        if not self._wait(timeout):
             return default
-        if self._error is not None:
-            raise self._error
-        return self._value
+        return self._result()

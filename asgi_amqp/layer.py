@@ -435,9 +435,12 @@ class AMQPChannelLayer(BaseChannelLayer):
                                    self.topology.channel_queue_arguments(channel))
 
     def _queues_for_receive(self, channels):
-        if not isinstance(channels, (list, tuple)) or not channels:
+        # Any collection of names: Channels 1.x's worker passes a set.
+        if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
             raise TypeError("channels must be a non-empty list of channel names")
         channels = list(channels)
+        if not channels:
+            raise TypeError("channels must be a non-empty list of channel names")
         for channel in channels:
             self._check_channel_name(channel, receive=True)
         random.shuffle(channels)
@@ -494,7 +497,10 @@ class AMQPChannelLayer(BaseChannelLayer):
         return True
 
     def valid_channel_names(self, names, receive=False):
-        if not isinstance(names, list) or not names:
+        if isinstance(names, (str, bytes, dict)) or not hasattr(names, "__iter__"):
+            raise TypeError("names must be a non-empty list")
+        names = list(names)
+        if not names:
             raise TypeError("names must be a non-empty list")
         for name in names:
             naming.check_channel_name(name, receive=receive)

@@ -100,8 +100,49 @@ demo: venv broker-deps
 demo-basic: venv broker-deps
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) examples/demo.py
 
-bench: venv broker-deps
-	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/run.py $(BENCH_ARGS)
+# The side-by-side benchmark.  Besides the broker it wants: the bench extra
+# (PySpark, pyarrow, matplotlib, tqdm) in the venv; a Redis for asgi_redis
+# (one answering on 127.0.0.1:6379, else the harness starts a private
+# redis-server, installed here with apt-get when missing and we are root);
+# Java for PySpark (without it the report is aggregated in plain Python).
+# asgi_redis 1.4.3 runs in a worker process in the same virtualenv as
+# bench-channels' ($(REDIS_VENV)); benchmarks/run.py alone makes
+# benchmarks/.venv-redis instead when that one is missing.
+BENCH_STAMP := $(VENV)/.bench-installed
+REPORT_ARGS ?=
+
+$(BENCH_STAMP): $(STAMP)
+	$(VPY) -m pip install -e '.[bench]'
+	touch $@
+
+bench: venv broker-deps redis-venv $(BENCH_STAMP)
+	@if [ -z "$$REDIS_URL$$BENCH_REDIS_URL" ] \
+	        && ! $(VPY) -c 'import sys; from benchmarks.remote import redis_ping; sys.exit(not redis_ping("127.0.0.1", 6379))' \
+	        && ! PATH="$$PATH:/usr/sbin:/usr/bin" command -v redis-server >/dev/null 2>&1; then \
+	    if [ "$$(id -u)" = 0 ]; then \
+	        echo "bench: installing redis-server (for the asgi_redis contestant)"; \
+	        { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
+	            || echo "bench: apt-get reported a failure; the harness will leave asgi_redis out"; \
+	    else \
+	        echo "bench: no Redis and no redis-server: asgi_redis will be left out" >&2; \
+	    fi; \
+	fi
+	@if ! command -v java >/dev/null 2>&1; then \
+	    if [ "$$(id -u)" = 0 ]; then \
+	        echo "bench: installing a Java runtime (for the PySpark report)"; \
+	        { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y default-jre-headless; } \
+	            || echo "bench: no Java; the report will be aggregated in plain Python"; \
+	    else \
+	        echo "bench: no Java: the report will be aggregated in plain Python" >&2; \
+	    fi; \
+	fi
+	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/run.py \
+	    --redis-python $(REDIS_VENV)/bin/python $(BENCH_ARGS)
+
+# Re-aggregate the latest run (or REPORT_ARGS='--run ... --master spark://...').
+.PHONY: bench-report
+bench-report: $(BENCH_STAMP)
+	$(VPY) benchmarks/report_spark.py $(REPORT_ARGS)
 
 # asgi_redis 1.4.3 for bench-channels, in its own virtualenv (see
 # benchmarks/requirements-redis.txt: asgi_redis goes in with --no-deps).

@@ -155,6 +155,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._worker = None
         self._closed = False
         self._infrastructure_pid = None
+        self._receive_targets = {}  # channel -> (queue, arguments), see _receive_target
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_counter = itertools.count()
@@ -441,16 +442,32 @@ class AMQPChannelLayer(BaseChannelLayer):
         channels = list(channels)
         if not channels:
             raise TypeError("channels must be a non-empty list of channel names")
-        for channel in channels:
-            self._check_channel_name(channel, receive=True)
         random.shuffle(channels)
         queues, seen = [], set()
         for channel in channels:
-            queue = self.topology.channel_queue(channel)
+            queue, arguments = self._receive_target(channel)
             if queue not in seen:
                 seen.add(queue)
-                queues.append((queue, self.topology.channel_queue_arguments(channel)))
+                queues.append((queue, arguments))
         return queues
+
+    def _receive_target(self, channel):
+        """(queue, arguments) for a valid receive name, memoized.
+
+        A worker receives from the same 10-20 names thousands of times; the
+        name check and the capacity patterns need to run once per name.
+        """
+        try:
+            return self._receive_targets[channel]
+        except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
+            pass
+        self._check_channel_name(channel, receive=True)
+        target = (self.topology.channel_queue(channel),
+                  self.topology.channel_queue_arguments(channel))
+        if len(self._receive_targets) >= 10000:
+            self._receive_targets.clear()
+        self._receive_targets[channel] = target
+        return target
 
     def _decode(self, delivery):
         """(channel, message) for a delivery, or None for one that is skipped."""

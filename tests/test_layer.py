@@ -230,3 +230,10 @@ def test_quorum_queues(broker):
 def test_unknown_queue_type_is_refused(broker):
     with pytest.raises(ValueError):
         make_layer(broker, queue_type="mirrored")
+
+
+def test_receive_accepts_a_set_of_channels(layer):
+    # Channels 1.x's worker calls receive_many(set_of_routed_channels, block=True).
+    layer.send("set.b", {"v": 1})
+    assert layer.receive({"set.a", "set.b"}, block=True) == ("set.b", {"v": 1})
+    assert layer.receive_many(("set.a", "set.b")) == (None, None)

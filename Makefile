@@ -17,6 +17,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+BULK_ARGS ?=
 DEMO_ARGS ?=
 CHANNELS_BENCH_ARGS ?=
 # The asgi_redis side of bench-channels has its own virtualenv.
@@ -136,8 +137,8 @@ bench: venv broker-deps redis-venv $(BENCH_STAMP)
 	        echo "bench: no Java: the report will be aggregated in plain Python" >&2; \
 	    fi; \
 	fi
-	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/run.py \
-	    --redis-python $(REDIS_VENV)/bin/python $(BENCH_ARGS)
+	$(VPY) -m devtools.rabbitmq run -- sh -c '$(VPY) benchmarks/run.py \
+	    --redis-python $(REDIS_VENV)/bin/python $(BENCH_ARGS) && $(VPY) benchmarks/bulk_bench.py $(BULK_ARGS)'
 
 # Re-aggregate the latest run (or REPORT_ARGS='--run ... --master spark://...').
 .PHONY: bench-report

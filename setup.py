@@ -53,7 +53,7 @@ setup(
             "twisted",
             "autobahn",
         ],
-        "bench": ["redis<4", "tqdm", "pyarrow", "pandas", "matplotlib"],
+        "bench": ["tqdm", "pyarrow", "matplotlib", "pyspark>=3.5"],
     },
     entry_points={"console_scripts": ["asgi-amqp=asgi_amqp.cli:main"]},
     classifiers=[

@@ -37,10 +37,12 @@ class HandedOff(object):
     redelivers the message (flagged ``redelivered``) on the next connection.
     Checking redelivered messages against this log keeps such a message
     from being handed over twice. Other processes cannot see this log; see
-    the README's delivery guarantees.
+    the README's delivery guarantees. Only acks in flight when a connection
+    drops can come back, so a few thousand recent ids are plenty; a larger
+    log only costs memory.
     """
 
-    def __init__(self, size=100000):
+    def __init__(self, size=10000):
         self._size = size
         self._ids = collections.OrderedDict()
 

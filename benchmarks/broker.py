@@ -95,6 +95,19 @@ class Admin(object):
         self._run("queue_declare", queue, durable=True, arguments=arguments)
         self.track_queue(queue)
 
+    def publish(self, queue, body, properties):
+        """An unconfirmed publish to ``queue`` (for untimed fills)."""
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self.connection.channel()
+        self._channel.basic_publish("", queue, body, properties)
+
+    def exchange_declare(self, exchange, exchange_type):
+        self._run("exchange_declare", exchange, exchange_type=exchange_type, durable=True)
+        self.track_exchange(exchange)
+
+    def bind(self, queue, exchange, routing_key=""):
+        self._run("queue_bind", queue, exchange, routing_key=routing_key)
+
     # -- clean-up -------------------------------------------------------------------
 
     def track_queue(self, name):

@@ -4,28 +4,40 @@ Vocabulary
 ----------
 scenario
     *What* is measured: a name, a title, the metric it reports (``send/s``),
-    the contestant it is compared against (its baseline) and a *runner* that
-    drives one round (``run_sequential`` calls ``trial.op`` ``ops`` times in
-    one thread). Scenarios live in ``SCENARIOS`` (see ``scenarios.py``).
+    its kind (``rate``, ``latency`` or ``memory``) and a *runner* that drives
+    one round (``run_sequential`` calls ``trial.op`` ``ops`` times in one
+    thread; ``threaded_runner(8)`` splits them over 8 threads; ``run_wakeup``
+    times a blocking receive woken by a send from another thread).
+    Scenarios live in ``SCENARIOS`` (see ``scenarios.py``).
 contestant
     *Who* is measured: an object with ``setup(env)``, ``teardown(env)`` and,
     for each scenario it takes part in, a method ``scenario_<name>(env, ops)``
     that returns a :class:`Trial`. Contestants live in ``CONTESTANTS`` (see
-    ``contestants.py``). A contestant without that method sits the scenario out.
+    ``contestants.py``). A contestant without that method sits the scenario
+    out. A contestant may run in another process (``remote.py``): its trial
+    then has ``run``, which plays the whole round there and returns the
+    ``RoundResult``.
 trial
     One round of one scenario for one contestant: ``prepare()`` (untimed,
     e.g. fill a queue), ``op(i)`` (timed, once per operation; returning
     ``False`` marks a miss, raising marks an error) and ``finish()`` (untimed;
-    returns a list of problems found, e.g. messages missing from the queue).
+    returns a list of problems found, e.g. messages missing from the queue;
+    it may set ``trial.delivered``, e.g. group deliveries counted in the
+    members' queues).
 
 Every round of every scenario runs every contestant, in an order that
-rotates from round to round (AB, BA, AB, ...), after one unrecorded warm-up
-round each. Each operation's start and duration are recorded as a raw
-sample, so that anything (a PySpark job, pandas) can aggregate them later;
-this module only computes per-round rates.
+rotates from round to round (ABC, BCA, CAB, ...), after one unrecorded
+warm-up round each. Each operation's start and duration are recorded as a
+raw sample; the aggregation (rates, percentiles) happens afterwards, in
+``report_spark.py`` (PySpark) or ``report.aggregate_python``.
+
+This module uses the standard library only: the worker processes of remote
+contestants (another virtualenv, e.g. asgi_redis with its old msgpack)
+import it too.
 """
 
 import collections
+import queue as queue_module
 import threading
 import time
 
@@ -38,12 +50,19 @@ MAX_ERRORS_PER_ROUND = 5  # a round with more errors than this is abandoned
 
 
 class Scenario(object):
-    """What is measured. ``kind`` is ``"rate"`` (headline: median per-round
-    ops/s, higher is better) or ``"latency"`` (headline: median per-op
-    duration in ms, lower is better)."""
+    """What is measured.
+
+    ``kind``: ``"rate"`` (headline: median per-round ops/s, higher is
+    better), ``"latency"`` (headline: p50 per-op duration in ms, lower is
+    better) or ``"memory"`` (one long round; samples are RSS checkpoints).
+    ``fanout``: deliveries per op (send_group to N members), reported as a
+    second rate. ``default_ops``/``default_rounds`` override the run's
+    ``--ops``/``--rounds`` for scenarios whose ops are much slower or faster.
+    """
 
     def __init__(self, name, title, metric, runner, baseline="raw-pika", kind="rate",
-                 description="", default_ops=None):
+                 description="", default_ops=None, default_rounds=None, letter="",
+                 fanout=None, default=True):
         self.name = name
         self.title = title
         self.metric = metric
@@ -52,10 +71,19 @@ class Scenario(object):
         self.kind = kind
         self.description = description
         self.default_ops = default_ops
+        self.default_rounds = default_rounds
+        self.letter = letter
+        self.fanout = fanout
+        self.default = default
 
     @property
     def method_name(self):
         return "scenario_" + self.name.replace("-", "_")
+
+    def describe(self):
+        return {"name": self.name, "letter": self.letter, "title": self.title,
+                "metric": self.metric, "kind": self.kind, "baseline": self.baseline,
+                "fanout": self.fanout, "description": self.description}
 
 
 def register_scenario(scenario):
@@ -70,10 +98,18 @@ def register_contestant(factory):
 
 
 class Trial(object):
-    def __init__(self, op, prepare=None, finish=None):
+    """One round's callables. Extra keyword arguments become attributes that
+    particular runners use (``receive``/``send``/``sender_init`` for
+    ``run_wakeup``); ``run(ops)``, if given, replaces the scenario's runner."""
+
+    def __init__(self, op=None, prepare=None, finish=None, run=None, **extra):
         self.op = op
         self.prepare = prepare or (lambda: None)
         self.finish = finish or (lambda: [])
+        self.run = run
+        self.delivered = None
+        for key, value in extra.items():
+            setattr(self, key, value)
 
 
 class Contestant(object):
@@ -81,6 +117,7 @@ class Contestant(object):
 
     name = "?"
     description = ""
+    remote = False
 
     def setup(self, env):
         pass
@@ -101,20 +138,31 @@ class Contestant(object):
 
 
 class Env(object):
-    """What contestants share: the broker URL, the run's unique prefix and the
-    housekeeping connection (``admin``, see ``broker.Admin``)."""
+    """What contestants share: the broker URL, the run's unique prefix, the
+    housekeeping connection (``admin``, see ``broker.Admin``) and options
+    (``options.redis_url`` etc.)."""
 
-    def __init__(self, url, prefix, admin, management_url=None):
+    def __init__(self, url, prefix, admin, management_url=None, options=None):
         self.url = url
         self.prefix = prefix
         self.admin = admin
         self.management_url = management_url
+        self.options = options
 
 
 # -- runners -----------------------------------------------------------------------
 
 class RoundResult(object):
-    def __init__(self, ops_done, wall_s, starts_ns, durations_ns, oks, errors, thread_ids):
+    """What one round produced. ``values`` is an optional per-op number (RSS
+    bytes for memory checkpoints, the send's own duration in ms for wake-ups);
+    ``units`` overrides the number of operations counted in the rate
+    (messages for the memory scenario, whose ops are checkpoints)."""
+
+    FIELDS = ("ops_done", "wall_s", "starts_ns", "durations_ns", "oks", "errors",
+              "thread_ids", "values", "problems", "delivered", "units", "extra")
+
+    def __init__(self, ops_done, wall_s, starts_ns, durations_ns, oks, errors, thread_ids,
+                 values=None):
         self.ops_done = ops_done
         self.wall_s = wall_s
         self.starts_ns = starts_ns
@@ -122,16 +170,44 @@ class RoundResult(object):
         self.oks = oks
         self.errors = errors          # list of "ExceptionName: text"
         self.thread_ids = thread_ids  # one per op, or None for a single thread
+        self.values = values          # one per op, or None
         self.problems = []            # from trial.finish()
+        self.delivered = None         # from trial.delivered
+        self.units = None
+        self.extra = {}
 
     @property
     def misses(self):
         return sum(1 for ok in self.oks if not ok)
 
     @property
+    def good(self):
+        return self.units if self.units is not None else self.ops_done - self.misses
+
+    @property
     def rate(self):
-        good = self.ops_done - self.misses
-        return good / self.wall_s if self.wall_s > 0 else 0.0
+        return self.good / self.wall_s if self.wall_s > 0 else 0.0
+
+    def to_dict(self):
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+    @classmethod
+    def from_dict(cls, data):
+        result = cls(data["ops_done"], data["wall_s"], data["starts_ns"], data["durations_ns"],
+                     data["oks"], data["errors"], data.get("thread_ids"), data.get("values"))
+        result.problems = data.get("problems") or []
+        result.delivered = data.get("delivered")
+        result.units = data.get("units")
+        result.extra = data.get("extra") or {}
+        return result
+
+    @classmethod
+    def failed(cls, text):
+        return cls(0, 0.0, [], [], [], [text], None)
+
+
+def _error_text(exc):
+    return "%s: %s" % (type(exc).__name__, exc)
 
 
 def run_sequential(trial, ops):
@@ -146,7 +222,7 @@ def run_sequential(trial, ops):
             ok = op(i) is not False
         except Exception as exc:  # recorded, and the round goes on (up to a limit)
             ok = False
-            errors.append("%s: %s" % (type(exc).__name__, exc))
+            errors.append(_error_text(exc))
         end = perf()
         starts.append(start)
         durations.append(end - start)
@@ -158,13 +234,167 @@ def run_sequential(trial, ops):
     return RoundResult(len(oks), wall, starts, durations, oks, errors, None)
 
 
+def threaded_runner(threads):
+    """A runner that splits ``ops`` over ``threads`` threads calling ``trial.op``
+    at once (all released together by a barrier); the wall time runs from the
+    release to the last thread's end."""
+
+    def run_threaded(trial, ops):
+        perf = time.perf_counter_ns
+        op = trial.op
+        counts = [ops // threads + (1 if k < ops % threads else 0) for k in range(threads)]
+        barrier = threading.Barrier(threads + 1)
+        per_thread = [None] * threads
+
+        def work(k, first, count):
+            starts, durations, oks, errors = [], [], [], []
+            ident = threading.get_ident()
+            barrier.wait()
+            for i in range(first, first + count):
+                start = perf()
+                try:
+                    ok = op(i) is not False
+                except Exception as exc:
+                    ok = False
+                    errors.append(_error_text(exc))
+                end = perf()
+                starts.append(start)
+                durations.append(end - start)
+                oks.append(ok)
+                if len(errors) > MAX_ERRORS_PER_ROUND:
+                    break
+            per_thread[k] = (starts, durations, oks, errors, ident)
+
+        workers, first = [], 0
+        for k in range(threads):
+            workers.append(threading.Thread(target=work, args=(k, first, counts[k]),
+                                            name="bench-%d" % k, daemon=True))
+            first += counts[k]
+        for worker in workers:
+            worker.start()
+        barrier.wait()
+        begin = perf()
+        for worker in workers:
+            worker.join()
+        wall = (perf() - begin) / 1e9
+        rows = []
+        errors = []
+        for starts, durations, oks, errs, ident in per_thread:
+            rows += zip(starts, durations, oks, [ident] * len(starts))
+            errors += errs
+        rows.sort()
+        return RoundResult(len(rows), wall, [r[0] for r in rows], [r[1] for r in rows],
+                           [r[2] for r in rows], errors, [r[3] for r in rows])
+
+    run_threaded.threads = threads
+    return run_threaded
+
+
+WAKEUP_DELAY_S = 0.050
+
+
+def run_wakeup(trial, ops, delay_s=WAKEUP_DELAY_S):
+    """Wake-up latency of a blocking receive.
+
+    For each op this thread calls ``trial.receive(i)`` (a blocking receive
+    that returns True when it got the message); a sender thread calls
+    ``trial.send(i)`` ``delay_s`` after the receive started. The sample is
+    the time from the *start* of that send to the return of the receive (so
+    it includes the send's own broker round trip: an upper bound of the
+    wake-up latency); ``values`` holds the send's duration in ms. A trial may
+    give ``sender_init()`` (run in the sender thread, returns the send
+    function, e.g. on a connection of its own) and ``sender_close()``.
+    """
+    perf = time.perf_counter_ns
+    delay_ns = int(delay_s * 1e9)
+    requests, answers = queue_module.Queue(), queue_module.Queue()
+    sender_init = getattr(trial, "sender_init", None)
+    sender_close = getattr(trial, "sender_close", None)
+
+    def sender():
+        send = None
+        try:
+            send = sender_init() if sender_init else trial.send
+        except Exception as exc:
+            answers.put(("init", _error_text(exc)))
+        while True:
+            item = requests.get()
+            if item is None:
+                break
+            i, t0 = item
+            remaining = (t0 + delay_ns - perf()) / 1e9
+            if remaining > 0:
+                time.sleep(remaining)
+            start = perf()
+            error = None
+            try:
+                if send is None:
+                    raise RuntimeError("the sender could not start")
+                send(i)
+            except Exception as exc:
+                error = _error_text(exc)
+            answers.put((start, perf(), error))
+        if sender_close:
+            try:
+                sender_close()
+            except Exception:
+                pass
+
+    thread = threading.Thread(target=sender, name="bench-sender", daemon=True)
+    thread.start()
+    starts, durations, oks, errors, values = [], [], [], [], []
+    begin = perf()
+    try:
+        for i in range(ops):
+            t0 = perf()
+            requests.put((i, t0))
+            try:
+                ok = trial.receive(i) is not False
+            except Exception as exc:
+                ok = False
+                errors.append(_error_text(exc))
+            t1 = perf()
+            try:
+                answer = answers.get(timeout=30)
+            except queue_module.Empty:
+                errors.append("the sender did not answer within 30 s")
+                break
+            if answer[0] == "init":
+                errors.append("sender: " + answer[1])
+                answer = answers.get(timeout=30)
+            send_start, send_end, error = answer
+            if error:
+                errors.append("send: " + error)
+                ok = False
+            starts.append(send_start)
+            durations.append(max(0, t1 - send_start))
+            oks.append(ok and t1 >= send_start)
+            values.append((send_end - send_start) / 1e6)
+            if len(errors) > MAX_ERRORS_PER_ROUND:
+                errors.append("round abandoned after %d errors" % len(errors))
+                break
+    finally:
+        requests.put(None)
+        thread.join(10)
+    wall = (perf() - begin) / 1e9
+    return RoundResult(len(oks), wall, starts, durations, oks, errors, None, values)
+
+
+def run_custom(trial, ops):
+    """For scenarios whose trials always bring their own ``run``."""
+    raise RuntimeError("this scenario needs a trial with its own run()")
+
+
 # -- the run -------------------------------------------------------------------------
 
 class Recorder(object):
     """Holds the run's raw samples and per-round results in memory."""
 
     COLUMNS = ("run_id", "scenario", "contestant", "round", "slot", "seq",
-               "t_ns", "dur_ns", "ok", "thread")
+               "t_ns", "dur_ns", "ok", "thread", "value")
+    ROUND_COLUMNS = ("run_id", "scenario", "contestant", "round", "slot", "ops", "ops_done",
+                     "units", "wall_s", "rate", "misses", "error_count", "delivered",
+                     "problem_count", "errors", "problems")
 
     def __init__(self, run_id):
         self.run_id = run_id
@@ -172,22 +402,32 @@ class Recorder(object):
         self.rounds = []   # dicts, one per (scenario, contestant, round)
 
     def add(self, scenario, contestant, round_no, slot, ops_asked, result, epoch_anchor):
+        # perf_counter_ns is CLOCK_MONOTONIC: the same clock in worker processes.
         epoch_ns, perf_ns = epoch_anchor
         main_thread = threading.get_ident()
+        values = result.values
+        seqs = result.extra.get("seq") if result.extra else None  # memory: messages so far
         for seq in range(result.ops_done):
             self.samples.append((
-                self.run_id, scenario.name, contestant.name, round_no, slot, seq,
+                self.run_id, scenario.name, contestant.name, round_no, slot,
+                seqs[seq] if seqs else seq,
                 epoch_ns + (result.starts_ns[seq] - perf_ns), result.durations_ns[seq],
-                result.oks[seq],
+                bool(result.oks[seq]),
                 result.thread_ids[seq] if result.thread_ids else main_thread,
+                float(values[seq]) if values is not None and values[seq] is not None else None,
             ))
         self.rounds.append({
+            "run_id": self.run_id,
             "scenario": scenario.name, "contestant": contestant.name, "round": round_no,
             "slot": slot, "ops": ops_asked, "ops_done": result.ops_done,
+            "units": result.good,
             "wall_s": round(result.wall_s, 6), "rate": round(result.rate, 1),
             "misses": result.misses, "error_count": len(result.errors),
+            "delivered": result.delivered,
+            "problem_count": len(result.problems),
             "errors": result.errors[:10],
-            "problems": result.problems,
+            "problems": result.problems[:10],
+            "extra": {k: v for k, v in (result.extra or {}).items() if k != "seq"},
         })
 
 
@@ -197,15 +437,19 @@ def round_order(contestants, round_no):
     return contestants[shift:] + contestants[:shift]
 
 
-def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, log):
+def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, log,
+                 progress=None):
     """Warm up, then run ``rounds`` interleaved rounds of ``scenario``."""
     taking_part = [c for c in contestants if c.takes_part(scenario)]
     if not taking_part:
         log("  (no contestant takes part in %s)" % scenario.name)
         return
-    for contestant in taking_part:
-        if warmup_ops:
-            _one_round(scenario, contestant, env, warmup_ops)
+    if warmup_ops and scenario.kind != "memory":
+        for contestant in taking_part:
+            try:
+                _one_round(scenario, contestant, env, min(warmup_ops, max(1, ops // 5)))
+            except Exception as exc:
+                log("    ! %s warm-up: %s" % (contestant.name, _error_text(exc)))
     for round_no in range(rounds):
         cells = []
         for slot, contestant in enumerate(round_order(taking_part, round_no)):
@@ -213,25 +457,40 @@ def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, 
             try:
                 result = _one_round(scenario, contestant, env, ops)
             except Exception as exc:  # in prepare/finish: the round counts as failed
-                result = RoundResult(0, 0.0, [], [], [], ["%s: %s" % (type(exc).__name__, exc)],
-                                     None)
+                result = RoundResult.failed(_error_text(exc))
             recorder.add(scenario, contestant, round_no, slot, ops, result, anchor)
             flag = ""
             if result.errors or result.misses or result.problems:
                 flag = " !"
-            cells.append("%s %s%s" % (contestant.name, _fmt_rate(result.rate), flag))
+            cells.append("%s %s%s" % (contestant.name, _fmt_result(scenario, result), flag))
             for text in (result.errors[:3] + result.problems[:3]):
                 log("    ! %s: %s" % (contestant.name, text))
+            if progress is not None:
+                progress(1)
         log("  round %d/%d: %s" % (round_no + 1, rounds, "   ".join(cells)))
 
 
 def _one_round(scenario, contestant, env, ops):
     trial = contestant.trial(scenario, env, ops)
+    if trial.run is not None:
+        return trial.run(ops)
     trial.prepare()
     result = scenario.runner(trial, ops)
     result.problems = list(trial.finish() or [])
+    result.delivered = trial.delivered
     return result
 
 
-def _fmt_rate(rate):
-    return "{:,.0f}/s".format(rate)
+def _fmt_result(scenario, result):
+    if scenario.kind == "latency":
+        durs = sorted(d for d, ok in zip(result.durations_ns, result.oks) if ok)
+        return "p50 %.3f ms" % (durs[len(durs) // 2] / 1e6) if durs else "-"
+    if scenario.kind == "memory":
+        values = [v for v in (result.values or []) if v]
+        if len(values) >= 2:
+            return "RSS %.1f -> %.1f MiB" % (values[0] / 2 ** 20, values[-1] / 2 ** 20)
+        return "-"
+    text = "{:,.0f}/s".format(result.rate)
+    if scenario.fanout and result.delivered is not None and result.wall_s > 0:
+        text += " ({:,.0f} deliveries/s)".format(result.delivered / result.wall_s)
+    return text

@@ -1,6 +1,18 @@
-"""Turning a run into numbers: machine facts, per-contestant statistics, the
-raw samples file, summary.md / summary.json and the table printed at the end."""
+"""Turning a run into numbers: machine facts, the raw files, the aggregation
+(pure Python; ``report_spark.py`` does the same with PySpark), the targets,
+summary.md / summary.json, the PNG charts and the tables printed at the end.
 
+Files of one run, in ``results/raw/`` (``<stamp>`` is the run's UTC time):
+
+* ``samples-<stamp>.parquet``: one row per timed operation (``Recorder.COLUMNS``);
+* ``rounds-<stamp>.parquet``: one row per round (``Recorder.ROUND_COLUMNS``);
+* ``run-<stamp>.json``: what is needed to read them: scenarios, targets,
+  contestants and their versions, machine, options.
+
+Without pyarrow they are written as JSON lines (``.jsonl``) instead.
+"""
+
+import collections
 import datetime
 import json
 import math
@@ -26,7 +38,9 @@ def machine_info(admin):
         "python": "%s %s" % (platform.python_implementation(), platform.python_version()),
         "broker": admin.server_version(),
         "broker_platform": _text(admin.server_properties.get("platform", "")),
-        "packages": _package_versions(["pika", "msgpack", "asgiref", "asgi_redis", "pyarrow"]),
+        "packages": _package_versions(["pika", "msgpack", "asgiref", "pyarrow", "pyspark",
+                                       "pandas", "matplotlib"]),
+        "java": _java_version(),
         "git": _git_revision(),
     }
     return info
@@ -76,6 +90,15 @@ def _package_versions(names):
     return found
 
 
+def _java_version():
+    try:
+        out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = (out.stderr or out.stdout).strip().splitlines()
+    return lines[0] if lines else None
+
+
 def _git_revision():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
@@ -96,158 +119,281 @@ def _text(value):
 
 # -- statistics ---------------------------------------------------------------------
 
+PERCENTILES = (0.50, 0.95, 0.99)
+# wakeup: the receive's return minus the end of the send (``dur_ns - value``),
+# i.e. the wake-up once the broker had confirmed the message (may be < 0).
+AFTER_SEND_PERCENTILES = (0.50, 0.99)
+
 
 def percentile(sorted_values, fraction):
-    """Nearest-rank percentile of an ascending list."""
+    """Linearly interpolated percentile of an ascending list (what Spark's
+    ``percentile`` and numpy's default compute)."""
     if not sorted_values:
         return None
-    rank = math.ceil(round(fraction * len(sorted_values), 9))  # round(): 0.99*3000 is 2969.999...
-    index = min(len(sorted_values) - 1, max(0, rank - 1))
-    return sorted_values[index]
-
-
-def summarize(recorder, scenarios, contestants):
-    """{scenario: {contestant: stats}} from the recorder's rounds and samples."""
-    durations = {}
-    for sample in recorder.samples:
-        _, scenario, contestant, _, _, _, _, dur_ns, ok, _ = sample
-        if ok:
-            durations.setdefault((scenario, contestant), []).append(dur_ns)
-    results = {}
-    for scenario in scenarios:
-        per = {}
-        for contestant in contestants:
-            rounds = [r for r in recorder.rounds
-                      if r["scenario"] == scenario.name and r["contestant"] == contestant.name]
-            if not rounds:
-                continue
-            rates = [r["rate"] for r in rounds]
-            durs = sorted(durations.get((scenario.name, contestant.name), []))
-            stats = {
-                "rounds": len(rounds),
-                "ops_per_round": rounds[0]["ops"],
-                "rates": rates,
-                "rate_median": statistics.median(rates),
-                "rate_min": min(rates),
-                "rate_max": max(rates),
-                "op_ms_p50": _ms(percentile(durs, 0.50)),
-                "op_ms_p90": _ms(percentile(durs, 0.90)),
-                "op_ms_p99": _ms(percentile(durs, 0.99)),
-                "op_ms_max": _ms(durs[-1] if durs else None),
-                "misses": sum(r["misses"] for r in rounds),
-                "errors": sum(r["error_count"] for r in rounds),
-                "problems": [p for r in rounds for p in r["problems"]],
-            }
-            stats["headline"] = (stats["rate_median"] if scenario.kind == "rate"
-                                 else stats["op_ms_p50"])
-            per[contestant.name] = stats
-        base = per.get(scenario.baseline)
-        for name, stats in per.items():
-            if base and base["headline"]:
-                stats["ratio_to_baseline"] = round(stats["headline"] / base["headline"], 3)
-            else:
-                stats["ratio_to_baseline"] = None
-        results[scenario.name] = per
-    return results
+    position = (len(sorted_values) - 1) * fraction
+    low = int(math.floor(position))
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
 def _ms(ns):
     return None if ns is None else round(ns / 1e6, 4)
 
 
-# -- output ------------------------------------------------------------------------------
+def aggregate_python(samples, rounds, run):
+    """The aggregation without Spark: the same figures as ``report_spark``.
+
+    ``samples``/``rounds``: lists of dicts (the raw files' rows). Returns
+    ``{scenario: {contestant: stats}}``.
+    """
+    durations = collections.defaultdict(list)
+    after_send = collections.defaultdict(list)
+    misses = collections.Counter()
+    memory = collections.defaultdict(list)
+    kinds = {s["name"]: s["kind"] for s in run["scenarios"]}
+    for row in samples:
+        key = (row["scenario"], row["contestant"])
+        if kinds.get(row["scenario"]) == "memory":
+            if row["value"] is not None:
+                memory[key].append((row["seq"], row["value"]))
+            continue
+        if row["ok"]:
+            durations[key].append(row["dur_ns"])
+            if row["value"] is not None:
+                after_send[key].append(row["dur_ns"] - row["value"] * 1e6)
+        else:
+            misses[key] += 1
+    per_round = collections.defaultdict(list)
+    for row in rounds:
+        per_round[(row["scenario"], row["contestant"])].append(row)
+    stats = {}
+    for (scenario, contestant), rows in per_round.items():
+        rows.sort(key=lambda r: r["round"])
+        rates = [r["units"] / r["wall_s"] if r["wall_s"] else 0.0 for r in rows]
+        deliveries = [r["delivered"] / r["wall_s"] for r in rows
+                      if r.get("delivered") is not None and r["wall_s"]]
+        durs = sorted(durations.get((scenario, contestant), []))
+        entry = {
+            "rounds": len(rows),
+            "ops_per_round": rows[0]["ops"],
+            "rates": [round(r, 1) for r in rates],
+            "rate_median": statistics.median(rates) if rates else None,
+            "rate_min": min(rates) if rates else None,
+            "rate_max": max(rates) if rates else None,
+            "deliveries_median": statistics.median(deliveries) if deliveries else None,
+            "samples": len(durs),
+            "misses": misses.get((scenario, contestant), 0),
+            "errors": sum(r["error_count"] for r in rows),
+            "problems": sum(r["problem_count"] for r in rows),
+            "mean_ms": _ms(sum(durs) / len(durs)) if durs else None,
+            "max_ms": _ms(durs[-1]) if durs else None,
+        }
+        for fraction in PERCENTILES:
+            entry["p%d_ms" % round(fraction * 100)] = _ms(percentile(durs, fraction))
+        after = sorted(after_send.get((scenario, contestant), []))
+        for fraction in AFTER_SEND_PERCENTILES:
+            entry["after_send_p%d_ms" % round(fraction * 100)] = _ms(percentile(after, fraction))
+        points = sorted(memory.get((scenario, contestant), []))
+        if points:
+            entry.update(_memory_figures(points, run["options"]["memory_from"]))
+        stats.setdefault(scenario, {})[contestant] = entry
+    return finish_stats(stats, run)
 
 
-def write_samples(recorder, directory, stamp):
-    """The raw samples as parquet (if pyarrow imports) or JSON lines; returns the path."""
-    os.makedirs(directory, exist_ok=True)
-    columns = recorder.COLUMNS
-    try:
-        import pyarrow
-        import pyarrow.parquet
-    except ImportError:
-        pyarrow = None
-    if pyarrow is not None:
-        path = os.path.join(directory, "samples-%s.parquet" % stamp)
-        table = pyarrow.table({name: [row[i] for row in recorder.samples]
-                               for i, name in enumerate(columns)})
-        pyarrow.parquet.write_table(table, path)
-        return path
-    path = os.path.join(directory, "samples-%s.jsonl" % stamp)
-    with open(path, "w") as handle:
-        for row in recorder.samples:
-            handle.write(json.dumps(dict(zip(columns, row)), separators=(",", ":")))
-            handle.write("\n")
-    return path
+def _memory_figures(points, start):
+    """Growth of RSS from the first checkpoint at or after ``start`` messages
+    to the last checkpoint."""
+    base = [p for p in points if p[0] >= start] or points[-1:]
+    first, last = base[0], points[-1]
+    return {
+        "rss_from_messages": int(first[0]), "rss_from_mib": round(first[1] / 2 ** 20, 2),
+        "rss_to_messages": int(last[0]), "rss_to_mib": round(last[1] / 2 ** 20, 2),
+        "rss_start_mib": round(points[0][1] / 2 ** 20, 2),
+        "rss_growth_pct": round(100.0 * (last[1] - first[1]) / first[1], 2) if first[1] else None,
+        "rss_points": [[int(m), round(v / 2 ** 20, 2)] for m, v in points],
+    }
 
 
-def _columns(scenario, stats, contestant_names):
-    """Contestants in table order: the subject(s) first, the baseline last."""
-    names = [n for n in contestant_names if n in stats and n != scenario.baseline]
-    if scenario.baseline in stats:
-        names.append(scenario.baseline)
-    return names
+def finish_stats(stats, run):
+    """Headlines and ratios to each scenario's baseline (shared by both aggregations)."""
+    kinds = {s["name"]: s for s in run["scenarios"]}
+    for scenario, per in stats.items():
+        info = kinds.get(scenario, {})
+        for entry in per.values():
+            if info.get("kind") == "latency":
+                entry["headline"] = entry.get("p50_ms")
+            elif info.get("kind") == "memory":
+                entry["headline"] = entry.get("rss_growth_pct")
+            else:
+                entry["headline"] = entry.get("rate_median")
+        base = per.get(info.get("baseline"))
+        for entry in per.values():
+            if base and base.get("headline") and entry.get("headline") is not None:
+                entry["ratio_to_baseline"] = round(entry["headline"] / base["headline"], 3)
+            else:
+                entry["ratio_to_baseline"] = None
+    return stats
 
 
-def _value(scenario, value):
+# -- targets --------------------------------------------------------------------------
+
+_STAT_KEYS = {"headline": "headline", "deliveries": "deliveries_median", "p50": "p50_ms",
+              "p95": "p95_ms", "p99": "p99_ms", "growth": "rss_growth_pct"}
+
+
+def evaluate_targets(stats, run):
+    rows = []
+    for target in run["targets"]:
+        key = _STAT_KEYS[target["stat"]]
+        subject = stats.get(target["scenario"], {}).get(target["subject"], {}).get(key)
+        row = dict(target)
+        row["measured"] = subject
+        row["against"] = None
+        row["value"] = None
+        if target.get("other"):
+            other_scenario = target.get("other_scenario") or target["scenario"]
+            against = stats.get(other_scenario, {}).get(target["other"], {}).get(key)
+            row["against"] = against
+            if subject is not None and against:
+                row["value"] = subject / against
+        else:
+            row["value"] = subject
+        if row["value"] is None:
+            row["status"] = "n/a"
+        else:
+            ok = row["value"] >= target["goal"] if target["op"] == ">=" else \
+                row["value"] <= target["goal"]
+            row["status"] = "PASS" if ok else "SHORT"
+        rows.append(row)
+    return rows
+
+
+def _fmt_number(value, unit=""):
     if value is None:
         return "-"
-    if scenario.kind == "rate":
+    if unit == "ms":
+        return "%.3f ms" % value
+    if unit == "%":
+        return "%.1f%%" % value
+    if abs(value) >= 100:
         return "{:,.0f}".format(value)
-    return "%.3f" % value
+    return "%.3g" % value
 
 
-def headline_table(scenarios, results, contestant_names):
-    """(headers, rows): one row per scenario, a column per contestant, ratio columns."""
-    layout = []
-    for scenario in scenarios:
-        for name in _columns(scenario, results.get(scenario.name, {}), contestant_names):
-            if name not in layout:
-                layout.append(name)
-    baselines = [n for n in layout if any(n == s.baseline for s in scenarios)]
-    subjects = [n for n in layout if n not in baselines]
-    headers = ["scenario", "metric"] + subjects + baselines
-    headers += ["%s/%s" % (name, base) for name in subjects for base in baselines]
+def targets_table(rows, stats, run):
+    scenarios = {s["name"]: s for s in run["scenarios"]}
+    headers = ["target", "layer", "compared with", "ratio / value", "goal", "status"]
+    out = []
+    for row in rows:
+        unit = row.get("bound_unit") or ("ms" if row["stat"] in ("p50", "p95", "p99") else "")
+        scenario = scenarios.get(row["scenario"], {})
+        what = _stat_label(row["stat"], scenario)
+        subject = "%s %s" % (_fmt_number(row["measured"], unit), what) \
+            if row["measured"] is not None else "-"
+        if row.get("other"):
+            other_what = _stat_label(row["stat"], scenarios.get(
+                row.get("other_scenario") or row["scenario"], {}))
+            where = row["other"] + (" (%s)" % row["other_scenario"] if row.get("other_scenario")
+                                    else "")
+            against = "%s: %s %s" % (where, _fmt_number(row["against"], unit), other_what)
+            value = "-" if row["value"] is None else "%.2fx" % row["value"]
+            goal = "%s %.1fx" % (row["op"], row["goal"])
+        else:
+            against = "(fixed bound)"
+            value = _fmt_number(row["value"], row.get("bound_unit") or "")
+            goal = "%s %s" % (row["op"], _fmt_number(row["goal"], row.get("bound_unit") or ""))
+        mark = {"PASS": "PASS", "SHORT": "**SHORT**", "n/a": "n/a"}[row["status"]]
+        out.append([row["text"], subject, against, value, goal, mark])
+    return headers, out
+
+
+def _stat_label(stat, scenario):
+    if stat in ("p50", "p95", "p99"):
+        return stat
+    if stat == "deliveries":
+        return "deliveries/s"
+    if stat == "growth":
+        return "RSS growth"
+    if scenario.get("kind") == "latency":
+        return "p50"
+    return scenario.get("metric", "")
+
+
+# -- tables -----------------------------------------------------------------------------
+
+
+def _order(run, per):
+    names = [c["name"] for c in run["contestants"] if c["name"] in per]
+    return names + [n for n in per if n not in names]
+
+
+def summary_table(stats, run):
+    """One row per scenario (and a deliveries row for fan-out), a column per contestant."""
+    names = []
+    for scenario in run["scenarios"]:
+        for name in _order(run, stats.get(scenario["name"], {})):
+            if name not in names:
+                names.append(name)
+    headers = ["scenario", "metric"] + names
     rows = []
-    for scenario in scenarios:
-        stats = results.get(scenario.name, {})
-        if not stats:
+    for scenario in run["scenarios"]:
+        per = stats.get(scenario["name"])
+        if not per:
             continue
-        row = [scenario.name, scenario.metric + (" median" if scenario.kind == "rate"
-                                                 else " p50 ms")]
-        row += [_value(scenario, stats.get(n, {}).get("headline")) for n in subjects + baselines]
-        for name in subjects:
-            for base in baselines:
-                a = stats.get(name, {}).get("headline")
-                b = stats.get(base, {}).get("headline")
-                row.append("%.2f" % (a / b) if a and b else "-")
-        rows.append(row)
+        label = "(%s) %s" % (scenario["letter"], scenario["name"])
+        if scenario["kind"] == "latency":
+            for stat in ("p50", "p95", "p99"):
+                rows.append([label if stat == "p50" else "", "%s %s ms" % (scenario["metric"], stat)]
+                            + [_fmt(per.get(n, {}).get(stat + "_ms"), "%.3f") for n in names])
+            if any(per.get(n, {}).get("after_send_p50_ms") is not None for n in names):
+                for stat in ("p50", "p99"):
+                    rows.append(["", "after the send returned, %s ms" % stat] + [
+                        _fmt(per.get(n, {}).get("after_send_%s_ms" % stat), "%.3f")
+                        for n in names])
+        elif scenario["kind"] == "memory":
+            rows.append([label, "RSS growth %"] + [
+                _fmt(per.get(n, {}).get("rss_growth_pct"), "%.1f%%") for n in names])
+            rows.append(["", "RSS MiB (from -> to msgs)"] + [
+                ("%.1f -> %.1f (%dk -> %dk)" % (
+                    per[n]["rss_from_mib"], per[n]["rss_to_mib"],
+                    per[n]["rss_from_messages"] // 1000, per[n]["rss_to_messages"] // 1000)
+                 if n in per and per[n].get("rss_from_mib") is not None else "-")
+                for n in names])
+            rows.append(["", "msg/s (send+receive)"] + [
+                _fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names])
+        else:
+            rows.append([label, scenario["metric"] + " median"] + [
+                _fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names])
+            if scenario.get("fanout"):
+                rows.append(["", "member deliveries/s"] + [
+                    _fmt(per.get(n, {}).get("deliveries_median"), "{:,.0f}") for n in names])
     return headers, rows
 
 
-def detail_table(scenario, stats, contestant_names):
-    """(headers, rows): one row per contestant of one scenario."""
-    headers = ["contestant", scenario.metric + " median", "min", "max",
-               "op p50 ms", "op p99 ms", "op max ms", "ratio", "misses/errors"]
+def detail_table(scenario, per, run):
+    headers = ["contestant", "rounds", "median", "min", "max", "p50 ms", "p95 ms",
+               "p99 ms", "max ms", "ratio to %s" % (scenario.get("baseline") or "-"),
+               "misses/errors/problems"]
     rows = []
-    for name in _columns(scenario, stats, contestant_names):
-        s = stats[name]
+    for name in _order(run, per):
+        s = per[name]
+        rate = "{:,.0f}"
         rows.append([
-            name,
-            _value(scenario, s["headline"]),
-            _value(scenario, s["rate_min"]),
-            _value(scenario, s["rate_max"]),
-            _opt("%.3f", s["op_ms_p50"]),
-            _opt("%.3f", s["op_ms_p99"]),
-            _opt("%.3f", s["op_ms_max"]),
-            _opt("%.2f", s["ratio_to_baseline"]),
-            "%d/%d" % (s["misses"], s["errors"]),
+            name, s["rounds"],
+            _fmt(s.get("rate_median"), rate), _fmt(s.get("rate_min"), rate),
+            _fmt(s.get("rate_max"), rate),
+            _fmt(s.get("p50_ms"), "%.3f"), _fmt(s.get("p95_ms"), "%.3f"),
+            _fmt(s.get("p99_ms"), "%.3f"), _fmt(s.get("max_ms"), "%.3f"),
+            _fmt(s.get("ratio_to_baseline"), "%.2f"),
+            "%d/%d/%d" % (s["misses"], s["errors"], s["problems"]),
         ])
     return headers, rows
 
 
-def _opt(fmt, value):
-    return "-" if value is None else fmt % value
+def _fmt(value, fmt):
+    if value is None:
+        return "-"
+    return fmt.format(value) if "{" in fmt else fmt % value
 
 
 def render_text(table):
@@ -262,33 +408,123 @@ def render_text(table):
     return "\n".join(lines)
 
 
-def render_markdown(table):
+def render_markdown(table, left=1):
     headers, rows = table
-    lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(str(h) for h in headers) + " |",
+             "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def write_summary(path_md, path_json, meta, scenarios, results, contestants, recorder):
-    names = [c.name for c in contestants]
-    document = dict(meta)
-    document["contestants"] = [{"name": c.name, "description": c.description,
-                                "versions": c.versions()} for c in contestants]
-    document["scenarios"] = [{"name": s.name, "title": s.title, "metric": s.metric,
-                              "kind": s.kind, "baseline": s.baseline,
-                              "description": s.description,
-                              "results": results.get(s.name, {})} for s in scenarios]
-    document["round_results"] = recorder.rounds
-    with open(path_json, "w") as handle:
-        json.dump(document, handle, indent=2, sort_keys=False)
-        handle.write("\n")
+# -- raw files -----------------------------------------------------------------------------
 
-    machine = meta["machine"]
+
+def write_raw(recorder, run, directory, stamp):
+    """Samples, rounds (parquet, or JSON lines without pyarrow) and run-<stamp>.json."""
+    os.makedirs(directory, exist_ok=True)
+    rounds = [{k: (json.dumps(r[k]) if k in ("errors", "problems") else r.get(k))
+               for k in recorder.ROUND_COLUMNS} for r in recorder.rounds]
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        pyarrow = None
+    if pyarrow is not None:
+        samples_path = os.path.join(directory, "samples-%s.parquet" % stamp)
+        rounds_path = os.path.join(directory, "rounds-%s.parquet" % stamp)
+        schema = pyarrow.schema([
+            ("run_id", pyarrow.string()), ("scenario", pyarrow.string()),
+            ("contestant", pyarrow.string()), ("round", pyarrow.int32()),
+            ("slot", pyarrow.int32()), ("seq", pyarrow.int64()), ("t_ns", pyarrow.int64()),
+            ("dur_ns", pyarrow.int64()), ("ok", pyarrow.bool_()), ("thread", pyarrow.int64()),
+            ("value", pyarrow.float64())])
+        columns = list(zip(*recorder.samples)) if recorder.samples else [[]] * len(schema)
+        table = pyarrow.table({name: list(columns[i]) for i, name in enumerate(schema.names)},
+                              schema=schema)
+        pyarrow.parquet.write_table(table, samples_path)
+        round_schema = pyarrow.schema([
+            ("run_id", pyarrow.string()), ("scenario", pyarrow.string()),
+            ("contestant", pyarrow.string()), ("round", pyarrow.int32()),
+            ("slot", pyarrow.int32()), ("ops", pyarrow.int64()), ("ops_done", pyarrow.int64()),
+            ("units", pyarrow.int64()), ("wall_s", pyarrow.float64()),
+            ("rate", pyarrow.float64()), ("misses", pyarrow.int64()),
+            ("error_count", pyarrow.int64()), ("delivered", pyarrow.int64()),
+            ("problem_count", pyarrow.int64()), ("errors", pyarrow.string()),
+            ("problems", pyarrow.string())])
+        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rounds, schema=round_schema),
+                                    rounds_path)
+    else:
+        samples_path = os.path.join(directory, "samples-%s.jsonl" % stamp)
+        rounds_path = os.path.join(directory, "rounds-%s.jsonl" % stamp)
+        with open(samples_path, "w") as handle:
+            for row in recorder.samples:
+                handle.write(json.dumps(dict(zip(recorder.COLUMNS, row)),
+                                        separators=(",", ":")) + "\n")
+        with open(rounds_path, "w") as handle:
+            for row in rounds:
+                handle.write(json.dumps(row, separators=(",", ":")) + "\n")
+    run = dict(run)
+    run["samples_file"] = os.path.basename(samples_path)
+    run["rounds_file"] = os.path.basename(rounds_path)
+    run["round_details"] = [{k: r[k] for k in ("scenario", "contestant", "round", "slot",
+                                                "errors", "problems", "extra")}
+                            for r in recorder.rounds if r["errors"] or r["problems"]
+                            or r.get("extra")]
+    run_path = os.path.join(directory, "run-%s.json" % stamp)
+    with open(run_path, "w") as handle:
+        json.dump(run, handle, indent=2)
+        handle.write("\n")
+    return run_path
+
+
+def load_run(run_path):
+    with open(run_path) as handle:
+        run = json.load(handle)
+    run["_dir"] = os.path.dirname(os.path.abspath(run_path))
+    return run
+
+
+def read_rows(run, which):
+    """The raw rows of ``which`` ("samples" or "rounds") as dicts (no Spark)."""
+    path = os.path.join(run["_dir"], run[which + "_file"])
+    if path.endswith(".parquet"):
+        import pyarrow.parquet
+        return pyarrow.parquet.read_table(path).to_pylist()
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+# -- summary.md / summary.json / charts --------------------------------------------------------
+
+
+def write_outputs(stats, run, results_dir, engine):
+    """summary.md, summary.json and the charts; returns (target rows, paths)."""
+    os.makedirs(results_dir, exist_ok=True)
+    targets = evaluate_targets(stats, run)
+    charts = write_charts(stats, run, results_dir)
+    document = {k: v for k, v in run.items() if not k.startswith("_")}
+    document["aggregated_by"] = engine
+    document["stats"] = stats
+    document["targets_evaluated"] = targets
+    document["charts"] = charts
+    path_json = os.path.join(results_dir, "summary.json")
+    with open(path_json, "w") as handle:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+    path_md = os.path.join(results_dir, "summary.md")
+    with open(path_md, "w") as handle:
+        handle.write(render_summary_md(stats, run, targets, charts, engine))
+    return targets, [path_md, path_json] + [os.path.join(results_dir, c) for c in charts]
+
+
+def render_summary_md(stats, run, targets, charts, engine):
+    machine = run["machine"]
+    passed = sum(1 for t in targets if t["status"] == "PASS")
     lines = [
         "# asgi_amqp benchmark",
         "",
-        "Run `%s` on %s (UTC)." % (meta["command"], machine["date_utc"]),
+        "`%s`, %s (UTC), %.0f s; aggregated by %s." % (
+            run["command"], machine["date_utc"], run.get("elapsed_s", 0), engine),
         "",
         "| machine | |",
         "|---|---|",
@@ -296,48 +532,171 @@ def write_summary(path_md, path_json, meta, scenarios, results, contestants, rec
                                                 machine["cpus_usable"]),
         "| memory | %s GiB |" % machine["memory_gib"],
         "| OS | %s, kernel %s |" % (machine["os"], machine["kernel"]),
-        "| load at start | %s |" % " ".join(str(x) for x in machine["loadavg_at_start"]),
+        "| load at start / end | %s / %s |" % (
+            " ".join(str(x) for x in machine["loadavg_at_start"]),
+            " ".join(str(x) for x in run.get("loadavg_at_end", []))),
         "| Python | %s |" % machine["python"],
         "| broker | %s (%s), %s |" % (machine["broker"], machine["broker_platform"],
-                                       meta["broker_url"]),
+                                       run["broker_url"]),
+        "| Redis | %s |" % (run.get("redis") or "-"),
         "| packages | %s |" % ", ".join("%s %s" % kv for kv in sorted(machine["packages"].items())),
-        "| asgi_amqp | %s, git %s |" % (meta["asgi_amqp_version"], machine["git"]),
+        "| Java | %s |" % (machine.get("java") or "-"),
+        "| asgi_amqp | %s, git %s |" % (run["asgi_amqp_version"], machine["git"]),
         "",
-        "Method: %d rounds of %d operations per scenario and contestant, after a "
-        "%d-operation warm-up; the order of contestants rotates every round "
-        "(AB, BA, ...). A round's rate is its successful operations divided by its "
-        "wall time; the headline is the median over rounds, the ratio is "
-        "contestant / baseline. Raw samples (one row per operation): `%s`." % (
-            meta["rounds"], meta["ops"], meta["warmup_ops"], meta["samples_file"]),
+        "## Targets (%d of %d pass)" % (passed, len(targets)),
+        "",
+        render_markdown(targets_table(targets, stats, run)),
         "",
         "## Summary",
         "",
-        render_markdown(headline_table(scenarios, results, names)),
+        "Rates: median of the rounds; latencies: percentiles over every sample of "
+        "every round.",
+        "",
+        render_markdown(summary_table(stats, run), left=2),
+        "",
+        "## Method",
+        "",
+        run["method"],
         "",
     ]
-    for scenario in scenarios:
-        stats = results.get(scenario.name)
-        if not stats:
+    for chart in charts:
+        lines += ["![%s](%s)" % (chart, chart), ""]
+    for scenario in run["scenarios"]:
+        per = stats.get(scenario["name"])
+        if not per:
             continue
-        lines += [
-            "## %s" % scenario.title,
-            "",
-            scenario.description,
-            "",
-            render_markdown(detail_table(scenario, stats, names)),
-            "",
-            "Per-round rates: " + "; ".join(
-                "%s %s" % (name, ", ".join("{:,.0f}".format(r) for r in stats[name]["rates"]))
-                for name in _columns(scenario, stats, names)),
-            "",
-        ]
-        problems = [(n, p) for n in stats for p in stats[n]["problems"]]
+        lines += ["## %s" % scenario["title"], "", scenario["description"], "",
+                  render_markdown(detail_table(scenario, per, run)), ""]
+        if scenario["kind"] != "memory":
+            lines += ["Per-round rates: " + "; ".join(
+                "%s %s" % (name, ", ".join("{:,.0f}".format(r) for r in per[name]["rates"]))
+                for name in _order(run, per)), ""]
+        else:
+            for name in _order(run, per):
+                points = per[name].get("rss_points") or []
+                lines += ["RSS of %s (messages: MiB): %s" % (name, ", ".join(
+                    "%dk: %.1f" % (m // 1000, v) for m, v in points)), ""]
+        problems = [d for d in run.get("round_details", [])
+                    if d["scenario"] == scenario["name"] and (d["errors"] or d["problems"])]
         if problems:
-            lines += ["Problems found by the checks:", ""]
-            lines += ["- %s: %s" % (n, p) for n, p in problems[:20]]
+            lines += ["Errors and failed checks:", ""]
+            for d in problems[:20]:
+                for text in (d["errors"] or [])[:3] + (d["problems"] or [])[:3]:
+                    lines.append("- %s round %d: %s" % (d["contestant"], d["round"], text))
             lines.append("")
     lines += ["## Contestants", ""]
-    lines += ["- **%s**: %s" % (c.name, c.description) for c in contestants]
+    for c in run["contestants"]:
+        versions = ", ".join("%s %s" % kv for kv in sorted((c.get("versions") or {}).items()))
+        lines.append("- **%s**: %s%s" % (c["name"], c["description"],
+                                          " (%s)" % versions if versions else ""))
+    for name, reason in sorted((run.get("skipped_contestants") or {}).items()):
+        lines.append("- **%s**: not run: %s" % (name, reason))
     lines.append("")
-    with open(path_md, "w") as handle:
-        handle.write("\n".join(lines))
+    return "\n".join(lines)
+
+
+def write_charts(stats, run, results_dir):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    names = []
+    for scenario in run["scenarios"]:
+        for name in _order(run, stats.get(scenario["name"], {})):
+            if name not in names:
+                names.append(name)
+    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
+    written = []
+
+    # Rates, one group of bars per rate scenario, log scale, min-max whiskers.
+    groups = []
+    for scenario in run["scenarios"]:
+        per = stats.get(scenario["name"])
+        if per and scenario["kind"] == "rate":
+            groups.append(("(%s) %s" % (scenario["letter"], scenario["metric"]), per,
+                           "rate_median", "rate_min", "rate_max"))
+            if scenario.get("fanout"):
+                groups.append(("(%s) deliveries/s" % scenario["letter"], per,
+                               "deliveries_median", None, None))
+    if groups:
+        fig, ax = plt.subplots(figsize=(12, 5))
+        width = 0.8 / max(1, len(names))
+        for j, name in enumerate(names):
+            xs, ys, lo, hi = [], [], [], []
+            for i, (_label, per, key, kmin, kmax) in enumerate(groups):
+                value = per.get(name, {}).get(key)
+                if value:
+                    xs.append(i + (j - (len(names) - 1) / 2.0) * width)
+                    ys.append(value)
+                    lo.append(value - (per[name].get(kmin) or value) if kmin else 0)
+                    hi.append((per[name].get(kmax) or value) - value if kmax else 0)
+            if xs:
+                ax.bar(xs, ys, width, label=name, color=colors[name], yerr=[lo, hi],
+                       capsize=2)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([g[0] for g in groups], rotation=15)
+        ax.set_ylabel("per second (median round; whiskers: min-max)")
+        ax.set_title("Throughput (higher is better)")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.grid(axis="y", which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(results_dir, "rates.png"), dpi=100)
+        plt.close(fig)
+        written.append("rates.png")
+
+    # Latencies: p50/p95/p99 per contestant for each latency scenario.
+    lat = [s for s in run["scenarios"] if s["kind"] == "latency" and stats.get(s["name"])]
+    if lat:
+        fig, axes = plt.subplots(1, len(lat), figsize=(5.5 * len(lat), 4.5), squeeze=False)
+        for ax, scenario in zip(axes[0], lat):
+            per = stats[scenario["name"]]
+            order = _order(run, per)
+            width = 0.8 / 3
+            for k, stat in enumerate(("p50", "p95", "p99")):
+                ys = [per[n].get(stat + "_ms") or 0 for n in order]
+                ax.bar([i + (k - 1) * width for i in range(len(order))], ys, width, label=stat)
+            ax.set_xticks(range(len(order)))
+            ax.set_xticklabels(order, rotation=15, fontsize=8)
+            ax.set_yscale("log")
+            ax.set_ylabel("ms (lower is better)")
+            ax.set_title("(%s) %s" % (scenario["letter"], scenario["metric"]))
+            ax.grid(axis="y", which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(results_dir, "latency.png"), dpi=100)
+        plt.close(fig)
+        written.append("latency.png")
+
+    # Memory: RSS against messages sent and received.
+    mem = [s for s in run["scenarios"] if s["kind"] == "memory" and stats.get(s["name"])]
+    if mem:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for scenario in mem:
+            for name, entry in stats[scenario["name"]].items():
+                points = entry.get("rss_points") or []
+                if points:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], marker=".",
+                            label=name, color=colors.get(name))
+                    if entry.get("rss_from_messages") is not None:
+                        ax.axvline(entry["rss_from_messages"], color="grey", ls=":", lw=1)
+        ax.set_xlabel("messages sent and received")
+        ax.set_ylabel("RSS, MiB")
+        ax.set_ylim(bottom=0)
+        ax.set_title("(h) resident memory of the layer's process")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(results_dir, "memory.png"), dpi=100)
+        plt.close(fig)
+        written.append("memory.png")
+    return written
+
+
+def print_report(stats, run, targets, out=print):
+    out("\nSummary")
+    out(render_text(summary_table(stats, run)))
+    out("\nTargets")
+    out(render_text(targets_table(targets, stats, run)).replace("**SHORT**", "SHORT <--"))

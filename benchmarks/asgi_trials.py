@@ -1,0 +1,305 @@
+"""The scenarios for any asgiref 1.x channel layer, through its public API only.
+
+``LayerTrials(layer, keeper)`` builds one ``harness.Trial`` per scenario.
+``keeper`` does the untimed housekeeping for that layer (purge a channel,
+count what it holds, fill it fast); ``Keeper`` is the slow generic one that
+uses ``receive`` and ``send``. Used in the harness's process (AMQPChannelLayer,
+asgiref.inmemory) and in worker processes (asgi_redis in its own virtualenv;
+the layer for the memory scenario), so only the standard library, msgpack
+and the harness are imported here.
+"""
+
+import os
+import threading
+import time
+
+from .harness import RoundResult
+from .scenarios import GROUP_MEMBERS, MESSAGE, RECEIVE_CHANNELS
+
+SEND_CHANNEL = "bench.send"
+RECEIVE_CHANNEL = "bench.receive"
+MULTI_CHANNELS = ["bench.multi%d" % k for k in range(RECEIVE_CHANNELS)]
+MULTI_FULL = MULTI_CHANNELS[RECEIVE_CHANNELS // 2]
+ROUNDTRIP_CHANNEL = "bench.roundtrip"
+WAKEUP_CHANNEL = "bench.wakeup"
+GROUP = "bench-group"
+GROUP_CHANNELS = ["bench.member%03d" % k for k in range(GROUP_MEMBERS)]
+MEMORY_CHANNELS = ["bench.mem%d" % k for k in range(4)]
+CAPACITY = 1000000
+EXPIRY = 60
+
+ALL_CHANNELS = ([SEND_CHANNEL, RECEIVE_CHANNEL, ROUNDTRIP_CHANNEL, WAKEUP_CHANNEL]
+                + MULTI_CHANNELS + GROUP_CHANNELS + MEMORY_CHANNELS)
+
+
+class Keeper(object):
+    """Untimed housekeeping through the layer's own API (slow but generic)."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def purge(self, channel):
+        while self.layer.receive([channel], block=False)[0] is not None:
+            pass
+
+    def depth(self, channel):
+        """Messages waiting in ``channel``, or None if this keeper cannot tell."""
+        return None
+
+    def wait_depth(self, channel, expected):
+        return self.depth(channel)
+
+    def fill(self, channel, count):
+        for _ in range(count):
+            self.layer.send(channel, MESSAGE)
+
+
+class LayerTrials(object):
+    def __init__(self, layer, keeper, blocking=True):
+        self.layer = layer
+        self.keeper = keeper
+        self.blocking = blocking  # False: receive(block=True) does not wait (inmemory)
+        self._grouped = False
+
+    def has(self, scenario_name):
+        if scenario_name == "wakeup":
+            return self.blocking
+        return scenario_name in ("send", "send-8t", "receive", "receive-10", "roundtrip",
+                                 "group", "memory")
+
+    def trial(self, scenario_name, ops, options=None):
+        from .harness import Trial
+        method = getattr(self, "t_" + scenario_name.replace("-", "_"))
+        if scenario_name == "memory":
+            return Trial(run=lambda ops: method(ops, options or {}))
+        return method(ops)
+
+    # -- (a), (b) ---------------------------------------------------------------
+
+    def _send_trial(self, ops):
+        from .harness import Trial
+        layer, keeper, channel = self.layer, self.keeper, SEND_CHANNEL
+
+        def op(_i):
+            layer.send(channel, MESSAGE)
+
+        def finish():
+            seen = keeper.wait_depth(channel, ops)
+            keeper.purge(channel)
+            if seen is not None and seen != ops:
+                return ["%d messages confirmed but %s in the channel" % (ops, seen)]
+            return []
+
+        return Trial(op, prepare=lambda: keeper.purge(channel), finish=finish)
+
+    t_send = _send_trial
+    t_send_8t = _send_trial
+
+    # -- (c), (d) ---------------------------------------------------------------
+
+    def _receive_trial(self, ops, channels, full):
+        from .harness import Trial
+        layer, keeper = self.layer, self.keeper
+
+        def prepare():
+            for channel in channels:
+                keeper.purge(channel)
+            keeper.fill(full, ops)
+            seen = keeper.wait_depth(full, ops)
+            if seen is not None and seen != ops:
+                raise RuntimeError("filled %s with %d messages, it holds %s" % (full, ops, seen))
+
+        def op(_i):
+            got, message = layer.receive(channels, block=False)
+            return got == full and message is not None
+
+        def finish():
+            left = keeper.depth(full)
+            if left:
+                keeper.purge(full)
+                return ["%d messages left after %d receives" % (left, ops)]
+            return []
+
+        return Trial(op, prepare=prepare, finish=finish)
+
+    def t_receive(self, ops):
+        return self._receive_trial(ops, [RECEIVE_CHANNEL], RECEIVE_CHANNEL)
+
+    def t_receive_10(self, ops):
+        return self._receive_trial(ops, list(MULTI_CHANNELS), MULTI_FULL)
+
+    # -- (e) -----------------------------------------------------------------------
+
+    def t_roundtrip(self, ops):
+        from .harness import Trial
+        layer, keeper, channel = self.layer, self.keeper, ROUNDTRIP_CHANNEL
+        channels = [channel]
+
+        def op(_i):
+            layer.send(channel, MESSAGE)
+            got, message = layer.receive(channels, block=True)
+            return got == channel and message is not None
+
+        return Trial(op, prepare=lambda: keeper.purge(channel), finish=lambda: [])
+
+    # -- (f) -----------------------------------------------------------------------
+
+    def t_group(self, ops):
+        from .harness import Trial
+        layer, keeper = self.layer, self.keeper
+
+        def prepare():
+            if not self._grouped:
+                for channel in GROUP_CHANNELS:
+                    layer.group_add(GROUP, channel)
+                self._grouped = True
+            for channel in GROUP_CHANNELS:
+                keeper.purge(channel)
+
+        def op(_i):
+            layer.send_group(GROUP, MESSAGE)
+
+        def finish():
+            expected = ops
+            depths = [keeper.wait_depth(channel, expected) for channel in GROUP_CHANNELS]
+            for channel in GROUP_CHANNELS:
+                keeper.purge(channel)
+            if any(d is None for d in depths):
+                return []
+            trial.delivered = sum(depths)
+            short = [(c, d) for c, d in zip(GROUP_CHANNELS, depths) if d != expected]
+            if short:
+                return ["%d of %d members do not hold %d messages (e.g. %s: %s)" % (
+                    len(short), len(depths), expected, short[0][0], short[0][1])]
+            return []
+
+        trial = Trial(op, prepare=prepare, finish=finish)
+        return trial
+
+    # -- (g) -----------------------------------------------------------------------
+
+    def t_wakeup(self, ops):
+        from .harness import Trial
+        layer, keeper, channel = self.layer, self.keeper, WAKEUP_CHANNEL
+        channels = [channel]
+
+        def receive(_i):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                got, message = layer.receive(channels, block=True)
+                if got is not None:
+                    return got == channel and message is not None
+            return False
+
+        def send(_i):
+            layer.send(channel, MESSAGE)
+
+        return Trial(receive=receive, send=send, prepare=lambda: keeper.purge(channel),
+                     finish=lambda: [])
+
+    # -- (h) -----------------------------------------------------------------------
+
+    def t_memory(self, ops, options):
+        return run_memory(self.layer, options, progress=options.get("progress"))
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_memory(layer, options, progress=None):
+    """Send and receive ``options["to"]`` messages, recording RSS every
+    ``options["step"]`` messages received; samples: seq = checkpoint,
+    value = RSS bytes, dur = time since the previous checkpoint."""
+    total = int(options.get("to", 300000))
+    step = int(options.get("step", 10000))
+    senders = int(options.get("senders", 4))
+    receivers = int(options.get("receivers", 2))
+    window = threading.BoundedSemaphore(int(options.get("window", 2000)))
+    channels = list(MEMORY_CHANNELS)
+    lock = threading.Lock()
+    state = {"sent": 0, "received": 0, "next": step}
+    errors = []
+    stop = threading.Event()
+    perf = time.perf_counter_ns
+    checkpoints = []  # (t_ns, dur_ns, received, rss)
+    begin = perf()
+    last = [begin]
+    checkpoints.append((begin, 0, 0, rss_bytes()))
+
+    def send_loop(k):
+        n = 0
+        while not stop.is_set():
+            with lock:
+                if state["sent"] >= total:
+                    return
+                state["sent"] += 1
+            while not window.acquire(timeout=1):
+                if stop.is_set():
+                    return
+            try:
+                layer.send(channels[n % len(channels)], MESSAGE)
+            except Exception as exc:
+                errors.append("send: %s: %s" % (type(exc).__name__, exc))
+                window.release()
+                if len(errors) > 20:
+                    stop.set()
+            n += 1
+
+    def receive_loop():
+        while not stop.is_set():
+            try:
+                got, message = layer.receive(channels, block=True)
+            except Exception as exc:
+                errors.append("receive: %s: %s" % (type(exc).__name__, exc))
+                if len(errors) > 20:
+                    stop.set()
+                continue
+            if got is None:
+                with lock:
+                    if state["received"] >= total:
+                        return
+                continue
+            window.release()
+            with lock:
+                state["received"] += 1
+                received = state["received"]
+                checkpoint = received >= state["next"] or received >= total
+                if checkpoint:
+                    state["next"] += step
+            if checkpoint:
+                now = perf()
+                checkpoints.append((now, now - last[0], received, rss_bytes()))
+                last[0] = now
+                if progress:
+                    progress(received, total)
+            if received >= total:
+                stop.set()
+                return
+
+    threads = [threading.Thread(target=send_loop, args=(k,), daemon=True)
+               for k in range(senders)]
+    threads += [threading.Thread(target=receive_loop, daemon=True) for _ in range(receivers)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + float(options.get("timeout", 3600))
+    while any(t.is_alive() for t in threads):
+        if time.monotonic() > deadline:
+            errors.append("timed out after %.0f s" % float(options.get("timeout", 3600)))
+            stop.set()
+            break
+        time.sleep(0.2)
+    stop.set()
+    for thread in threads:
+        thread.join(15)
+    wall = (perf() - begin) / 1e9
+    result = RoundResult(len(checkpoints), wall, [c[0] for c in checkpoints],
+                         [c[1] for c in checkpoints], [True] * len(checkpoints),
+                         errors[:20], None, [float(c[3]) for c in checkpoints])
+    result.units = state["received"]
+    result.extra = {"seq": [c[2] for c in checkpoints], "sent": state["sent"],
+                    "received": state["received"]}
+    if state["received"] < total:
+        result.problems.append("only %d of %d messages received" % (state["received"], total))
+    return result

@@ -4,8 +4,6 @@ Run ``asgi-amqp --help`` (or ``python -m asgi_amqp --help``). Needs click,
 and tqdm for the progress bar of bulk sends: ``pip install 'asgi-amqp-layer[cli]'``.
 """
 
-import base64
-import binascii
 import json
 import os
 import stat
@@ -22,6 +20,7 @@ except ImportError:  # pragma: no cover - depends on the installation
         "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
 
 from . import __version__, statistics
+from .jsonbytes import dumps, loads
 from .errors import (AuthenticationError, BrokerConnectionError, BrokerOperationError,
                      ChannelFull, ManagementAPIError, MessageTooLarge)
 from .serialization import validate_message
@@ -32,7 +31,6 @@ EXIT_PARTIAL = 1  # some messages were skipped or failed (or fewer than --count 
 EXIT_ERROR = 2    # usage, configuration or connection error
 
 PROG = "asgi-amqp"
-BYTES_KEY = "__bytes__"
 MAX_REPORTED_ERRORS = 20
 CONSECUTIVE_CONNECTION_ERRORS = 3
 RETRY_FIRST_DELAY = 0.1
@@ -110,34 +108,8 @@ class _LayerErrors(object):
         raise error from None
 
 
-# -- JSON with bytes --------------------------------------------------------------
+# JSON with bytes: see jsonbytes.
 
-def _decode_bytes(obj):
-    if len(obj) == 1 and BYTES_KEY in obj:
-        value = obj[BYTES_KEY]
-        if not isinstance(value, str):
-            raise ValueError("%s must hold a base64 string" % BYTES_KEY)
-        try:
-            return base64.b64decode(value.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise ValueError("%s holds invalid base64" % BYTES_KEY)
-    return obj
-
-
-def loads(text):
-    """JSON text -> Python, with ``{"__bytes__": base64}`` turned into bytes."""
-    return json.loads(text, object_hook=_decode_bytes)
-
-
-def _encode_bytes(value):
-    if isinstance(value, bytes):
-        return {BYTES_KEY: base64.b64encode(value).decode("ascii")}
-    raise TypeError("%s is not JSON serializable" % type(value).__name__)
-
-
-def dumps(value):
-    """Python -> one line of JSON, bytes as ``{"__bytes__": base64}``."""
-    return json.dumps(value, default=_encode_bytes, ensure_ascii=False, separators=(",", ":"))
 
 
 def _message_argument(text):

@@ -18,7 +18,6 @@ the URL is an error in the caller within seconds, not a hang.
 import collections
 import logging
 import threading
-import time
 
 import pika
 from pika.adapters.select_connection import IOLoop

@@ -23,7 +23,7 @@ from asgiref.base_layer import BaseChannelLayer
 from . import admin, naming, statistics, twisted_support
 from .connection import IOThread
 from .deadletter import DeadLetterWorker
-from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
+from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, LayerClosed,
                      MessageTooLarge)
 from .futures import Pending
 from .receiving import HandedOff

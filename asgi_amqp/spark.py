@@ -18,16 +18,15 @@ where they run, or ship it with ``--py-files``), and must reach the broker.
 Needs pyspark: ``pip install 'asgi-amqp-layer[spark]'``.
 """
 
-import base64
-import binascii
 import collections
 import functools
-import json
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from . import jsonbytes
 
 try:
     from pyspark.sql import Row
@@ -45,7 +44,6 @@ RETRY_FIRST_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0
 CONSECUTIVE_CONNECTION_ERRORS = 3
 LOGGED_ERRORS = 10  # per partition
-BYTES_KEY = "__bytes__"
 
 
 class SendResult(collections.namedtuple("SendResult", "sent channel_full failed")):
@@ -158,19 +156,6 @@ def _plain(value):
     return value
 
 
-def _decode_bytes(obj):
-    """``{"__bytes__": base64}`` -> bytes, as in the asgi-amqp command."""
-    if len(obj) == 1 and BYTES_KEY in obj:
-        value = obj[BYTES_KEY]
-        if not isinstance(value, str):
-            raise ValueError("%s must hold a base64 string" % BYTES_KEY)
-        try:
-            return base64.b64decode(value.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise ValueError("%s holds invalid base64" % BYTES_KEY)
-    return obj
-
-
 def _message(row, columns, mode):
     if mode == "columns":
         return {column: _plain(row[column]) for column in columns}
@@ -179,7 +164,7 @@ def _message(row, columns, mode):
         raise ValueError("the message column is null")
     if mode == "json":
         try:
-            value = json.loads(value, object_hook=_decode_bytes)
+            value = jsonbytes.loads(value)
         except ValueError as exc:
             raise ValueError("invalid JSON: %s" % exc)
         if not isinstance(value, dict):

@@ -19,10 +19,11 @@ except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
         "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
 
-from . import __version__, statistics
+from . import __version__, bulk, statistics
+from .bulk import send_one
 from .jsonbytes import dumps, loads
 from .errors import (AuthenticationError, BrokerConnectionError, BrokerOperationError,
-                     ChannelFull, ManagementAPIError, MessageTooLarge)
+                     ManagementAPIError, MessageTooLarge)
 from .serialization import validate_message
 from .urls import redact
 
@@ -33,8 +34,6 @@ EXIT_ERROR = 2    # usage, configuration or connection error
 PROG = "asgi-amqp"
 MAX_REPORTED_ERRORS = 20
 CONSECUTIVE_CONNECTION_ERRORS = 3
-RETRY_FIRST_DELAY = 0.1
-RETRY_MAX_DELAY = 2.0
 
 EPILOG = """\b
 Exit status:
@@ -208,7 +207,7 @@ def cli(ctx, url, management_url, prefix, expiry, capacity):
 
 # -- send -----------------------------------------------------------------------------
 
-ON_FULL = click.Choice(["fail", "skip", "retry"])
+ON_FULL = click.Choice(list(bulk.ON_FULL))
 
 
 class Batch(object):
@@ -252,44 +251,34 @@ class Batch(object):
 
     def send(self, kind, name, message, where):
         """Send one message (kind "channel" or "group"); the outcome is counted."""
-        attempt = 0
-        while True:
-            try:
-                if kind == "group":
-                    self.layer.send_group(name, message)
-                else:
-                    self.layer.send(name, message)
-            except ChannelFull:
-                if self.on_full == "retry" and attempt < self.retries:
-                    self._sleep(min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2 ** attempt))
-                    attempt += 1
-                    continue
-                with self._lock:
-                    self.full += 1
-                    if self.on_full == "fail" and self.stopped is None:
-                        self.stopped = "%s: channel %s is full (--on-full=fail)" % (where, name)
-                return
-            except (TypeError, ValueError, MessageTooLarge, BrokerOperationError) as exc:
-                self.invalid(where, _one_line(exc) + _mismatch_hint(exc))
-                return
-            except AuthenticationError as exc:
-                with self._lock:
-                    self.failed += 1
-                    self.fatal = self.fatal or _error_for(exc)
-                return
-            except BrokerConnectionError as exc:
-                with self._lock:
-                    self.failed += 1
-                    self._connection_errors += 1
-                    if self.sent == 0 or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS:
-                        self.fatal = self.fatal or _error_for(exc)
-                        return
-                self.report(where, "cannot reach the broker: %s" % _one_line(exc))
-                return
+        try:
+            sent = send_one(self.layer, kind, name, message, self.on_full, self.retries,
+                            sleep=self._sleep)
+        except (TypeError, ValueError, MessageTooLarge, BrokerOperationError) as exc:
+            self.invalid(where, _one_line(exc) + _mismatch_hint(exc))
+            return
+        except AuthenticationError as exc:
             with self._lock:
+                self.failed += 1
+                self.fatal = self.fatal or _error_for(exc)
+            return
+        except BrokerConnectionError as exc:
+            with self._lock:
+                self.failed += 1
+                self._connection_errors += 1
+                if self.sent == 0 or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS:
+                    self.fatal = self.fatal or _error_for(exc)
+                    return
+            self.report(where, "cannot reach the broker: %s" % _one_line(exc))
+            return
+        with self._lock:
+            if sent:
                 self.sent += 1
                 self._connection_errors = 0
-            return
+            else:
+                self.full += 1
+                if self.on_full == "fail" and self.stopped is None:
+                    self.stopped = "%s: channel %s is full (--on-full=fail)" % (where, name)
 
     @property
     def done(self):

@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import jsonbytes
+from .bulk import ON_FULL, send_one
 
 try:
     from pyspark.sql import Row
@@ -39,9 +40,6 @@ __all__ = ["send_dataframe", "SendResult"]
 
 logger = logging.getLogger(__name__)
 
-ON_FULL = ("fail", "skip", "retry")
-RETRY_FIRST_DELAY = 0.1
-RETRY_MAX_DELAY = 2.0
 CONSECUTIVE_CONNECTION_ERRORS = 3
 LOGGED_ERRORS = 10  # per partition
 
@@ -203,45 +201,35 @@ class _Partition(object):
         self._log(why, *args)
 
     def send(self, name, message):
-        from .errors import AuthenticationError, BrokerConnectionError, ChannelFull
+        from .errors import AuthenticationError, BrokerConnectionError
 
         if self.stop:
             with self._lock:
                 self.failed += 1
             return
-        attempt = 0
-        while True:
-            try:
-                if self.kind == "group":
-                    self.layer.send_group(name, message)
-                else:
-                    self.layer.send(name, message)
-            except ChannelFull:
-                if self.on_full == "retry" and attempt < self.retries:
-                    self._sleep(min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2 ** attempt))
-                    attempt += 1
-                    continue
-                with self._lock:
-                    self.full += 1
-                    if self.on_full == "fail":
-                        self.stop = True
-                return
-            except BrokerConnectionError as exc:
-                with self._lock:
-                    self.failed += 1
-                    self._connection_errors += 1
-                    if (isinstance(exc, AuthenticationError)
-                            or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS):
-                        self.stop = True
-                self._log("asgi_amqp.spark: send to %s failed: %s", name, exc)
-                return
-            except Exception as exc:  # invalid message, too large, broker refused, ...
-                self.fail("asgi_amqp.spark: send to %s failed: %s", name, exc)
-                return
+        try:
+            sent = send_one(self.layer, self.kind, name, message, self.on_full, self.retries,
+                            sleep=self._sleep)
+        except BrokerConnectionError as exc:
             with self._lock:
+                self.failed += 1
+                self._connection_errors += 1
+                if (isinstance(exc, AuthenticationError)
+                        or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS):
+                    self.stop = True
+            self._log("asgi_amqp.spark: send to %s failed: %s", name, exc)
+            return
+        except Exception as exc:  # invalid message, too large, broker refused, ...
+            self.fail("asgi_amqp.spark: send to %s failed: %s", name, exc)
+            return
+        with self._lock:
+            if sent:
                 self.sent += 1
                 self._connection_errors = 0
-            return
+            else:
+                self.full += 1
+                if self.on_full == "fail":
+                    self.stop = True
 
 
 def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config,

@@ -18,7 +18,7 @@ import pytest
 
 from devtools import rabbitmq as rmq
 
-pika = pytest.importorskip("pika")
+import pika  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -77,128 +77,309 @@ class Liveness(object):
             self._until.pop(queue, None)
 
 
-class _GetRequest(object):
-    __slots__ = ("pending", "queues", "index")
+EMPTY = "empty"
+LANES = 16  # basic.get channels, i.e. queues asked at once by one receive
+# A queue found empty is asked again, while other queues of the same call
+# have messages, only after this many seconds (it is always asked before a
+# call returns nothing).
+RECHECK_EMPTY = 0.01
 
-    def __init__(self, pending, queues):
-        self.pending = pending
-        self.queues = queues  # list of (queue, arguments), in the order to try
-        self.index = 0
+
+class _Taken(object):
+    """A message a lane took off a queue: unacked until the request decides."""
+
+    __slots__ = ("lane", "channel", "delivery_tag", "delivery")
+
+    def __init__(self, lane, channel, delivery_tag, delivery):
+        self.lane = lane
+        self.channel = channel
+        self.delivery_tag = delivery_tag
+        self.delivery = delivery
+
+    @property
+    def still_held(self):
+        """False once its channel closed: the broker has put the message back."""
+        return self.lane.channel is self.channel
+
+    def settle(self, handed):
+        """Ack it, or put it back; True if it was put back."""
+        if not self.still_held:
+            return False
+        if handed:
+            self.channel.basic_ack(self.delivery_tag)
+            return False
+        self.channel.basic_nack(self.delivery_tag, requeue=True)
+        return True
 
 
-class Getter(ChannelUser):
-    """Serves non-blocking receives, one request at a time."""
+class _Lane(ChannelUser):
+    """One channel that takes the head of one queue at a time.
+
+    A channel carries one synchronous method at a time, so asking ten queues
+    through one channel costs ten round trips; ``Getter`` asks through
+    several lanes at once instead. A 404 (the queue was flushed) closes only
+    this lane's channel and counts as empty.
+    """
 
     name = "get"
 
-    def __init__(self, connection, liveness, handed_off, consumers):
+    def __init__(self, connection, liveness, handed_off, on_ready):
         self._liveness = liveness
         self._handed_off = handed_off
-        self._consumers = consumers
-        self._queue = collections.deque()
-        self._current = None
-        super(Getter, self).__init__(connection)
+        self._notify_ready = on_ready
+        self._job = None  # (queue, arguments, report)
+        self._barrier = None  # called once earlier nacks have reached their queues
+        super(_Lane, self).__init__(connection)
+
+    @property
+    def idle(self):
+        return self.ready and self._job is None and self._barrier is None
+
+    def barrier(self, done):
+        """Call ``done`` once the messages this lane put back are in their queues again.
+
+        A nack is only sent, never answered, and the next ``basic.get`` of
+        the same queue may go through another lane, i.e. another channel
+        process of the broker, and overtake it: the queue would hand out
+        the message behind the one being put back. The answer to a
+        synchronous method on this channel (a basic.qos that changes
+        nothing) comes after the broker forwarded the nacks to the queues.
+        """
+        self._barrier = done
+        try:
+            self.channel.basic_qos(prefetch_count=0, callback=self._pass_barrier)
+        except Exception:  # the channel is going: the broker puts them back anyway
+            logger.debug("barrier on the get channel failed", exc_info=True)
+            self._pass_barrier()
+
+    def _pass_barrier(self, _frame=None):
+        done, self._barrier = self._barrier, None
+        if done is not None:
+            done()
 
     def setup(self, channel, done):
         channel.add_callback(self._on_empty, [spec.Basic.GetEmpty], one_shot=False)
         done()
 
-    def get(self, pending, queues):
-        self._queue.append(_GetRequest(pending, queues))
-        self._next()
-
     def on_ready(self):
-        self._next()
+        self._notify_ready()
 
-    def _next(self):
-        while self._current is None and self.ready and self._queue:
-            request = self._queue.popleft()
-            if not request.pending.wanted:
-                continue
-            # A consumer of an earlier blocking receive may hold one already.
-            if self._consumers.take_held(request.pending, [q for q, _ in request.queues]):
-                continue
-            self._current = request
-            self._try_queue()
-
-    def _try_queue(self):
-        request = self._current
-        if request.index >= len(request.queues):
-            self._consumers.settle([q for q, _ in request.queues], self._after_settle)
-            return
-        queue, arguments = request.queues[request.index]
+    def fetch(self, queue, arguments, report):
+        """Take the head of ``queue``; ``report`` gets a _Taken, EMPTY or an exception."""
+        self._job = (queue, arguments, report)
         try:
             if self._liveness.alive(queue):
                 self.channel.basic_get(queue, self._on_message, auto_ack=False)
             else:
-                self.channel.queue_declare(
-                    queue, durable=True, arguments=arguments, callback=self._on_declared
-                )
+                self.channel.queue_declare(queue, durable=True, arguments=arguments,
+                                           callback=self._on_declared)
         except Exception as exc:  # connection gone, or a name pika cannot encode
             logger.debug("receive from %s failed", queue, exc_info=True)
+            self._finish(broker_call_error(exc, "receive"))
+
+    def _on_declared(self, frame):
+        queue, arguments, _ = self._job
+        self._liveness.touch(queue, arguments)
+        if frame.method.message_count == 0:
+            self._finish(EMPTY)
+        else:
+            self.channel.basic_get(queue, self._on_message, auto_ack=False)
+
+    def _on_empty(self, _frame):
+        queue, arguments, _ = self._job
+        self._liveness.touch(queue, arguments)
+        self._finish(EMPTY)
+
+    def _on_message(self, channel, method, properties, body):
+        queue, arguments, _ = self._job
+        self._liveness.touch(queue, arguments)
+        if self._handed_off.is_duplicate(method, properties):
+            channel.basic_ack(method.delivery_tag)
+            channel.basic_get(queue, self._on_message, auto_ack=False)  # same queue again
+            return
+        delivery = Delivery(queue, properties.headers or {}, body, method.redelivered,
+                            properties.message_id)
+        self._finish(_Taken(self, channel, method.delivery_tag, delivery))
+
+    def on_lost(self, reply_code, reply_text):
+        self._pass_barrier()
+        if self._job is None:
+            return
+        if reply_code == NOT_FOUND:
+            # The queue was deleted under us (e.g. flushed): it is empty.
+            self._liveness.forget(self._job[0])
+            self._finish(EMPTY)
+        elif reply_code is None or reply_code >= 500 or reply_code == 320:
+            self._finish(BrokerConnectionError(
+                "connection lost during receive (%s %s)" % (reply_code, reply_text)))
+        else:
+            # e.g. 406: the queue exists with other arguments (another expiry).
+            self._finish(BrokerOperationError(reply_code, reply_text))
+
+    def _finish(self, result):
+        job, self._job = self._job, None
+        job[2](result)
+
+
+class _GetRequest(object):
+    __slots__ = ("pending", "queues", "index", "fresh", "outstanding", "results")
+
+    def __init__(self, pending, queues, fresh):
+        self.pending = pending
+        self.queues = queues  # list of (queue, arguments), in the order to prefer
+        self.fresh = fresh  # queues[:fresh] were not found empty just now
+        self.index = 0  # queues before this one have been asked
+        self.outstanding = 0
+        self.results = []  # (position in queues, result) of the current wave
+
+    @property
+    def queue_names(self):
+        return [q for q, _ in self.queues]
+
+
+class Getter(object):
+    """Serves non-blocking receives, one request at a time, in waves.
+
+    A wave asks up to ``LANES`` of the request's queues at once, one lane
+    each, and waits for every answer. The first queue (in the caller's
+    shuffled order) that had a message wins; any other message the wave
+    took goes back with a nack, to its place at the head of its queue, and
+    was never handed to anyone. So a receive over ten channels of which one
+    is busy costs one round trip, not ten.
+
+    Every ``basic.get`` is work for the broker, and a poller that asks ten
+    queues for each message it takes from a busy one spends most of the
+    broker's time on the nine empty ones. So the first wave leaves out
+    queues that answered empty within ``RECHECK_EMPTY`` seconds, and they
+    are asked in a later wave only if the first found nothing: a call
+    returns None only after every queue was asked, and a message arriving
+    in a quiet queue waits at most ``RECHECK_EMPTY`` longer while another
+    queue of the same call stays busy. Once every queue has answered
+    empty, consumers this process keeps are settled (see
+    ``ConsumerPool.settle``) before the answer is None.
+    """
+
+    def __init__(self, connection, liveness, handed_off, consumers, lanes=LANES):
+        self._consumers = consumers
+        self._handed_off = handed_off
+        self._requests = collections.deque()
+        self._current = None
+        self._barriers = 0  # lanes still putting messages back; no new wave until 0
+        self._empty_at = {}  # queue -> monotonic time it last answered empty
+        self._lanes = [_Lane(connection, liveness, handed_off, self._on_lane_ready)
+                       for _ in range(lanes)]
+
+    def get(self, pending, queues):
+        now = time.monotonic()
+        fresh, quiet = [], []
+        for entry in queues:
+            quiet_since = self._empty_at.get(entry[0])
+            if quiet_since is not None and now - quiet_since < RECHECK_EMPTY:
+                quiet.append(entry)
+            else:
+                fresh.append(entry)
+        self._requests.append(_GetRequest(pending, fresh + quiet, len(fresh)))
+        self._next()
+
+    def _on_lane_ready(self):
+        if self._barriers:
+            return
+        if self._current is None:
+            self._next()
+        elif self._current.outstanding == 0:
+            self._ask_next_wave()  # it was waiting for a lane
+
+    def _next(self):
+        while self._current is None and not self._barriers and self._requests:
+            request = self._requests.popleft()
+            if not request.pending.wanted:
+                continue
+            # A consumer of an earlier blocking receive may hold one already.
+            if self._consumers.take_held(request.pending, request.queue_names):
+                continue
+            self._current = request
+            self._ask_next_wave()
+
+    def _ask_next_wave(self):
+        request = self._current
+        if request.index >= len(request.queues):
+            self._consumers.settle(request.queue_names, self._after_settle)
+            return
+        lanes = [lane for lane in self._lanes if lane.idle]
+        if not lanes:
+            return  # the session is (re)opening channels; _on_lane_ready resumes
+        end = request.index + len(lanes)
+        if request.index < request.fresh:
+            end = min(end, request.fresh)
+        wave = list(enumerate(request.queues))[request.index:end]
+        request.index += len(wave)
+        request.outstanding = len(wave)
+        request.results = []
+        for lane, (position, (queue, arguments)) in zip(lanes, wave):
+            lane.fetch(queue, arguments,
+                       lambda result, position=position: self._on_answer(request, position, result))
+
+    def _on_answer(self, request, position, result):
+        if result is EMPTY:
+            if len(self._empty_at) > 4096:  # forget the stale ones: names come and go
+                horizon = time.monotonic() - RECHECK_EMPTY
+                self._empty_at = {q: t for q, t in self._empty_at.items() if t > horizon}
+            self._empty_at[request.queues[position][0]] = time.monotonic()
+        else:
+            self._empty_at.pop(request.queues[position][0], None)
+        request.results.append((position, result))
+        request.outstanding -= 1
+        if request.outstanding == 0 and request is self._current:
+            self._conclude_wave(request)
+
+    def _conclude_wave(self, request):
+        taken = sorted((p, r) for p, r in request.results if isinstance(r, _Taken))
+        taken = [r for _, r in taken if r.still_held]
+        errors = [r for _, r in request.results if isinstance(r, Exception)]
+        request.results = []
+        if taken:
+            winner, others = taken[0], taken[1:]
+            handed = request.pending.resolve(winner.delivery)
+            if handed:
+                self._handed_off.add(winner.delivery.message_id)
+            put_back = [winner.lane] if winner.settle(handed) else []
+            put_back += [other.lane for other in others if other.settle(False)]
             self._current = None
-            request.pending.fail(broker_call_error(exc, "receive"))
+            for lane in put_back:
+                self._barriers += 1
+                lane.barrier(self._barrier_passed)
+            self._next()
+        elif errors:
+            request.pending.fail(errors[0])
+            self._done()
+        else:
+            self._ask_next_wave()
+
+    def _done(self):
+        self._current = None
+        self._next()
+
+    def _barrier_passed(self):
+        self._barriers -= 1
+        if not self._barriers:
             self._next()
 
     def _after_settle(self):
         """Nothing was in the queues; a consumer may have been pushed one meanwhile."""
         request, self._current = self._current, None
-        if not self._consumers.take_held(request.pending, [q for q, _ in request.queues]):
+        if request is not None and not self._consumers.take_held(request.pending,
+                                                                 request.queue_names):
             request.pending.resolve(None)
         self._next()
 
-    def _on_declared(self, frame):
-        queue, arguments = self._current.queues[self._current.index]
-        self._liveness.touch(queue, arguments)
-        if frame.method.message_count == 0:
-            self._on_empty(frame)
-        else:
-            self.channel.basic_get(queue, self._on_message, auto_ack=False)
-
-    def _on_empty(self, _frame):
-        request = self._current
-        queue, arguments = request.queues[request.index]
-        self._liveness.touch(queue, arguments)
-        request.index += 1
-        self._try_queue()
-
-    def _on_message(self, channel, method, properties, body):
-        request = self._current
-        queue, arguments = request.queues[request.index]
-        self._liveness.touch(queue, arguments)
-        if self._handed_off.is_duplicate(method, properties):
-            channel.basic_ack(method.delivery_tag)
-            self._try_queue()  # same queue again
-            return
-        delivery = Delivery(queue, properties.headers or {}, body, method.redelivered,
-                            properties.message_id)
-        if request.pending.resolve(delivery):
-            self._handed_off.add(properties.message_id)
-            channel.basic_ack(method.delivery_tag)
-        else:
-            channel.basic_nack(method.delivery_tag, requeue=True)
-        self._current = None
-        self._next()
-
-    def on_lost(self, reply_code, reply_text):
-        request = self._current
-        if request is None:
-            return
-        self._current = None
-        if reply_code == NOT_FOUND:
-            # The queue was deleted under us (e.g. flushed): it is empty.
-            self._liveness.forget(request.queues[request.index][0])
-            request.index += 1
-            self._queue.appendleft(request)
-        elif reply_code is None or reply_code >= 500 or reply_code == 320:
-            request.pending.fail(BrokerConnectionError(
-                "connection lost during receive (%s %s)" % (reply_code, reply_text)))
-        else:
-            # e.g. 406: the queue exists with other arguments (another expiry).
-            request.pending.fail(BrokerOperationError(reply_code, reply_text))
+    def shutdown(self):
+        for lane in self._lanes:
+            lane.shutdown()
 
     def fail_all(self, error):
-        for request in ([self._current] if self._current else []) + list(self._queue):
-            request.pending.fail(error)
+        requests = ([self._current] if self._current else []) + list(self._requests)
         self._current = None
-        self._queue.clear()
+        self._barriers = 0
+        self._requests.clear()
+        for request in requests:
+            request.pending.fail(error)

@@ -23,7 +23,7 @@ import pika
 from pika.adapters.select_connection import IOLoop
 
 from .admin import AdminExecutor
-from .consumers import ConsumerPool
+from .consumers import ConsumerPool, HeldMessages
 from .errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from .publisher import Publisher
 from .receiving import Getter, HandedOff, Liveness
@@ -35,12 +35,12 @@ logger = logging.getLogger(__name__)
 class Session(object):
     """What lives on one connection: a channel for each kind of work."""
 
-    def __init__(self, connection, liveness, handed_off, linger, idle_timeout):
+    def __init__(self, connection, liveness, handed_off, held, linger, idle_timeout):
         self.connection = connection
         self.liveness = liveness
         self.publisher = Publisher(connection)
         self.admin = AdminExecutor(connection)
-        self.consumers = ConsumerPool(connection, self.admin, liveness, handed_off, linger,
+        self.consumers = ConsumerPool(connection, self.admin, liveness, handed_off, held, linger,
                                       idle_timeout)
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts = (self.publisher, self.admin, self.consumers, self.getter)
@@ -49,6 +49,32 @@ class Session(object):
         for part in self._parts:
             part.shutdown()
             part.fail_all(error)
+
+
+class _NoCaller(object):
+    """The ``pending`` of work nobody waits for."""
+
+    wanted = True
+
+    def resolve(self, value=None):
+        return False
+
+    def fail(self, error):
+        return False
+
+    description = "acknowledgement"
+
+
+class _Acknowledge(object):
+    __slots__ = ("queue", "held")
+    pending = _NoCaller()
+
+    def __init__(self, queue, held):
+        self.queue = queue
+        self.held = held
+
+    def __call__(self, session):
+        session.consumers.acknowledge(self.queue, self.held)
 
 
 class IOThread(object):
@@ -77,6 +103,7 @@ class IOThread(object):
         # Shared with a replacement I/O thread, so a restart cannot hand a
         # redelivered message over twice.
         self._handed_off = handed_off if handed_off is not None else HandedOff()
+        self._held = HeldMessages()  # shared with callers: see take_held
 
     # -- any thread ----------------------------------------------------------
 
@@ -103,6 +130,23 @@ class IOThread(object):
                 return
             self._wakeup_sent = True
         self._ioloop.add_callback_threadsafe(self._drain_inbox)
+
+    def take_held(self, queues):
+        """A Delivery already pushed to this process for one of ``queues``, or None.
+
+        Runs in the caller's thread: taking it needs no trip through the I/O
+        thread, and its ack is handed over without waiting for it.
+        """
+        taken = self._held.take(queues)
+        if taken is None:
+            return None
+        queue, held = taken
+        self._handed_off.add(held.delivery.message_id)
+        try:
+            self.submit(_Acknowledge(queue, held))
+        except LayerClosed:
+            pass  # the connection closes with the layer: the broker requeues it
+        return held.delivery
 
     def stop(self, timeout=10.0):
         with self._lock:
@@ -174,8 +218,9 @@ class IOThread(object):
         self._ever_connected = True
         self._last_error = None
         self._liveness.forget()
-        self._session = Session(connection, self._liveness, self._handed_off, self._linger,
-                                self._idle_timeout)
+        self._held.clear()  # the old channels' deliveries are back in their queues
+        self._session = Session(connection, self._liveness, self._handed_off, self._held,
+                                self._linger, self._idle_timeout)
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:
             if work.pending.wanted:

@@ -270,20 +270,25 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     def receive(self, channels, block=False):
         queues = self._queues_for_receive(channels)
+        names = [queue for queue, _ in queues]
         for _ in range(_MAX_SKIPPED):
-            if block:
-                pending = Pending("blocking receive")
-                self._running_io().submit(
-                    _Work(pending, _do_wait, (queues, self.receive_timeout)))
-                delivery = pending.wait_or(self.receive_timeout + self.operation_timeout, None)
-            else:
-                delivery = self._call("receive", _do_get, queues)[1]
+            # A consumer of an earlier blocking receive may have been pushed
+            # one already: take it here, without a trip to the I/O thread.
+            delivery = self._running_io().take_held(names) or self._fetch(queues, block)
             if delivery is None:
                 return None, None
             decoded = self._decode(delivery)
             if decoded is not None:
                 return decoded
         return None, None
+
+    def _fetch(self, queues, block):
+        """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
+        if not block:
+            return self._call("receive", _do_get, queues)[1]
+        pending = Pending("blocking receive")
+        self._running_io().submit(_Work(pending, _do_wait, (queues, self.receive_timeout)))
+        return pending.wait_or(self.receive_timeout + self.operation_timeout, None)
 
     def _raise_for_nack(self, channel, queue):
         """A nack means full, unless the queue is not: a queue on a node that

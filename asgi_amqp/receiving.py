@@ -12,6 +12,7 @@ Messages are acknowledged only once the caller has taken them (see
 
 import collections
 import logging
+import threading
 import time
 
 from pika import spec
@@ -45,15 +46,20 @@ class HandedOff(object):
     def __init__(self, size=10000):
         self._size = size
         self._ids = collections.OrderedDict()
+        self._lock = threading.Lock()  # callers add the messages they take themselves
 
     def add(self, message_id):
         if message_id:
-            self._ids[message_id] = None
-            if len(self._ids) > self._size:
-                self._ids.popitem(last=False)
+            with self._lock:
+                self._ids[message_id] = None
+                if len(self._ids) > self._size:
+                    self._ids.popitem(last=False)
 
     def is_duplicate(self, method, properties):
-        return method.redelivered and properties.message_id in self._ids
+        if not method.redelivered:
+            return False
+        with self._lock:
+            return properties.message_id in self._ids
 
 
 class Liveness(object):

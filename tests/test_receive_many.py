@@ -73,3 +73,30 @@ def test_a_quiet_channel_is_served_while_another_stays_busy(layer):
         pytest.fail("the quiet channel's message was never returned")
     # RECHECK_EMPTY bounds the extra wait, plus a few round trips on a loaded machine.
     assert time.monotonic() - sent_at < receiving.RECHECK_EMPTY + 1.0
+
+
+def test_messages_taken_in_the_callers_thread_are_acked_once(broker):
+    """A message a consumer was pushed is taken without the I/O thread; its ack
+    must still reach the broker, or closing the connection would bring it back."""
+    layer = make_layer(broker, expiry=30, receive_timeout=0.3)
+    prefix = layer.topology.prefix
+    try:
+        assert layer.receive(["pushed"], block=True) == (None, None)  # starts a consumer
+        for n in range(20):
+            layer.send("pushed", {"n": n})
+        seen = []
+        while True:
+            channel, message = layer.receive(["pushed"], block=True)
+            if channel is None:
+                break
+            seen.append(message["n"])
+        assert seen == list(range(20))
+    finally:
+        layer.close()
+    # Unacked messages would be back in the queue now that the connection is gone.
+    again = make_layer(broker, expiry=30, prefix=prefix)
+    try:
+        assert again.receive(["pushed"]) == (None, None)
+    finally:
+        again.flush()
+        again.close()

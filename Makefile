@@ -4,7 +4,7 @@
 #   make demo [DEMO_ARGS=--once]          the chat example (daphne + 2 runworkers) on a
 #                                         real broker, http://127.0.0.1:8000/ until Ctrl-C
 #   make demo-basic                       examples/demo.py (two processes, no Django)
-#   make bench [BENCH_ARGS=...]           benchmarks/run.py against a real broker
+#   make bench [BENCH_ARGS=...]           benchmarks/run.py, bulk_bench.py and bench-channels
 #   make bench-channels [CHANNELS_BENCH_ARGS=...]
 #                                         daphne + runworker on asgi_amqp vs asgi_redis
 #
@@ -139,6 +139,7 @@ bench: venv broker-deps redis-venv $(BENCH_STAMP)
 	fi
 	$(VPY) -m devtools.rabbitmq run -- sh -c '$(VPY) benchmarks/run.py \
 	    --redis-python $(REDIS_VENV)/bin/python $(BENCH_ARGS) && $(VPY) benchmarks/bulk_bench.py $(BULK_ARGS)'
+	$(MAKE) --no-print-directory bench-channels
 
 # Re-aggregate the latest run (or REPORT_ARGS='--run ... --master spark://...').
 .PHONY: bench-report

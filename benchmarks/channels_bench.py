@@ -339,6 +339,9 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(HERE, "results", "channels_summary.md"),
                         help="markdown summary to write ('' for none)")
     args = parser.parse_args(argv)
+    if args.redis_python and os.sep in args.redis_python:
+        # the stacks run with the example project as their working directory
+        args.redis_python = os.path.abspath(args.redis_python)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _terminate)
 

@@ -302,12 +302,20 @@ class ConsumerPool(ChannelUser):
 
     # -- housekeeping -------------------------------------------------------
 
-    def _schedule_housekeeping(self):
+    def _schedule_housekeeping(self, due=None):
         if self._housekeeping is None and self.ready:
             interval = max(0.01, min(self._linger, self._idle_timeout) / 2.0)
+            if due is not None:
+                interval = max(0.005, min(interval, due))
             self._housekeeping = self._connection.ioloop.call_later(interval, self._sweep)
 
     def _sweep(self):
+        """Give back what lingered and cancel what nobody wants.
+
+        The next sweep is due when the oldest held message reaches
+        ``linger``, not a whole interval later: a held message is handed back
+        within a few ms of ``linger``.
+        """
         self._housekeeping = None
         if not self.ready:
             return
@@ -315,6 +323,7 @@ class ConsumerPool(ChannelUser):
         wanted = set()
         for waiter in self._waiters:
             wanted |= waiter.queues
+        due = None
         for consumer in list(self._consumers.values()):
             if consumer.queue in wanted or not consumer.active:
                 continue
@@ -323,7 +332,10 @@ class ConsumerPool(ChannelUser):
             idle = since is None and now - consumer.wanted_at > self._idle_timeout
             if lingered or idle:
                 self._cancel(consumer)
-        self._schedule_housekeeping()
+            elif since is not None:
+                left = since + self._linger - now + 0.002
+                due = left if due is None else min(due, left)
+        self._schedule_housekeeping(due)
 
     def on_lost(self, reply_code, reply_text):
         # The broker requeues every unacked delivery of a closed channel, so

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from helpers import make_layer, wait_until
+from helpers import drain, make_layer, wait_until
 
 LINGER = 0.25  # the layer's default
 # A message stranded in the busy worker is given back a few ms after
@@ -172,3 +172,36 @@ def test_when_both_are_busy_the_held_message_is_handled_by_whoever_frees_up(work
     wait, _ = _waits(sent_at, pool)[0]
     # Nobody could take it for ~1 s; it must go as soon as one worker is free.
     assert 0.8 < wait < 1.0 + WORST_WAIT, wait
+
+
+def test_a_held_message_is_the_only_slack_in_capacity(broker):
+    """``capacity`` counts ready messages; one held per consuming process is extra."""
+    prefix = "t-%s" % uuid.uuid4().hex[:10]
+    sender = make_layer(broker, prefix=prefix, capacity=5)
+    worker = make_layer(broker, prefix=prefix, capacity=5)
+    try:
+        for n in range(5):
+            sender.send("cap", {"n": n})
+        with pytest.raises(sender.ChannelFull):
+            sender.send("cap", {"n": 5})
+        assert worker.receive(["cap"], block=True) == ("cap", {"n": 0})
+        accepted = 0
+        for n in range(10):
+            try:
+                sender.send("cap", {"extra": n})
+            except sender.ChannelFull:
+                break
+            accepted += 1
+        # the slot the receive freed, plus at most the one message pushed to
+        # the worker's consumer and held for its next receive
+        assert 1 <= accepted <= 2, accepted
+        # After ``linger`` the held message is back in the queue: nothing fits.
+        time.sleep(LINGER + 0.1)
+        with pytest.raises(sender.ChannelFull):
+            sender.send("cap", {"late": True})
+        assert len(drain(sender, ["cap"])) == 4 + accepted
+    finally:
+        sender.flush()
+        sender.close()
+        worker.close()
+

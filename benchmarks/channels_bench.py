@@ -327,7 +327,7 @@ def _redis_flusher(python, redis_url, prefix):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency-ops", type=int, default=500)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per throughput round")
     parser.add_argument("--clients", type=int, default=4)

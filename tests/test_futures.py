@@ -1,0 +1,84 @@
+"""The caller/I-O-thread hand-off (asgi_amqp.futures.Pending), without a broker."""
+
+import signal
+import threading
+import time
+
+import pytest
+
+from asgi_amqp.errors import OperationTimeout
+from asgi_amqp.futures import Pending
+
+
+def test_a_result_that_arrived_first_is_returned_at_once_and_again():
+    pending = Pending()
+    assert pending.resolve("value") is True
+    assert pending.wait(1) == "value"
+    assert pending.wait(1) == "value"  # a second wait does not block
+    assert pending.wait_or(0, "default") == "value"
+
+
+def test_a_result_from_another_thread_wakes_the_caller():
+    pending = Pending()
+    timer = threading.Timer(0.05, pending.resolve, args=("late",))
+    timer.start()
+    started = time.monotonic()
+    assert pending.wait(None) == "late"
+    assert time.monotonic() - started < 2
+    timer.join()
+
+
+def test_a_timeout_abandons_so_a_late_result_is_refused():
+    pending = Pending("send to foo")
+    with pytest.raises(OperationTimeout, match="send to foo"):
+        pending.wait(0.01)
+    assert pending.wanted is False
+    assert pending.resolve("too late") is False  # the I/O thread puts it back
+
+
+def test_wait_or_returns_the_default_on_timeout():
+    pending = Pending()
+    assert pending.wait_or(0.01, "nothing") == "nothing"
+    assert pending.resolve(1) is False
+
+
+def test_a_negative_remaining_time_is_an_immediate_timeout():
+    pending = Pending()
+    assert pending.wait_or(-0.5, "expired") == "expired"
+    ready = Pending()
+    ready.resolve(2)
+    assert ready.wait(-1.0) == 2
+
+
+def test_failure_is_raised_in_the_caller():
+    pending = Pending()
+    assert pending.fail(ValueError("broker said no")) is True
+    with pytest.raises(ValueError, match="broker said no"):
+        pending.wait(1)
+    assert pending.resolve("after") is False
+
+
+def test_only_the_first_outcome_counts():
+    pending = Pending()
+    assert pending.resolve(1) is True
+    assert pending.fail(RuntimeError()) is False
+    assert pending.abandon() is False  # the caller learns a result is there
+    assert pending.wait(0) == 1
+
+
+def test_an_interrupted_wait_abandons_first():
+    """runworker's SIGTERM handler raises SystemExit inside a blocking receive."""
+    pending = Pending()
+
+    def handler(signum, frame):
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(SystemExit):
+            pending.wait(5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert pending.resolve("message") is False  # so it goes back to the queue

@@ -270,6 +270,8 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     def receive(self, channels, block=False):
         queues = self._queues_for_receive(channels)
+        if not queues:
+            return None, None  # as asgiref's in-memory layer and asgi_redis do
         names = [queue for queue, _ in queues]
         for _ in range(_MAX_SKIPPED):
             # A consumer of an earlier blocking receive may have been pushed
@@ -441,12 +443,13 @@ class AMQPChannelLayer(BaseChannelLayer):
                                    self.topology.channel_queue_arguments(channel))
 
     def _queues_for_receive(self, channels):
-        # Any collection of names: Channels 1.x's worker passes a set.
+        """[(queue, arguments)] in random order; empty for an empty collection."""
+        # Any collection of names: Channels 1.x's worker passes a set. A bare
+        # string is refused rather than read as a list of one-letter names.
         if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
-            raise TypeError("channels must be a non-empty list of channel names")
+            raise TypeError("channels must be a list of channel names, not %s"
+                            % type(channels).__name__)
         channels = list(channels)
-        if not channels:
-            raise TypeError("channels must be a non-empty list of channel names")
         random.shuffle(channels)
         queues, seen = [], set()
         for channel in channels:

@@ -13,9 +13,9 @@ Twisted is optional: without it the extension is not listed.
 """
 
 try:
-    from twisted.internet import threads
+    from twisted.internet import defer, threads
 except ImportError:  # pragma: no cover - exercised by installs without Twisted
-    threads = None
+    defer = threads = None
 
 AVAILABLE = threads is not None
 
@@ -23,6 +23,10 @@ AVAILABLE = threads is not None
 def receive_twisted(layer, channels):
     if threads is None:
         raise RuntimeError("receive_twisted needs Twisted: pip install twisted")
-    # Validate in the caller so bad names fail the Deferred's creation, not later.
-    layer._queues_for_receive(channels)
-    return threads.deferToThread(layer.receive, list(channels), True)
+    # Validate in the caller so bad names fail the Deferred's creation, not
+    # later. A one-shot iterable is read once, before validating.
+    if not isinstance(channels, (str, bytes, dict)) and hasattr(channels, "__iter__"):
+        channels = list(channels)
+    if not layer._queues_for_receive(channels):
+        return defer.succeed((None, None))
+    return threads.deferToThread(layer.receive, channels, True)

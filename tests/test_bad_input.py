@@ -244,13 +244,27 @@ def test_receive_needs_process_local_names_to_end_at_the_bang(target, channels, 
     pytest.param(5, id="int"),
     pytest.param({OK_CHANNEL: 1}, id="dict"),
     pytest.param(b"roundtrip.ok", id="bytes"),
-    pytest.param([], id="empty-list"),
-    pytest.param((), id="empty-tuple"),
 ])
 @pytest.mark.parametrize("block", [False, True])
-def test_receive_needs_a_non_empty_list(target, channels, block):
+def test_receive_needs_a_collection_of_names(target, channels, block):
     layer, check = target
     refuse(lambda: layer.receive(channels, block=block))
+    check()
+
+
+@pytest.mark.parametrize("channels", [
+    pytest.param([], id="empty-list"),
+    pytest.param((), id="empty-tuple"),
+    pytest.param(set(), id="empty-set"),
+    pytest.param(iter(()), id="empty-iterator"),
+])
+@pytest.mark.parametrize("block", [False, True])
+def test_receive_from_no_channels_is_nothing_at_once(target, channels, block):
+    """As in asgiref's in-memory layer and asgi_redis: (None, None), no wait, no broker."""
+    layer, check = target
+    started = time.monotonic()
+    assert layer.receive(channels, block=block) == (None, None)
+    assert time.monotonic() - started < 0.5
     check()
 
 

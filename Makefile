@@ -4,9 +4,13 @@
 #   make demo [DEMO_ARGS=--once]          the chat example (daphne + 2 runworkers) on a
 #                                         real broker, http://127.0.0.1:8000/ until Ctrl-C
 #   make demo-basic                       examples/demo.py (two processes, no Django)
-#   make bench [BENCH_ARGS=...]           benchmarks/run.py, bulk_bench.py and bench-channels
+#   make bench [BENCH_ARGS=...]           benchmarks/run.py, bulk_bench.py, bench-channels
+#                                         and bench-echo
 #   make bench-channels [CHANNELS_BENCH_ARGS=...]
 #                                         daphne + runworker on asgi_amqp vs asgi_redis
+#   make bench-echo [ECHO_ARGS=...]       one worker echoing without Django: raw pika,
+#                                         raw pika in the layer's thread shape, the layer,
+#                                         asgi_redis
 #
 # The broker is $AMQP_URL if set, else a Docker container if a Docker engine
 # answers, else a private RabbitMQ node started from the machine's
@@ -20,6 +24,7 @@ BENCH_ARGS ?=
 BULK_ARGS ?=
 DEMO_ARGS ?=
 CHANNELS_BENCH_ARGS ?=
+ECHO_ARGS ?=
 # The asgi_redis side of bench-channels has its own virtualenv.
 REDIS_VENV ?= .venv-redis
 
@@ -31,12 +36,12 @@ BROKER_PY = $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test demo demo-basic bench \
-        bench-channels clean distclean
+        bench-channels bench-echo clean distclean
 
 help:
-	@echo "targets: venv broker-deps e2e-deps test demo demo-basic bench bench-channels clean distclean"
+	@echo "targets: venv broker-deps e2e-deps test demo demo-basic bench bench-channels bench-echo clean distclean"
 	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS=... BENCH_ARGS=... DEMO_ARGS=..."
-	@echo "           CHANNELS_BENCH_ARGS=... REDIS_VENV=$(REDIS_VENV)"
+	@echo "           CHANNELS_BENCH_ARGS=... ECHO_ARGS=... REDIS_VENV=$(REDIS_VENV)"
 
 venv: $(STAMP)
 
@@ -140,6 +145,7 @@ bench: venv broker-deps redis-venv $(BENCH_STAMP)
 	$(VPY) -m devtools.rabbitmq run -- sh -c '$(VPY) benchmarks/run.py \
 	    --redis-python $(REDIS_VENV)/bin/python $(BENCH_ARGS) && $(VPY) benchmarks/bulk_bench.py $(BULK_ARGS)'
 	$(MAKE) --no-print-directory bench-channels
+	$(MAKE) --no-print-directory bench-echo
 
 # Re-aggregate the latest run (or REPORT_ARGS='--run ... --master spark://...').
 .PHONY: bench-report
@@ -180,6 +186,12 @@ redis-deps:
 bench-channels: venv broker-deps redis-venv redis-deps
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/channels_bench.py \
 	    --redis-python $(REDIS_VENV)/bin/python $(CHANNELS_BENCH_ARGS)
+
+# One worker echoing without Django: raw pika, raw pika in the layer's thread
+# shape, asgi_amqp and asgi_redis (benchmarks/echo_ceiling.py).
+bench-echo: venv broker-deps redis-venv redis-deps
+	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/echo_ceiling.py \
+	    --redis-python $(REDIS_VENV)/bin/python $(ECHO_ARGS)
 
 clean:
 	rm -rf build dist .eggs .pytest_cache .hypothesis .mypy_cache .ruff_cache htmlcov .coverage .coverage.*

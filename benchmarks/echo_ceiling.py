@@ -1,0 +1,366 @@
+"""How fast can one worker echo messages, layer by layer, without Django?
+
+    make bench-echo
+    python benchmarks/echo_ceiling.py --rounds 5 --seconds 4
+
+``make bench-channels`` measures a real ``runworker``; this takes Channels
+out and asks where the rest of the time goes. One worker process loops
+"receive one message from ``echo.w`` (blocking), send a reply to
+``echo.r``", while a driver process keeps 32 messages in flight and counts
+replies per second. Contestants, in alternating order:
+
+``raw-pika``
+    one thread, pika's BlockingConnection: a prefetch-1 consumer, an ack and
+    a confirmed, mandatory publish per message. The broker's floor for a
+    worker that confirms its replies.
+``raw-pika-io-thread``
+    the same broker work in asgi_amqp's thread shape: a SelectConnection
+    owned by an I/O thread; the worker hands over with
+    ``add_callback_threadsafe`` and waits on a lock for the confirm.
+``asgi_amqp``
+    the layer.
+``asgi_redis``
+    asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis.
+
+Every message body is a msgpack'd dict of the size a ``websocket.receive``
+has. The worker reports its CPU per message (process time from its first
+message to the stop message, all threads). The table gives the median round.
+"""
+
+import argparse
+import collections
+import functools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PROJECT_DIR = os.path.join(ROOT, "tests", "project")
+
+WINDOW = 32
+MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
+KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_redis")
+
+
+# -- the contestants' two sides (run in child processes) ---------------------------------
+
+
+def _layer(kind, prefix, redis_url):
+    if kind == "asgi_redis":
+        sys.path.insert(0, PROJECT_DIR)
+        from chatproject.redis_layer import RedisChannelLayer
+        return RedisChannelLayer(hosts=[redis_url], prefix=prefix)
+    from asgi_amqp import AMQPChannelLayer
+    return AMQPChannelLayer(url=os.environ["AMQP_URL"], prefix=prefix)
+
+
+class LayerSide(object):
+    def __init__(self, kind, prefix, redis_url):
+        self.layer = _layer(kind, prefix, redis_url)
+
+    def serve(self, handled):
+        while True:
+            channel, message = self.layer.receive(["echo.w"], block=True)
+            if channel is None:
+                continue
+            if message.get("stop"):
+                return
+            handled.tick()
+            message["text"] = message["text"][::-1]
+            self.layer.send(message["reply_channel"], message)
+
+    def send(self, message):
+        self.layer.send("echo.w", message)
+
+    def replies(self):
+        while True:
+            channel, message = self.layer.receive(["echo.r"], block=True)
+            if channel is not None:
+                yield message
+
+    def close(self):
+        if hasattr(self.layer, "flush"):
+            self.layer.flush()
+        if hasattr(self.layer, "close"):
+            self.layer.close()
+
+
+def _raw_queues(prefix):
+    """Per-round queues that vanish a minute after their last use."""
+    return (prefix + ".w", prefix + ".r")
+
+
+RAW_QUEUE_ARGUMENTS = {"x-expires": 60000}
+
+
+class RawSide(object):
+    """pika's BlockingConnection, one thread."""
+
+    def __init__(self, prefix):
+        import msgpack
+        import pika
+        self.msgpack = msgpack
+        self.connection = pika.BlockingConnection(pika.URLParameters(os.environ["AMQP_URL"]))
+        self.channel = self.connection.channel()
+        self.channel.confirm_delivery()
+        self.queues = _raw_queues(prefix)
+        for queue in self.queues:
+            self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
+
+    def serve(self, handled):
+        self.channel.basic_qos(prefetch_count=1)
+        for method, _properties, body in self.channel.consume(self.queues[0]):
+            self.channel.basic_ack(method.delivery_tag)
+            message = self.msgpack.unpackb(body)
+            if message.get("stop"):
+                return
+            handled.tick()
+            message["text"] = message["text"][::-1]
+            self.channel.basic_publish("", self.queues[1], self.msgpack.packb(message),
+                                       mandatory=True)
+
+    def send(self, message):
+        self.channel.basic_publish("", self.queues[0], self.msgpack.packb(message),
+                                   mandatory=True)
+
+    def replies(self):
+        for _method, _properties, body in self.channel.consume(self.queues[1], auto_ack=True):
+            yield self.msgpack.unpackb(body)
+
+    def close(self):
+        self.connection.close()
+
+
+class IOThreadSide(object):
+    """Raw pika in the layer's thread shape (worker side only)."""
+
+    def __init__(self, prefix):
+        import msgpack
+        import pika
+        self.msgpack = msgpack
+        self.queues = _raw_queues(prefix)
+        self.deliveries = collections.deque()
+        self.delivered = threading.Semaphore(0)
+        self.confirm_waiters = collections.deque()
+        self.opened = threading.Event()
+        self.connection = pika.SelectConnection(
+            pika.URLParameters(os.environ["AMQP_URL"]),
+            on_open_callback=lambda conn: conn.channel(on_open_callback=self._on_channel))
+        self.thread = threading.Thread(target=self.connection.ioloop.start, daemon=True)
+        self.thread.start()
+        if not self.opened.wait(10):
+            raise RuntimeError("the I/O thread's channel did not open")
+
+    # I/O thread
+    def _on_channel(self, channel):
+        self.channel = channel
+        channel.confirm_delivery(self._on_confirm, callback=lambda _: channel.basic_qos(
+            prefetch_count=1, callback=lambda _: self._consume()))
+
+    def _consume(self):
+        for queue in self.queues:
+            self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
+        self.channel.basic_consume(self.queues[0], self._on_message, auto_ack=False)
+        self.opened.set()
+
+    def _on_message(self, _channel, method, _properties, body):
+        self.deliveries.append((method.delivery_tag, body))
+        self.delivered.release()
+
+    def _on_confirm(self, frame):
+        while self.confirm_waiters:
+            self.confirm_waiters.popleft().release()
+            if not frame.method.multiple:
+                break
+
+    def _publish(self, body, done):
+        self.confirm_waiters.append(done)
+        self.channel.basic_publish("", self.queues[1], body, mandatory=True)
+
+    # the worker's thread
+    def serve(self, handled):
+        threadsafe = self.connection.ioloop.add_callback_threadsafe
+        while True:
+            if not self.delivered.acquire(timeout=30):
+                raise RuntimeError("no delivery within 30 s")
+            tag, body = self.deliveries.popleft()
+            threadsafe(functools.partial(self.channel.basic_ack, tag))
+            message = self.msgpack.unpackb(body)
+            if message.get("stop"):
+                return
+            handled.tick()
+            message["text"] = message["text"][::-1]
+            done = threading.Lock()
+            done.acquire()
+            threadsafe(functools.partial(self._publish, self.msgpack.packb(message), done))
+            if not done.acquire(timeout=10):
+                raise RuntimeError("no publisher confirm within 10 s")
+
+    def close(self):
+        self.connection.ioloop.add_callback_threadsafe(self.connection.close)
+        self.connection.ioloop.add_callback_threadsafe(self.connection.ioloop.stop)
+        self.thread.join(5)
+
+
+def _side(kind, role, prefix, redis_url):
+    if kind == "raw-pika" or (kind == "raw-pika-io-thread" and role == "drive"):
+        return RawSide(prefix)
+    if kind == "raw-pika-io-thread":
+        return IOThreadSide(prefix)
+    return LayerSide(kind, prefix, redis_url)
+
+
+class Handled(object):
+    """Messages echoed, and the CPU they took (start-up and imports left out)."""
+
+    def __init__(self):
+        self.count = 0
+        self.cpu_from = None
+
+    def tick(self):
+        if self.cpu_from is None:
+            self.cpu_from = time.process_time()
+        else:
+            self.count += 1
+
+    def cpu_us(self):
+        return (time.process_time() - self.cpu_from) * 1e6 / max(1, self.count)
+
+
+def child_worker(kind, prefix, redis_url):
+    side = _side(kind, "worker", prefix, redis_url)
+    handled = Handled()
+    print("ready", flush=True)
+    side.serve(handled)
+    print(json.dumps({"cpu_us": handled.cpu_us(), "handled": handled.count}), flush=True)
+    side.close()
+
+
+def child_drive(kind, prefix, redis_url, seconds, warmup=0.5):
+    side = _side(kind, "drive", prefix, redis_url)
+    sent = [0]
+
+    def send_one():
+        sent[0] += 1
+        message = dict(MESSAGE, order=sent[0])
+        side.send(message)
+
+    for _ in range(WINDOW):
+        send_one()
+    received, started, timed_from = 0, time.perf_counter(), None
+    for _reply in side.replies():
+        received += 1
+        now = time.perf_counter()
+        if timed_from is None and now - started >= warmup:
+            timed_from, received_before = now, received
+        if timed_from is not None and now - timed_from >= seconds:
+            break
+        send_one()
+    rate = (received - received_before) / (now - timed_from)
+    side.send({"stop": True})
+    print(json.dumps({"rate": rate}), flush=True)
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+def _round(kind, python, seconds, redis_url):
+    prefix = "echo-%s" % uuid.uuid4().hex[:8]
+    argv = [python, os.path.abspath(__file__), "--child", kind, "--prefix", prefix,
+            "--redis-url", redis_url or ""]
+    worker = subprocess.Popen(argv + ["--role", "worker"], stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        if worker.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the %s worker did not start" % kind)
+        drive = subprocess.run(argv + ["--role", "drive", "--seconds", str(seconds)],
+                               stdout=subprocess.PIPE, cwd=ROOT, timeout=seconds + 60,
+                               check=True)
+        report = json.loads(worker.communicate(timeout=30)[0].decode().strip().splitlines()[-1])
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    report.update(json.loads(drive.stdout.decode().strip().splitlines()[-1]))
+    return report
+
+
+def _table(results, rounds):
+    redis_rate = statistics.median(r["rate"] for r in results["asgi_redis"])
+    lines = ["| worker | echoes/s | vs asgi_redis | worker CPU per message | rounds |",
+             "|---|---|---|---|---|"]
+    for kind in KINDS:
+        rates = [r["rate"] for r in results[kind]]
+        cpu = statistics.median(r["cpu_us"] for r in results[kind])
+        lines.append("| %s | %.0f | %.2fx | %.0f us | %s |" % (
+            kind, statistics.median(rates), statistics.median(rates) / redis_rate, cpu,
+            ", ".join("%.0f" % rate for rate in rates)))
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--redis-python", default=os.path.join(ROOT, ".venv-redis", "bin",
+                                                               "python"))
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "echo_ceiling.md"),
+                        help="markdown table to write ('' for none)")
+    parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("worker", "drive"), help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        if args.role == "worker":
+            child_worker(args.child, args.prefix, args.redis_url)
+        else:
+            child_drive(args.child, args.prefix, args.redis_url, args.seconds)
+        return 0
+
+    sys.path.insert(0, HERE)
+    import channels_bench  # the Redis helpers: PING and a private redis-server
+    if "AMQP_URL" not in os.environ:
+        os.environ["AMQP_URL"] = channels_bench.DEFAULT_AMQP_URL
+    private_redis = None
+    redis_url = args.redis_url
+    if not redis_url:
+        if channels_bench._redis_ping("127.0.0.1", 6379):
+            redis_url = "redis://127.0.0.1:6379/0"
+        else:
+            private_redis = channels_bench.PrivateRedis()
+            redis_url = private_redis.url
+    pythons = dict.fromkeys(KINDS, sys.executable)
+    pythons["asgi_redis"] = args.redis_python
+    results = collections.defaultdict(list)
+    try:
+        for number in range(args.rounds):
+            order = KINDS[number % len(KINDS):] + KINDS[:number % len(KINDS)]
+            for kind in order:
+                report = _round(kind, pythons[kind], args.seconds, redis_url)
+                results[kind].append(report)
+                print("  round %d %-19s %6.0f echoes/s  worker CPU %4.0f us/message"
+                      % (number + 1, kind, report["rate"], report["cpu_us"]), flush=True)
+    finally:
+        if private_redis is not None:
+            private_redis.stop()
+    table = _table(results, args.rounds)
+    print()
+    print(table)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write("# One worker echoing, without Django (benchmarks/echo_ceiling.py)\n\n"
+                         "%s, %s, %d rounds of %.0f s, median round.\n\n%s\n"
+                         % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                            platform.node(), args.rounds, args.seconds, table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

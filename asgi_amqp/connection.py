@@ -91,6 +91,7 @@ class IOThread(object):
         self._ioloop = None
         self._thread = None
         self._started = threading.Event()
+        self._running = False  # from start() until the thread's last step
         self._stopping = False
         # Everything below is touched by the I/O thread only.
         self._connection = None
@@ -109,13 +110,16 @@ class IOThread(object):
 
     def start(self):
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._running = True
         self._thread.start()
         if not self._started.wait(10):
             raise BrokerConnectionError("the I/O thread did not start")
 
     @property
     def alive(self):
-        return self._thread is not None and self._thread.is_alive()
+        # Asked on every call: a flag the thread clears on its way out is
+        # cheaper than Thread.is_alive, which takes a lock.
+        return self._running
 
     def submit(self, work):
         """Run ``work(session)`` on the I/O thread once a session exists.
@@ -163,9 +167,15 @@ class IOThread(object):
     # -- the I/O thread ------------------------------------------------------
 
     def _run(self):
-        self._ioloop = IOLoop()
-        self._ioloop.add_callback_threadsafe(self._connect)
-        self._started.set()
+        try:
+            self._ioloop = IOLoop()
+            self._ioloop.add_callback_threadsafe(self._connect)
+            self._started.set()
+            self._loop()
+        finally:
+            self._running = False
+
+    def _loop(self):
         try:
             self._ioloop.start()
         except Exception:

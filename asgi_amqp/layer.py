@@ -156,6 +156,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._closed = False
         self._infrastructure_pid = None
         self._receive_targets = {}  # channel -> (queue, arguments), see _receive_target
+        # frozenset of names -> their distinct (queue, arguments): a worker
+        # passes the same 10-20 names on every call.
+        self._receive_sets = {}
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_counter = itertools.count()
@@ -450,14 +453,31 @@ class AMQPChannelLayer(BaseChannelLayer):
             raise TypeError("channels must be a list of channel names, not %s"
                             % type(channels).__name__)
         channels = list(channels)
-        random.shuffle(channels)
+        try:
+            key = frozenset(channels)
+        except TypeError:  # an unhashable, hence invalid, name: the full check says which
+            key = None
+        queues = self._receive_sets.get(key) if key is not None else None
+        if queues is None:
+            queues = self._unique_targets(channels)
+            if key is not None:
+                if len(self._receive_sets) >= 1000:
+                    self._receive_sets.clear()
+                self._receive_sets[key] = queues
+        queues = list(queues)
+        if len(queues) > 1:
+            random.shuffle(queues)
+        return queues
+
+    def _unique_targets(self, channels):
+        """(queue, arguments) of each distinct queue behind ``channels``, validated."""
         queues, seen = [], set()
         for channel in channels:
             queue, arguments = self._receive_target(channel)
             if queue not in seen:
                 seen.add(queue)
                 queues.append((queue, arguments))
-        return queues
+        return tuple(queues)
 
     def _receive_target(self, channel):
         """(queue, arguments) for a valid receive name, memoized.

@@ -35,7 +35,38 @@ def validate_message(message):
     """
     if not isinstance(message, dict):
         raise TypeError("message must be a dict, not %s" % type(message).__name__)
+    if type(message) is dict and _plainly_valid(message, 0):
+        return
     _validate_value(message, "message", 0)
+
+
+_PLAIN_SCALARS = frozenset((str, bytes, bool, float, type(None)))
+_PLAIN_CONTAINERS = frozenset((dict, list, tuple))
+
+
+def _plainly_valid(container, depth):
+    """True when ``container`` holds only the exact built-in types ASGI allows.
+
+    Every send validates its message, so the common case must be cheap: no
+    error paths are built here and scalars are checked inline. False means
+    "look closer", not "invalid": ``_validate_value`` then decides, with
+    subclasses allowed and an error that names the offending key.
+    """
+    if depth >= MAX_DEPTH:
+        return False
+    items = container
+    if type(container) is dict:
+        for key in container:
+            if type(key) is not str:
+                return False
+        items = container.values()
+    for item in items:
+        kind = type(item)
+        if kind in _PLAIN_SCALARS or (kind is int and INT_MIN <= item <= INT_MAX):
+            continue
+        if kind not in _PLAIN_CONTAINERS or not _plainly_valid(item, depth + 1):
+            return False
+    return True
 
 
 def _validate_value(value, where, depth):

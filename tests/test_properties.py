@@ -259,6 +259,45 @@ def test_an_invalid_value_anywhere_is_refused_before_the_broker(layer, offline, 
     assert layer.receive(["prop.invalid"]) == (None, None)
 
 
+class _Text(str):
+    pass
+
+
+class _Number(int):
+    pass
+
+
+def _nested(depth, leaf):
+    for _ in range(depth):
+        leaf = [leaf]
+    return {"deep": leaf}
+
+
+_ANY_VALUES = st.recursive(
+    st.one_of(scalars, _BAD_VALUES.map(lambda bad: bad[0]), st.builds(_Text, texts),
+              st.builds(_Number, st.integers(-5, 5))),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.lists(children, max_size=3).map(tuple),
+                               st.dictionaries(st.one_of(texts, _BAD_KEYS), children,
+                                               max_size=4)),
+    max_leaves=20,
+)
+
+
+@FAST_PROPERTY
+@given(message=st.one_of(st.dictionaries(texts, _ANY_VALUES, max_size=5),
+                         st.integers(60, 70).map(lambda depth: _nested(depth, 1))))
+def test_the_fast_validation_path_never_accepts_what_the_full_walk_refuses(message):
+    """Sends check messages with a cheap walk first and fall back to the full one.
+
+    The cheap walk may say "look closer" about a valid message (a str
+    subclass, say), but whatever it accepts the full walk must accept too.
+    """
+    from asgi_amqp import serialization
+    if serialization._plainly_valid(message, 0):
+        serialization._validate_value(message, "message", 0)
+
+
 # -- invalid names ---------------------------------------------------------------------------------
 
 CHANNEL_RE = BaseChannelLayer.channel_name_regex

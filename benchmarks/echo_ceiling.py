@@ -18,9 +18,14 @@ replies per second. Contestants, in alternating order:
     owned by an I/O thread; the worker hands over with
     ``add_callback_threadsafe`` and waits on a lock for the confirm.
 ``asgi_amqp``
-    the layer.
+    the layer, fed by the same raw pika driver as the two rows above (on the
+    layer's queues), so the three AMQP workers are compared alone.
+``asgi_amqp+own-driver``
+    the layer as worker *and* driver, as ``asgi_redis`` is: what a whole
+    system of layer processes does on these two cores.
 ``asgi_redis``
-    asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis.
+    asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis,
+    worker and driver.
 
 Every message body is a msgpack'd dict of the size a ``websocket.receive``
 has. The worker reports its CPU per message (process time from its first
@@ -46,7 +51,7 @@ PROJECT_DIR = os.path.join(ROOT, "tests", "project")
 
 WINDOW = 32
 MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
-KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_redis")
+KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_amqp+own-driver", "asgi_redis")
 
 
 # -- the contestants' two sides (run in child processes) ---------------------------------
@@ -103,16 +108,17 @@ RAW_QUEUE_ARGUMENTS = {"x-expires": 60000}
 class RawSide(object):
     """pika's BlockingConnection, one thread."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix, queues=None):
         import msgpack
         import pika
         self.msgpack = msgpack
         self.connection = pika.BlockingConnection(pika.URLParameters(os.environ["AMQP_URL"]))
         self.channel = self.connection.channel()
         self.channel.confirm_delivery()
-        self.queues = _raw_queues(prefix)
-        for queue in self.queues:
-            self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
+        self.queues = queues or _raw_queues(prefix)
+        if queues is None:
+            for queue in self.queues:
+                self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
 
     def serve(self, handled):
         self.channel.basic_qos(prefetch_count=1)
@@ -209,7 +215,28 @@ class IOThreadSide(object):
         self.thread.join(5)
 
 
+def _raw_driver_for_the_layer(prefix):
+    """A raw pika driver on an asgi_amqp worker's queues.
+
+    One message echoed through the layer first makes the worker declare
+    both queues with the layer's arguments; then raw pika takes over.
+    """
+    layer = _layer("asgi_amqp", prefix, None)
+    try:
+        layer.send("echo.w", dict(MESSAGE))
+        if layer.receive(["echo.r"], block=True)[0] is None:
+            raise RuntimeError("the asgi_amqp worker did not answer")
+        queues = (layer.topology.channel_queue("echo.w"), layer.topology.channel_queue("echo.r"))
+    finally:
+        layer.close()
+    return RawSide(prefix, queues)
+
+
 def _side(kind, role, prefix, redis_url):
+    if kind == "asgi_amqp" and role == "drive":
+        return _raw_driver_for_the_layer(prefix)
+    if kind == "asgi_amqp+own-driver":
+        kind = "asgi_amqp"
     if kind == "raw-pika" or (kind == "raw-pika-io-thread" and role == "drive"):
         return RawSide(prefix)
     if kind == "raw-pika-io-thread":

@@ -111,7 +111,11 @@ class IOThread(object):
     def start(self):
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._running = True
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread was started (e.g. the process is out of them)
+            self._running = False
+            raise
         if not self._started.wait(10):
             raise BrokerConnectionError("the I/O thread did not start")
 

@@ -12,6 +12,8 @@ asks again.
 Twisted is optional: without it the extension is not listed.
 """
 
+import collections.abc
+
 try:
     from twisted.internet import defer, threads
 except ImportError:  # pragma: no cover - exercised by installs without Twisted
@@ -24,8 +26,8 @@ def receive_twisted(layer, channels):
     if threads is None:
         raise RuntimeError("receive_twisted needs Twisted: pip install twisted")
     # Validate in the caller so bad names fail the Deferred's creation, not
-    # later. A one-shot iterable is read once, before validating.
-    if not isinstance(channels, (str, bytes, dict)) and hasattr(channels, "__iter__"):
+    # later. A one-shot iterator is read once, before validating.
+    if isinstance(channels, collections.abc.Iterator):
         channels = list(channels)
     if not layer._queues_for_receive(channels):
         return defer.succeed((None, None))

@@ -90,6 +90,18 @@ def _redis_ping(host, port, timeout=1.0):
         return False
 
 
+def find_redis(redis_url=None):
+    """(url, PrivateRedis or None): ``redis_url``, else the Redis answering on
+    127.0.0.1:6379, else a private redis-server the caller must stop."""
+    if redis_url:
+        return redis_url, None
+    if _redis_ping("127.0.0.1", 6379):
+        return "redis://127.0.0.1:6379/0", None
+    say("No Redis on 127.0.0.1:6379: starting a private redis-server ...")
+    private_redis = PrivateRedis()
+    return private_redis.url, private_redis
+
+
 class PrivateRedis(object):
     """A throw-away redis-server on a free loopback port, in a temp dir."""
 
@@ -360,14 +372,7 @@ def main(argv=None):
                                           stack.flush))
         if args.only != "asgi_amqp":
             _check_redis_python(args.redis_python)
-            redis_url = args.redis_url
-            if not redis_url:
-                if _redis_ping("127.0.0.1", 6379):
-                    redis_url = "redis://127.0.0.1:6379/0"
-                else:
-                    say("No Redis on 127.0.0.1:6379: starting a private redis-server ...")
-                    private_redis = PrivateRedis()
-                    redis_url = private_redis.url
+            redis_url, private_redis = find_redis(args.redis_url)
             prefix = run_id + "-redis"
             stack = chatstack.ChatStack(
                 "unused", None, prefix=prefix, workers=1, python=args.redis_python,

@@ -355,14 +355,7 @@ def main():
     import channels_bench  # the Redis helpers: PING and a private redis-server
     if "AMQP_URL" not in os.environ:
         os.environ["AMQP_URL"] = channels_bench.DEFAULT_AMQP_URL
-    private_redis = None
-    redis_url = args.redis_url
-    if not redis_url:
-        if channels_bench._redis_ping("127.0.0.1", 6379):
-            redis_url = "redis://127.0.0.1:6379/0"
-        else:
-            private_redis = channels_bench.PrivateRedis()
-            redis_url = private_redis.url
+    redis_url, private_redis = channels_bench.find_redis(args.redis_url)
     pythons = dict.fromkeys(KINDS, sys.executable)
     pythons["asgi_redis"] = args.redis_python
     results = collections.defaultdict(list)

@@ -18,11 +18,22 @@ throughput through daphne
     ``--duration`` seconds: echoes per second through daphne and the one
     runworker. The CPU share of the worker and of daphne during the round
     says which one was the bottleneck.
-runworker alone
-    ``benchmarks/channels_drive.py``, run with the layer's own interpreter,
-    keeps 32 ``websocket.receive`` messages in flight straight through the
-    layer (no daphne) and counts the replies: the messages per second one
-    runworker handles.
+runworker drain
+    the messages per second one runworker handles.
+    ``benchmarks/channels_drive.py --drain``, run with the layer's own
+    interpreter, stops the worker (SIGSTOP, by pid), queues
+    ``--drain-count`` ``websocket.receive`` messages for it straight
+    through the layer (no daphne), continues it and times it until every
+    reply is in the driver's queue, read with the broker's own client
+    (a passive queue.declare, a Redis LLEN). Both stacks run with a channel
+    capacity of twice ``--drain-count`` so the burst fits.
+runworker closed loop
+    ``channels_drive.py --threads 4`` keeps 32 messages in flight and sends
+    a new one for every reply. This is what the driver and the worker make
+    together: the share of 50 ms samples that found the worker's queue
+    empty says how often the worker was waiting for the driver, not the
+    other way round (with one driver thread, both layers' workers were idle
+    90-100% of the time, so the figure measured the driver).
 
 Rounds alternate between the layers (AB, BA, ...) after a warm-up; the
 table shows the median round. Every frame sent must come back: a lost frame
@@ -227,7 +238,8 @@ class Contestant(object):
         self.flush = flush
         self.latencies = []   # per round: list of seconds
         self.throughput = []  # per round: result dicts
-        self.worker = []      # per round: channels_drive.py results
+        self.worker = []      # per round: channels_drive.py closed-loop results
+        self.drain = []       # per round: channels_drive.py --drain results
 
 
 def _percentile(values, q):
@@ -236,14 +248,23 @@ def _percentile(values, q):
     return ordered[index]
 
 
-def measure_worker(contestant, duration, window):
-    """Messages/s the runworker handles fed straight through the layer (channels_drive.py)."""
+def measure_worker(contestant, duration, window, threads):
+    """The runworker fed in a closed loop straight through the layer (channels_drive.py)."""
+    return _drive(contestant, ["--seconds", str(duration), "--window", str(window),
+                               "--threads", str(threads)], duration + 90)
+
+
+def measure_drain(contestant, count):
+    """Messages/s the runworker handles through a queue of ``count`` (channels_drive.py)."""
+    return _drive(contestant, ["--drain", str(count)], 120 + count / 50.0)
+
+
+def _drive(contestant, options, timeout):
     stack = contestant.stack
     argv = [stack.python, os.path.join(HERE, "channels_drive.py"),
-            "--worker-pid", str(stack.workers[0].pid), "--seconds", str(duration),
-            "--window", str(window)]
+            "--worker-pid", str(stack.workers[0].pid)] + options
     done = subprocess.run(argv, env=stack.environ(), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=duration + 90)
+                          stderr=subprocess.PIPE, timeout=timeout)
     if done.returncode != 0:
         raise BenchError("channels_drive.py failed for %s:\n%s" % (
             contestant.name, done.stderr.decode("utf-8", "replace")[-2000:]))
@@ -266,27 +287,33 @@ def summarize(contestant):
         "rate": _median_round(thr, lambda r: r["rate"]),
         "worker_cpu": _median_round(thr, lambda r: r["cpu"]["worker"]) * 100,
         "daphne_cpu": _median_round(thr, lambda r: r["cpu"]["daphne"]) * 100,
-        "worker_rate": _median_round(contestant.worker, lambda r: r["rate"]),
-        "worker_alone_cpu": _median_round(contestant.worker, lambda r: r["cpu"]) * 100,
-        "lost": sum(r["lost"] for r in thr) + sum(r["lost"] for r in contestant.worker),
+        "worker_rate": _median_round(contestant.drain, lambda r: r["rate"]),
+        "worker_alone_cpu": _median_round(contestant.drain, lambda r: r["cpu"]) * 100,
+        "loop_rate": _median_round(contestant.worker, lambda r: r["rate"]),
+        "loop_idle": _median_round(contestant.worker, lambda r: r["backlog_empty"]) * 100,
+        "lost": (sum(r["lost"] for r in thr) + sum(r["lost"] for r in contestant.worker)
+                 + sum(r["lost"] for r in contestant.drain)),
         "rounds_p50_ms": [round(_percentile(r, 50) * 1000, 2) for r in lat],
         "rounds_p99_ms": [round(_percentile(r, 99) * 1000, 2) for r in lat],
         "rounds_rate": [round(r["rate"], 1) for r in thr],
-        "rounds_worker_rate": [round(r["rate"], 1) for r in contestant.worker],
+        "rounds_worker_rate": [round(r["rate"], 1) for r in contestant.drain],
+        "rounds_loop_rate": [round(r["rate"], 1) for r in contestant.worker],
     }
     return row
 
 
 def table(rows):
     header = ("| layer | daphne mode | RTT p50 ms | p95 ms | p99 ms "
-              "| runworker alone msg/s (its CPU %) "
+              "| runworker drain msg/s (its CPU %) "
+              "| closed loop msg/s (worker queue empty) "
               "| via daphne msg/s (worker CPU %, daphne CPU %) | lost |")
-    lines = [header, "|" + "---|" * 8]
+    lines = [header, "|" + "---|" * 9]
     for r in rows:
-        lines.append("| %s | %s | %.2f | %.2f | %.2f | %.0f (%.0f%%) "
+        lines.append("| %s | %s | %.2f | %.2f | %.2f | %.0f (%.0f%%) | %.0f (%.0f%%) "
                      "| %.0f (%.0f%%, %.0f%%) | %d |" % (
             r["layer"], r["mode"], r["p50_ms"], r["p95_ms"], r["p99_ms"], r["worker_rate"],
-            r["worker_alone_cpu"], r["rate"], r["worker_cpu"], r["daphne_cpu"], r["lost"]))
+            r["worker_alone_cpu"], r["loop_rate"], r["loop_idle"], r["rate"], r["worker_cpu"],
+            r["daphne_cpu"], r["lost"]))
     return "\n".join(lines)
 
 
@@ -344,6 +371,10 @@ def main(argv=None):
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per throughput round")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--window", type=int, default=8, help="frames in flight per client")
+    parser.add_argument("--drain-count", type=int, default=3000,
+                        help="messages queued for the runworker drain")
+    parser.add_argument("--driver-threads", type=int, default=4,
+                        help="threads of the closed-loop driver")
     parser.add_argument("--redis-python",
                         default=os.path.join(ROOT, ".venv-redis", "bin", "python"))
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
@@ -364,10 +395,11 @@ def main(argv=None):
     private_redis = None
     contestants = []
     status = 0
+    capacity = {"CHAT_CAPACITY": str(max(100, 2 * args.drain_count))}
     try:
         if args.only != "asgi_redis":
             stack = chatstack.ChatStack(amqp_url, management_url, prefix=run_id + "-amqp",
-                                        workers=1)
+                                        workers=1, env=capacity)
             contestants.append(Contestant("asgi_amqp", stack, "asgi_amqp on RabbitMQ",
                                           stack.flush))
         if args.only != "asgi_amqp":
@@ -376,7 +408,8 @@ def main(argv=None):
             prefix = run_id + "-redis"
             stack = chatstack.ChatStack(
                 "unused", None, prefix=prefix, workers=1, python=args.redis_python,
-                settings="chatproject.settings_redis", env={"REDIS_URL": redis_url})
+                settings="chatproject.settings_redis",
+                env=dict(capacity, REDIS_URL=redis_url))
             contestants.append(Contestant(
                 "asgi_redis", stack, "asgi_redis 1.4.3 on %s" % redis_url.split("@")[-1],
                 _redis_flusher(args.redis_python, redis_url, prefix)))
@@ -389,26 +422,30 @@ def main(argv=None):
         for c in contestants:  # warm-up, not recorded
             measure_latency(c.stack, 100)
             measure_throughput(c.stack, args.clients, args.window, 1.0)
-            measure_worker(c, 1.0, args.clients * args.window)
+            measure_worker(c, 1.0, args.clients * args.window, args.driver_threads)
+            measure_drain(c, min(500, args.drain_count))
 
         for round_no in range(args.rounds):
             order = contestants if round_no % 2 == 0 else list(reversed(contestants))
             for c in order:
                 lat = measure_latency(c.stack, args.latency_ops)
                 thr = measure_throughput(c.stack, args.clients, args.window, args.duration)
-                alone = measure_worker(c, args.duration, args.clients * args.window)
+                loop = measure_worker(c, args.duration, args.clients * args.window,
+                                      args.driver_threads)
+                drained = measure_drain(c, args.drain_count)
                 c.latencies.append(lat)
                 c.throughput.append(thr)
-                c.worker.append(alone)
-                say("  round %d %-10s RTT p50 %6.2f ms p99 %6.2f ms | runworker alone %5.0f msg/s "
-                    "(CPU %3.0f%%, driver %3.0f%%) | via daphne %5.0f msg/s (worker %3.0f%%, "
-                    "daphne %3.0f%%)%s" % (
+                c.worker.append(loop)
+                c.drain.append(drained)
+                lost = thr["lost"] + loop["lost"] + drained["lost"]
+                say("  round %d %-10s RTT p50 %6.2f ms p99 %6.2f ms | runworker drain %5.0f "
+                    "msg/s (CPU %3.0f%%) | closed loop %5.0f msg/s (worker queue empty %3.0f%%) "
+                    "| via daphne %5.0f msg/s (worker %3.0f%%, daphne %3.0f%%)%s" % (
                         round_no + 1, c.name, _percentile(lat, 50) * 1000,
-                        _percentile(lat, 99) * 1000, alone["rate"], alone["cpu"] * 100,
-                        alone.get("driver_cpu", 0) * 100,
+                        _percentile(lat, 99) * 1000, drained["rate"], drained["cpu"] * 100,
+                        loop["rate"], loop["backlog_empty"] * 100,
                         thr["rate"], thr["cpu"]["worker"] * 100, thr["cpu"]["daphne"] * 100,
-                        "  LOST %d" % (thr["lost"] + alone["lost"])
-                        if thr["lost"] + alone["lost"] else ""))
+                        "  LOST %d" % lost if lost else ""))
                 if thr["errors"]:
                     say("    errors: %s" % "; ".join(thr["errors"][:3]))
                     status = 1
@@ -466,10 +503,15 @@ def _write_summary(args, rows, checks, text, load_start, load_end):
         "daphne 1.4.2 (native Twisted mode) + one `manage.py runworker` (Channels 1.1.8, "
         "Django 2.2.28) per layer, the `/echo/` route of tests/project; clients are "
         "websocket-client in one process. Latency: %d sequential round trips per round; "
-        "via daphne: %d clients x %d frames in flight for %.0f s per round; runworker alone: "
-        "benchmarks/channels_drive.py keeps as many websocket.receive messages in flight "
-        "straight through the layer (no daphne); %d rounds, alternating, median round shown." % (
-            args.latency_ops, args.clients, args.window, args.duration, args.rounds),
+        "via daphne: %d clients x %d frames in flight for %.0f s per round; runworker drain: "
+        "benchmarks/channels_drive.py queues %d websocket.receive messages for the stopped "
+        "worker straight through the layer (no daphne), continues it and times it until every "
+        "reply is queued (channel capacity %s on both layers); closed loop: the same driver "
+        "keeps %d messages in flight from %d threads for %.0f s and samples the worker's queue "
+        "every 50 ms; %d rounds, alternating, median round shown." % (
+            args.latency_ops, args.clients, args.window, args.duration, args.drain_count,
+            max(100, 2 * args.drain_count), args.clients * args.window, args.driver_threads,
+            args.duration, args.rounds),
         "",
         text,
         "",
@@ -479,9 +521,10 @@ def _write_summary(args, rows, checks, text, load_start, load_end):
     lines += [
         "",
         "Rounds: " + "; ".join(
-            "%s p50 %s ms, p99 %s ms, runworker alone msg/s %s, via daphne msg/s %s" % (
+            "%s p50 %s ms, p99 %s ms, runworker drain msg/s %s, closed loop msg/s %s, "
+            "via daphne msg/s %s" % (
                 r["layer"], r["rounds_p50_ms"], r["rounds_p99_ms"], r["rounds_worker_rate"],
-                r["rounds_rate"]) for r in rows),
+                r["rounds_loop_rate"], r["rounds_rate"]) for r in rows),
         "",
         "Machine: %s, %d CPUs, Python %s, load average %.2f at start and %.2f at end "
         "(the machine is shared: compare the two layers within one run only). "

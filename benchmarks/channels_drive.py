@@ -7,21 +7,37 @@ The layer is the project's (``DJANGO_SETTINGS_MODULE``, ``CHAT_LAYER_PREFIX``
 and the broker variables come from the environment, as for the stack). It
 keeps ``--window`` ``websocket.receive`` messages for the ``/echo/`` route in
 flight, each replying to this process's own process-local channel, and
-sends a new one for every reply. Prints one JSON object: replies per second,
-the worker's and this process's CPU share over the timed part, and frames
-lost.
+sends a new one for every reply.
+
+The figure is meant to be the worker's, so the driver must never be what
+limits it. One driver thread that receives a reply and then sends the next
+message waits for its own send each time; with a layer whose send waits for
+a broker confirm, that thread, not the worker, set the pace (the worker's
+queue stood empty while the replies piled up in the driver's). So
+``--threads`` threads share the window, and a probe samples the worker's
+input backlog (the ``websocket.receive`` queue or list) every 50 ms with
+the broker's own client: a worker that is the bottleneck always has
+messages waiting. The output says how often the probe found none.
+
+Prints one JSON object: replies per second, the worker's and this
+process's CPU share over the timed part, the backlog samples' median and
+the share of them that were empty, and frames lost.
 """
 
 import argparse
 import json
 import os
+import signal
+import statistics
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PROJECT_DIR = os.path.join(ROOT, "tests", "project")
 PAYLOAD = "x" * 64
+WORKER_CHANNEL = "websocket.receive"
 
 
 def _cpu_seconds(pid):
@@ -30,12 +46,139 @@ def _cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
 
 
+def backlog_probe(layer, channel):
+    """A function giving the number of messages waiting in ``channel``, read
+    straight from the broker (not from statistics that lag by seconds)."""
+    topology = getattr(layer, "topology", None)
+    if topology is not None:  # asgi_amqp: a passive declare on a connection of its own
+        import pika
+        from asgi_amqp.urls import parse_urls
+        url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+        connection = pika.BlockingConnection(parse_urls(url)[0])
+        pika_channel = connection.channel()
+        queue = topology.channel_queue(channel)
+
+        def amqp_depth():
+            return pika_channel.queue_declare(queue, passive=True).method.message_count
+        amqp_depth.close = connection.close
+        return amqp_depth
+    # asgi_redis: the channel is a list under the layer's prefix; a
+    # process-local channel's list is named by its prefix ("foo!").
+    if "!" in channel:
+        channel = channel.split("!", 1)[0] + "!"
+    client = layer.connection(layer.consistent_hash(channel))
+
+    def redis_depth():
+        return client.llen(layer.prefix + channel)
+    redis_depth.close = lambda: None
+    return redis_depth
+
+
+class Driver(object):
+    def __init__(self, layer, reply_prefix):
+        self.layer = layer
+        self.reply_prefix = reply_prefix
+        self.reply_channel = "%sp%d" % (reply_prefix, os.getpid())
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.received = 0
+        self.stop = threading.Event()
+        self.errors = []
+
+    def send_one(self):
+        with self._lock:
+            self.sent += 1
+            order = self.sent
+        self.layer.send(WORKER_CHANNEL, {
+            "reply_channel": self.reply_channel, "path": "/echo/", "order": order,
+            "text": "%d %s" % (order, PAYLOAD)})
+
+    def run(self):
+        """One thread's loop: a new message for every reply."""
+        try:
+            while not self.stop.is_set():
+                channel, _ = self.layer.receive([self.reply_prefix], block=True)
+                if channel is None:
+                    continue
+                with self._lock:
+                    self.received += 1
+                self.send_one()
+        except Exception as exc:  # reported, and the run fails
+            self.errors.append(repr(exc))
+            self.stop.set()
+
+
+def _state(pid):
+    with open("/proc/%d/stat" % pid) as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_stopped(pid, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while _state(pid) != "T":
+        if time.monotonic() > deadline:
+            raise RuntimeError("process %d did not stop" % pid)
+        time.sleep(0.001)
+
+
+def drain(layer, driver, worker_pid, count):
+    """The rate at which the worker handles ``count`` messages queued while it was stopped.
+
+    The worker is stopped (SIGSTOP, by its pid) while ``count`` messages are
+    queued for it, then continued; the clock runs until all ``count``
+    replies are in the driver's queue, read with the broker's own client
+    every 10 ms. Nothing else runs meanwhile, so the figure is the worker's
+    own pace with a full queue in front of it: what one runworker handles.
+    """
+    layer.receive([driver.reply_prefix], block=False)  # declares its queue, on asgi_amqp
+    inbox = backlog_probe(layer, WORKER_CHANNEL)
+    replies = backlog_probe(layer, driver.reply_channel)
+    try:
+        os.kill(worker_pid, signal.SIGSTOP)
+        try:
+            _wait_stopped(worker_pid)  # a signal is delivered later than kill() returns
+            for _ in range(count):
+                driver.send_one()
+            deadline = time.monotonic() + 30
+            while inbox() < count - 1:  # the worker may hold one, pushed before it stopped
+                if time.monotonic() > deadline:
+                    raise RuntimeError("only %d of %d messages reached the worker's queue"
+                                       % (inbox(), count))
+                time.sleep(0.01)
+            already = replies()
+        finally:
+            cpu_start = _cpu_seconds(worker_pid)
+            t0 = time.perf_counter()
+            os.kill(worker_pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60 + count / 100.0
+        while replies() < already + count:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker replied to only %d of %d messages"
+                                   % (replies() - already, count))
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        cpu = (_cpu_seconds(worker_pid) - cpu_start) / elapsed
+    finally:
+        inbox.close()
+        replies.close()
+    deadline = time.monotonic() + 30
+    while driver.received < driver.sent and time.monotonic() < deadline:
+        channel, _ = layer.receive([driver.reply_prefix], block=True)
+        if channel is not None:
+            driver.received += 1
+    return {"rate": count / elapsed, "cpu": cpu, "lost": driver.sent - driver.received,
+            "sent": driver.sent}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker-pid", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--drain", type=int, default=0, metavar="COUNT",
+                        help="time the worker through COUNT queued messages instead")
     args = parser.parse_args()
 
     for path in (PROJECT_DIR, ROOT):
@@ -45,57 +188,52 @@ def main():
     from channels.asgi import get_channel_layer
 
     layer = get_channel_layer()
-    reply_prefix = "bench.drive!"  # a process-local channel: received by its prefix
-    reply_channel = "%sp%d" % (reply_prefix, os.getpid())
-    counter = [0]
-
-    def send_one():
-        counter[0] += 1
-        layer.send("websocket.receive", {
-            "reply_channel": reply_channel, "path": "/echo/", "order": counter[0],
-            "text": "%d %s" % (counter[0], PAYLOAD)})
-
+    driver = Driver(layer, "bench.drive!")  # a process-local channel: received by its prefix
+    if args.drain:
+        result = drain(layer, driver, args.worker_pid, args.drain)
+        print(json.dumps(result))
+        close = getattr(layer, "close", None)
+        if close:
+            close()
+        return 0
+    depth = backlog_probe(layer, WORKER_CHANNEL)
     for _ in range(args.window):
-        send_one()
-    received = 0
-    empty = 0
-    started = time.perf_counter()
-    timed_from = started + args.warmup
-    timed_until = timed_from + args.seconds
-    cpu_start = None
-    received_at_start = 0
-    while True:
-        now = time.perf_counter()
-        if cpu_start is None and now >= timed_from:
-            cpu_start, received_at_start, t0 = _cpu_seconds(args.worker_pid), received, now
-            own_cpu_start = time.process_time()
-        if now >= timed_until:
-            break
-        channel, message = layer.receive([reply_prefix], block=True)
-        if channel is None:
-            empty += 1
-            if empty > 3:
-                break
-            continue
-        received += 1
-        send_one()
-    elapsed = time.perf_counter() - t0 if cpu_start is not None else 0.0
-    handled = received - received_at_start
-    cpu = (_cpu_seconds(args.worker_pid) - cpu_start) / elapsed if elapsed else 0.0
-    own_cpu = (time.process_time() - own_cpu_start) / elapsed if elapsed else 0.0
+        driver.send_one()
+    threads = [threading.Thread(target=driver.run, daemon=True) for _ in range(args.threads)]
+    for thread in threads:
+        thread.start()
+
+    time.sleep(args.warmup)
+    cpu_start, own_cpu_start = _cpu_seconds(args.worker_pid), time.process_time()
+    received_at_start, t0 = driver.received, time.perf_counter()
+    backlog = []
+    while time.perf_counter() - t0 < args.seconds and not driver.stop.is_set():
+        backlog.append(depth())
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - t0
+    handled = driver.received - received_at_start
+    cpu = (_cpu_seconds(args.worker_pid) - cpu_start) / elapsed
+    own_cpu = (time.process_time() - own_cpu_start) / elapsed
+    driver.stop.set()
+    for thread in threads:
+        thread.join(30)
     # Drain what is still in flight.
     deadline = time.monotonic() + 15
-    while received < counter[0] and time.monotonic() < deadline:
-        channel, message = layer.receive([reply_prefix], block=True)
+    while driver.received < driver.sent and time.monotonic() < deadline:
+        channel, _ = layer.receive([driver.reply_prefix], block=True)
         if channel is not None:
-            received += 1
-    print(json.dumps({"rate": handled / elapsed if elapsed else 0.0, "cpu": cpu,
-                      "driver_cpu": own_cpu,
-                      "lost": counter[0] - received, "sent": counter[0]}))
+            driver.received += 1
+    depth.close()
+    print(json.dumps({
+        "rate": handled / elapsed, "cpu": cpu, "driver_cpu": own_cpu,
+        "backlog_median": statistics.median(backlog) if backlog else 0,
+        "backlog_empty": sum(1 for b in backlog if not b) / float(len(backlog) or 1),
+        "lost": driver.sent - driver.received, "sent": driver.sent,
+        "errors": driver.errors}))
     close = getattr(layer, "close", None)
     if close:
         close()
-    return 0
+    return 1 if driver.errors else 0
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ _LAYER_CONFIG = {
     # daphne closes idle WebSockets after group_expiry seconds
     # (websocket_timeout defaults to it): a day, as in Channels' own default.
     "group_expiry": 86400,
-    "capacity": 100,
+    "capacity": int(os.environ.get("CHAT_CAPACITY", "100")),
     "receive_timeout": float(os.environ.get("CHAT_RECEIVE_TIMEOUT", "2")),
 }
 

@@ -20,7 +20,7 @@ CHANNEL_LAYERS = {
             "prefix": _PREFIX + ":",
             "expiry": 60,
             "group_expiry": 86400,
-            "capacity": 100,
+            "capacity": int(os.environ.get("CHAT_CAPACITY", "100")),
         },
     },
 }

@@ -30,6 +30,15 @@ replies per second. Contestants, in alternating order:
 Every message body is a msgpack'd dict of the size a ``websocket.receive``
 has. The worker reports its CPU per message (process time from its first
 message to the stop message, all threads). The table gives the median round.
+
+The driver above is a closed loop from one thread, so its rates carry the
+driver's pace as well as the worker's. A second table takes the driver out:
+``--drain COUNT`` messages are queued first and one process then times its
+worker through them to a stop message (``raw-pika``, ``raw-pika-io-thread``,
+``asgi_amqp``, ``asgi_redis``; the layers with a capacity that holds them).
+That is each worker's own pace with a full queue, the figure
+``make bench-channels`` gives for a real runworker: its ``raw-pika-io-thread``
+row is the ceiling of the layer's thread shape without any layer code.
 """
 
 import argparse
@@ -52,23 +61,24 @@ PROJECT_DIR = os.path.join(ROOT, "tests", "project")
 WINDOW = 32
 MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
 KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_amqp+own-driver", "asgi_redis")
+DRAIN_KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_redis")
 
 
 # -- the contestants' two sides (run in child processes) ---------------------------------
 
 
-def _layer(kind, prefix, redis_url):
+def _layer(kind, prefix, redis_url, capacity=100):
     if kind == "asgi_redis":
         sys.path.insert(0, PROJECT_DIR)
         from chatproject.redis_layer import RedisChannelLayer
-        return RedisChannelLayer(hosts=[redis_url], prefix=prefix)
+        return RedisChannelLayer(hosts=[redis_url], prefix=prefix, capacity=capacity)
     from asgi_amqp import AMQPChannelLayer
-    return AMQPChannelLayer(url=os.environ["AMQP_URL"], prefix=prefix)
+    return AMQPChannelLayer(url=os.environ["AMQP_URL"], prefix=prefix, capacity=capacity)
 
 
 class LayerSide(object):
-    def __init__(self, kind, prefix, redis_url):
-        self.layer = _layer(kind, prefix, redis_url)
+    def __init__(self, kind, prefix, redis_url, capacity=100):
+        self.layer = _layer(kind, prefix, redis_url, capacity)
 
     def serve(self, handled):
         while True:
@@ -295,6 +305,28 @@ def child_drive(kind, prefix, redis_url, seconds, warmup=0.5):
     print(json.dumps({"rate": rate}), flush=True)
 
 
+def child_drain(kind, prefix, redis_url, count):
+    """Queue ``count`` messages and a stop, then time one worker through them."""
+    if kind.startswith("raw-pika"):
+        feeder = RawSide(prefix)
+        worker = RawSide(prefix) if kind == "raw-pika" else IOThreadSide(prefix)
+    else:
+        feeder = LayerSide(kind, prefix, redis_url, capacity=count + 10)
+        worker = LayerSide(kind, prefix, redis_url, capacity=count + 10)
+    for order in range(count):
+        feeder.send(dict(MESSAGE, order=order))
+    feeder.send({"stop": True})
+    handled = Handled()
+    handled.tick()  # the clock and the CPU count start now, not at the first message
+    started = time.perf_counter()
+    worker.serve(handled)
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"rate": handled.count / elapsed, "cpu_us": handled.cpu_us(),
+                      "handled": handled.count}), flush=True)
+    worker.close()
+    feeder.close()
+
+
 # -- the run ---------------------------------------------------------------------------
 
 
@@ -318,11 +350,24 @@ def _round(kind, python, seconds, redis_url):
     return report
 
 
-def _table(results, rounds):
+def _drain_round(kind, python, count, redis_url):
+    prefix = "drain-%s" % uuid.uuid4().hex[:8]
+    argv = [python, os.path.abspath(__file__), "--child", kind, "--prefix", prefix,
+            "--redis-url", redis_url or "", "--role", "drain", "--drain", str(count)]
+    done = subprocess.run(argv, stdout=subprocess.PIPE, cwd=ROOT, timeout=120 + count / 50.0,
+                          check=True)
+    report = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    if report["handled"] != count:
+        raise RuntimeError("the %s worker handled %d of %d messages"
+                           % (kind, report["handled"], count))
+    return report
+
+
+def _table(results, rounds, kinds=KINDS, unit="echoes/s"):
     redis_rate = statistics.median(r["rate"] for r in results["asgi_redis"])
-    lines = ["| worker | echoes/s | vs asgi_redis | worker CPU per message | rounds |",
+    lines = ["| worker | %s | vs asgi_redis | worker CPU per message | rounds |" % unit,
              "|---|---|---|---|---|"]
-    for kind in KINDS:
+    for kind in kinds:
         rates = [r["rate"] for r in results[kind]]
         cpu = statistics.median(r["cpu_us"] for r in results[kind])
         lines.append("| %s | %.0f | %.2fx | %.0f us | %s |" % (
@@ -341,12 +386,16 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results", "echo_ceiling.md"),
                         help="markdown table to write ('' for none)")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
-    parser.add_argument("--role", choices=("worker", "drive"), help=argparse.SUPPRESS)
+    parser.add_argument("--drain", type=int, default=3000, metavar="COUNT",
+                        help="messages per drain round (0: no drain table)")
+    parser.add_argument("--role", choices=("worker", "drive", "drain"), help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         if args.role == "worker":
             child_worker(args.child, args.prefix, args.redis_url)
+        elif args.role == "drain":
+            child_drain(args.child, args.prefix, args.redis_url, args.drain)
         else:
             child_drive(args.child, args.prefix, args.redis_url, args.seconds)
         return 0
@@ -359,6 +408,7 @@ def main():
     pythons = dict.fromkeys(KINDS, sys.executable)
     pythons["asgi_redis"] = args.redis_python
     results = collections.defaultdict(list)
+    drained = collections.defaultdict(list)
     try:
         for number in range(args.rounds):
             order = KINDS[number % len(KINDS):] + KINDS[:number % len(KINDS)]
@@ -367,18 +417,32 @@ def main():
                 results[kind].append(report)
                 print("  round %d %-19s %6.0f echoes/s  worker CPU %4.0f us/message"
                       % (number + 1, kind, report["rate"], report["cpu_us"]), flush=True)
+        for number in range(args.rounds if args.drain else 0):
+            shift = number % len(DRAIN_KINDS)
+            for kind in DRAIN_KINDS[shift:] + DRAIN_KINDS[:shift]:
+                report = _drain_round(kind, pythons[kind], args.drain, redis_url)
+                drained[kind].append(report)
+                print("  drain %d %-19s %6.0f msg/s     worker CPU %4.0f us/message"
+                      % (number + 1, kind, report["rate"], report["cpu_us"]), flush=True)
     finally:
         if private_redis is not None:
             private_redis.stop()
     table = _table(results, args.rounds)
     print()
     print(table)
+    text = ("# One worker echoing, without Django (benchmarks/echo_ceiling.py)\n\n"
+            "%s, %s, %d rounds of %.0f s, median round; the driver is a closed loop from "
+            "one thread.\n\n%s\n" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                       platform.node(), args.rounds, args.seconds, table))
+    if drained:
+        drain_table = _table(drained, args.rounds, DRAIN_KINDS, "drain msg/s")
+        print()
+        print(drain_table)
+        text += ("\n## Drain: %d messages queued first, one worker timed through them\n\n%s\n"
+                 % (args.drain, drain_table))
     if args.out:
         with open(args.out, "w") as handle:
-            handle.write("# One worker echoing, without Django (benchmarks/echo_ceiling.py)\n\n"
-                         "%s, %s, %d rounds of %.0f s, median round.\n\n%s\n"
-                         % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                            platform.node(), args.rounds, args.seconds, table))
+            handle.write(text)
     return 0
 
 

@@ -1,27 +1,32 @@
 """Feed one runworker directly through the channel layer (no daphne) and
 count what it handles; run by channels_bench.py with each layer's interpreter.
 
+    python benchmarks/channels_drive.py --worker-pid PID --drain 3000
     python benchmarks/channels_drive.py --worker-pid PID --seconds 3 --window 32
 
 The layer is the project's (``DJANGO_SETTINGS_MODULE``, ``CHAT_LAYER_PREFIX``
-and the broker variables come from the environment, as for the stack). It
-keeps ``--window`` ``websocket.receive`` messages for the ``/echo/`` route in
-flight, each replying to this process's own process-local channel, and
-sends a new one for every reply.
+and the broker variables come from the environment, as for the stack). Each
+message is a ``websocket.receive`` for the ``/echo/`` route, replying to
+this process's own process-local channel.
 
-The figure is meant to be the worker's, so the driver must never be what
-limits it. One driver thread that receives a reply and then sends the next
-message waits for its own send each time; with a layer whose send waits for
-a broker confirm, that thread, not the worker, set the pace (the worker's
-queue stood empty while the replies piled up in the driver's). So
-``--threads`` threads share the window, and a probe samples the worker's
-input backlog (the ``websocket.receive`` queue or list) every 50 ms with
-the broker's own client: a worker that is the bottleneck always has
-messages waiting. The output says how often the probe found none.
+``--drain COUNT`` (the runworker figure): the worker is stopped (SIGSTOP, by
+its pid) while COUNT messages are queued for it, then continued and timed
+until all COUNT replies are queued; the counts are read with the broker's
+own client (a passive ``queue.declare``, a Redis ``LLEN``), not with
+statistics that lag by seconds. The channel capacity must hold COUNT.
 
-Prints one JSON object: replies per second, the worker's and this
-process's CPU share over the timed part, the backlog samples' median and
-the share of them that were empty, and frames lost.
+Without it, a closed loop: ``--window`` messages in flight, a new one sent
+for every reply, for ``--seconds``. A driver that receives a reply and then
+sends the next message waits for its own send each time; with one such
+thread, the worker's queue stood empty 90-100 % of the time on both layers,
+so the driver, not the worker, set the pace. ``--threads`` threads share the
+window, and a probe samples the worker's queue every 50 ms; the output says
+how often it found none waiting.
+
+Prints one JSON object: messages per second, the worker's CPU share, frames
+lost (and for the closed loop this process's CPU share and the backlog
+samples' median and empty share). The exit status is 1 if a driver thread
+failed.
 """
 
 import argparse

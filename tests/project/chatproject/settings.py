@@ -11,6 +11,11 @@ Everything that differs between machines comes from the environment:
     where the channel sessions (file session engine) and the sqlite file
     live; every process of one deployment must share it. Default: a
     per-user directory under the system's temporary directory.
+``CHAT_CAPACITY``
+    the layer's channel capacity (default 100). Every process of one
+    deployment must use the same: it is part of each queue's arguments, and
+    a queue declared with another is refused. ``make bench-channels`` raises
+    it so the runworker drain fits.
 ``CHAT_RECEIVE_TIMEOUT``
     seconds a blocking receive waits (default 2): how long daphne and
     runworker take at most to notice they should stop.

@@ -29,11 +29,10 @@ runworker drain
     capacity of twice ``--drain-count`` so the burst fits.
 runworker closed loop
     ``channels_drive.py --threads 4`` keeps 32 messages in flight and sends
-    a new one for every reply. This is what the driver and the worker make
-    together: the share of 50 ms samples that found the worker's queue
-    empty says how often the worker was waiting for the driver, not the
-    other way round (with one driver thread, both layers' workers were idle
-    90-100% of the time, so the figure measured the driver).
+    a new one for every reply: the worker with the driver and the broker
+    sharing the machine's cores with it. The share of 50 ms samples that
+    found the worker's queue empty says whether the worker or the driver
+    set the pace (with one worker, the queue stays full on both layers).
 
 Rounds alternate between the layers (AB, BA, ...) after a warm-up; the
 table shows the median round. Every frame sent must come back: a lost frame

@@ -16,12 +16,11 @@ own client (a passive ``queue.declare``, a Redis ``LLEN``), not with
 statistics that lag by seconds. The channel capacity must hold COUNT.
 
 Without it, a closed loop: ``--window`` messages in flight, a new one sent
-for every reply, for ``--seconds``. A driver that receives a reply and then
-sends the next message waits for its own send each time; with one such
-thread, the worker's queue stood empty 90-100 % of the time on both layers,
-so the driver, not the worker, set the pace. ``--threads`` threads share the
-window, and a probe samples the worker's queue every 50 ms; the output says
-how often it found none waiting.
+for every reply, for ``--seconds``, from ``--threads`` threads sharing the
+window. A probe samples the worker's queue every 50 ms and the output says
+how often it found none waiting: a worker that sets the pace always has
+messages waiting (with one runworker, both layers' queues stay full), while
+an empty queue means the driver was the limit.
 
 Prints one JSON object: messages per second, the worker's CPU share, frames
 lost (and for the closed loop this process's CPU share and the backlog

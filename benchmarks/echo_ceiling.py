@@ -31,8 +31,8 @@ Every message body is a msgpack'd dict of the size a ``websocket.receive``
 has. The worker reports its CPU per message (process time from its first
 message to the stop message, all threads). The table gives the median round.
 
-The driver above is a closed loop from one thread, so its rates carry the
-driver's pace as well as the worker's. A second table takes the driver out:
+The driver above is a closed loop from one thread in a process of its own,
+sharing the machine's cores with the worker. A second table takes it out:
 ``--drain COUNT`` messages are queued first and one process then times its
 worker through them to a stop message (``raw-pika``, ``raw-pika-io-thread``,
 ``asgi_amqp``, ``asgi_redis``; the layers with a capacity that holds them).

@@ -237,7 +237,7 @@ class Contestant(object):
         self.flush = flush
         self.latencies = []   # per round: list of seconds
         self.throughput = []  # per round: result dicts
-        self.worker = []      # per round: channels_drive.py closed-loop results
+        self.loop = []        # per round: channels_drive.py closed-loop results
         self.drain = []       # per round: channels_drive.py --drain results
 
 
@@ -247,7 +247,7 @@ def _percentile(values, q):
     return ordered[index]
 
 
-def measure_worker(contestant, duration, window, threads):
+def measure_closed_loop(contestant, duration, window, threads):
     """The runworker fed in a closed loop straight through the layer (channels_drive.py)."""
     return _drive(contestant, ["--seconds", str(duration), "--window", str(window),
                                "--threads", str(threads)], duration + 90)
@@ -287,16 +287,16 @@ def summarize(contestant):
         "worker_cpu": _median_round(thr, lambda r: r["cpu"]["worker"]) * 100,
         "daphne_cpu": _median_round(thr, lambda r: r["cpu"]["daphne"]) * 100,
         "worker_rate": _median_round(contestant.drain, lambda r: r["rate"]),
-        "worker_alone_cpu": _median_round(contestant.drain, lambda r: r["cpu"]) * 100,
-        "loop_rate": _median_round(contestant.worker, lambda r: r["rate"]),
-        "loop_idle": _median_round(contestant.worker, lambda r: r["backlog_empty"]) * 100,
-        "lost": (sum(r["lost"] for r in thr) + sum(r["lost"] for r in contestant.worker)
+        "drain_cpu": _median_round(contestant.drain, lambda r: r["cpu"]) * 100,
+        "loop_rate": _median_round(contestant.loop, lambda r: r["rate"]),
+        "loop_idle": _median_round(contestant.loop, lambda r: r["backlog_empty"]) * 100,
+        "lost": (sum(r["lost"] for r in thr) + sum(r["lost"] for r in contestant.loop)
                  + sum(r["lost"] for r in contestant.drain)),
         "rounds_p50_ms": [round(_percentile(r, 50) * 1000, 2) for r in lat],
         "rounds_p99_ms": [round(_percentile(r, 99) * 1000, 2) for r in lat],
         "rounds_rate": [round(r["rate"], 1) for r in thr],
         "rounds_worker_rate": [round(r["rate"], 1) for r in contestant.drain],
-        "rounds_loop_rate": [round(r["rate"], 1) for r in contestant.worker],
+        "rounds_loop_rate": [round(r["rate"], 1) for r in contestant.loop],
     }
     return row
 
@@ -311,7 +311,7 @@ def table(rows):
         lines.append("| %s | %s | %.2f | %.2f | %.2f | %.0f (%.0f%%) | %.0f (%.0f%%) "
                      "| %.0f (%.0f%%, %.0f%%) | %d |" % (
             r["layer"], r["mode"], r["p50_ms"], r["p95_ms"], r["p99_ms"], r["worker_rate"],
-            r["worker_alone_cpu"], r["loop_rate"], r["loop_idle"], r["rate"], r["worker_cpu"],
+            r["drain_cpu"], r["loop_rate"], r["loop_idle"], r["rate"], r["worker_cpu"],
             r["daphne_cpu"], r["lost"]))
     return "\n".join(lines)
 
@@ -421,7 +421,7 @@ def main(argv=None):
         for c in contestants:  # warm-up, not recorded
             measure_latency(c.stack, 100)
             measure_throughput(c.stack, args.clients, args.window, 1.0)
-            measure_worker(c, 1.0, args.clients * args.window, args.driver_threads)
+            measure_closed_loop(c, 1.0, args.clients * args.window, args.driver_threads)
             measure_drain(c, min(500, args.drain_count))
 
         for round_no in range(args.rounds):
@@ -429,12 +429,12 @@ def main(argv=None):
             for c in order:
                 lat = measure_latency(c.stack, args.latency_ops)
                 thr = measure_throughput(c.stack, args.clients, args.window, args.duration)
-                loop = measure_worker(c, args.duration, args.clients * args.window,
+                loop = measure_closed_loop(c, args.duration, args.clients * args.window,
                                       args.driver_threads)
                 drained = measure_drain(c, args.drain_count)
                 c.latencies.append(lat)
                 c.throughput.append(thr)
-                c.worker.append(loop)
+                c.loop.append(loop)
                 c.drain.append(drained)
                 lost = thr["lost"] + loop["lost"] + drained["lost"]
                 say("  round %d %-10s RTT p50 %6.2f ms p99 %6.2f ms | runworker drain %5.0f "

@@ -9,6 +9,8 @@ Everything here runs on the I/O thread.
 
 import logging
 
+import pika.exceptions
+
 logger = logging.getLogger(__name__)
 
 
@@ -19,6 +21,12 @@ def describe_close(reason):
     if code is None:
         return None, "%s" % type(reason).__name__
     return code, text
+
+
+def connection_lost(reason, connection):
+    """True when a channel closed because its whole connection went."""
+    return (isinstance(reason, pika.exceptions.AMQPConnectionError)
+            or not connection.is_open)
 
 
 class ChannelUser(object):
@@ -61,6 +69,12 @@ class ChannelUser(object):
             return
         self.channel = None
         self.ready = False
+        if connection_lost(reason, self._connection):
+            # The whole session goes with the connection: the I/O thread
+            # calls ``forget`` on every part and hands the callers' work to
+            # the next connection. Failing it here would raise in callers
+            # for an outage the layer rides through.
+            return
         code, text = describe_close(reason)
         if not self._closing:
             logger.debug("%s channel closed: %s %s", self.name, code, text)
@@ -71,6 +85,15 @@ class ChannelUser(object):
     def shutdown(self):
         """The session is going away: stop reopening."""
         self._closing = True
+
+    def forget(self):
+        """The connection is gone: drop all state, resolve nobody.
+
+        Callers' work still unresolved is retried on the next connection by
+        the I/O thread; a part overrides this only to record what the broker
+        may already have (see ``Publisher.forget``) or to cancel timers on
+        the I/O loop, which outlives the connection.
+        """
 
     # -- for subclasses -----------------------------------------------------
 

@@ -9,15 +9,27 @@ a burst of callers costs one wake-up.
 The thread runs one pika ``IOLoop`` for its whole life and creates a new
 ``SelectConnection`` on it after every loss, trying the configured URLs in
 turn with capped exponential backoff. Heartbeats are serviced by the loop
-whatever callers do. Work submitted while there is no connection waits for
-the next one; the caller's own timeout bounds that wait. A connection that
-has never opened fails waiting work at once with the reason, so a typo in
-the URL is an error in the caller within seconds, not a hang.
+whatever callers do. A connection that has never opened fails waiting work
+at once with the reason, so a typo in the URL is an error in the caller
+within seconds, not a hang.
+
+A lost connection fails nobody. Channels' worker loop catches nothing that
+``receive`` or ``send_group`` raise, so an exception there ends the
+runworker process. Instead, every piece of work dispatched on the lost
+connection that its caller still waits for is handed to the next
+connection, in the order it came: declares and binds run again (they are
+idempotent), receives ask again, and publishes are sent again (see
+``publisher`` for the ones that may already be in their queue). Work
+submitted while there is no connection waits for the next one. The
+caller's own timeout bounds all of it: only an outage longer than
+``operation_timeout`` reaches the caller, as ``OperationTimeout`` naming
+the lost connection.
 """
 
 import collections
 import logging
 import threading
+import time
 
 import pika
 from pika.adapters.select_connection import IOLoop
@@ -30,6 +42,9 @@ from .receiving import Getter, HandedOff, Liveness
 from .urls import describe_parameters
 
 logger = logging.getLogger(__name__)
+
+
+_PRUNE_EVERY = 1024
 
 
 class Session(object):
@@ -46,9 +61,16 @@ class Session(object):
         self._parts = (self.publisher, self.admin, self.consumers, self.getter)
 
     def close(self, error):
+        """The layer is closing: fail what is still in flight."""
         for part in self._parts:
             part.shutdown()
             part.fail_all(error)
+
+    def lose(self):
+        """The connection dropped: every part forgets, failing nobody."""
+        for part in self._parts:
+            part.shutdown()
+            part.forget()
 
 
 class _NoCaller(object):
@@ -68,6 +90,7 @@ class _NoCaller(object):
 class _Acknowledge(object):
     __slots__ = ("queue", "held")
     pending = _NoCaller()
+    retry = False  # the lost connection's deliveries are back in their queues
 
     def __init__(self, queue, held):
         self.queue = queue
@@ -79,7 +102,7 @@ class _Acknowledge(object):
 
 class IOThread(object):
     def __init__(self, parameters, name="asgi_amqp-io", linger=0.25, idle_timeout=30.0,
-                 reconnect_max_delay=2.0, handed_off=None):
+                 reconnect_max_delay=0.5, handed_off=None):
         self._parameters = list(parameters)
         self._name = name
         self._linger = linger
@@ -97,6 +120,10 @@ class IOThread(object):
         self._connection = None
         self._session = None
         self._waiting = collections.deque()  # work that needs a session
+        # Work dispatched on the current connection; what is still wanted
+        # when it drops goes to the next one (pruned as it grows).
+        self._dispatched = collections.deque()
+        self._prune_at = _PRUNE_EVERY
         self._attempt = 0
         self._ever_connected = False
         self._last_error = None
@@ -105,6 +132,15 @@ class IOThread(object):
         # redelivered message over twice.
         self._handed_off = handed_off if handed_off is not None else HandedOff()
         self._held = HeldMessages()  # shared with callers: see take_held
+        self._handed_off.held = self._held  # a copy of a held message is a copy too
+        # Read by callers: when the connection was lost (None while connected
+        # or before the first one) and why; and how often it was lost.
+        self.connected = False
+        self.disconnected_since = None
+        self.last_error = None
+        self.connection_losses = 0
+        self.retried = 0  # pieces of work handed from a lost connection to the next
+        self.republished = 0  # marked copies of publishes whose confirm was lost
 
     # -- any thread ----------------------------------------------------------
 
@@ -145,16 +181,20 @@ class IOThread(object):
         Runs in the caller's thread: taking it needs no trip through the I/O
         thread, and its ack is handed over without waiting for it.
         """
-        taken = self._held.take(queues)
+        taken = self._held.take(queues, record=self._handed_off.add)
         if taken is None:
             return None
         queue, held = taken
-        self._handed_off.add(held.delivery.message_id)
         try:
             self.submit(_Acknowledge(queue, held))
         except LayerClosed:
             pass  # the connection closes with the layer: the broker requeues it
         return held.delivery
+
+    def outage(self):
+        """Seconds since the connection was lost; 0 while connected."""
+        since = self.disconnected_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def stop(self, timeout=10.0):
         with self._lock:
@@ -204,11 +244,22 @@ class IOThread(object):
                 self._waiting.append(work)
 
     def _dispatch(self, work):
+        if work.retry:
+            self._dispatched.append(work)
+            if len(self._dispatched) >= self._prune_at:
+                self._prune_dispatched()
         try:
             work(self._session)
         except Exception as exc:
+            if self._connection is not None and not self._connection.is_open:
+                return  # the connection is going: _on_closed hands it on
             logger.exception("error while running %s", work.pending.description)
             work.pending.fail(BrokerConnectionError("internal error: %s" % exc))
+
+    def _prune_dispatched(self):
+        """Forget finished work, so the list grows only with work in flight."""
+        self._dispatched = collections.deque(w for w in self._dispatched if w.pending.wanted)
+        self._prune_at = max(_PRUNE_EVERY, 2 * len(self._dispatched))
 
     def _connect(self):
         if self._stopping:
@@ -231,6 +282,8 @@ class IOThread(object):
         self._attempt = 0
         self._ever_connected = True
         self._last_error = None
+        self.disconnected_since = None
+        self.connected = True
         self._liveness.forget()
         self._held.clear()  # the old channels' deliveries are back in their queues
         self._session = Session(connection, self._liveness, self._handed_off, self._held,
@@ -242,6 +295,7 @@ class IOThread(object):
 
     def _on_open_error(self, connection, error):
         self._last_error = _connection_error(error, connection.params)
+        self.last_error = str(self._last_error)
         logger.warning("%s", self._last_error)
         if isinstance(self._last_error, AuthenticationError) or not self._ever_connected:
             self._fail_waiting(self._last_error)
@@ -251,16 +305,44 @@ class IOThread(object):
         if connection is not self._connection:
             return
         session, self._session = self._session, None
+        self.connected = False
+        dispatched, self._dispatched = self._dispatched, collections.deque()
+        self._prune_at = _PRUNE_EVERY
+        if self._stopping:
+            closed = LayerClosed("the layer is closed")
+            if session is not None:
+                session.close(closed)
+            for work in dispatched:
+                work.pending.fail(closed)
+            self._ioloop.stop()
+            return
         error = BrokerConnectionError(
             "connection to %s lost: %s" % (describe_parameters(connection.params), _reason(reason)))
         if session is not None:
-            session.close(error)
-        if self._stopping:
-            self._ioloop.stop()
-            return
+            session.lose()
+        self._hand_on(dispatched)
+        self.connection_losses += 1
+        if self.disconnected_since is None:
+            self.disconnected_since = time.monotonic()
+        self.last_error = str(error)
         logger.warning("%s; reconnecting", error)
         self._last_error = error
         self._schedule_reconnect()
+
+    def _hand_on(self, dispatched):
+        """Queue the lost connection's unfinished work first for the next one."""
+        carried = [work for work in dispatched if work.pending.wanted]
+        if not carried:
+            return
+        uncertain = sum(1 for work in carried if getattr(work, "maybe_delivered", False))
+        self.retried += len(carried)
+        self.republished += uncertain
+        if uncertain:
+            logger.warning("%d publishes lost their confirm with the connection; they will be "
+                           "sent again, marked so that a receiver drops a copy it already has",
+                           uncertain)
+        logger.info("%d operations in flight will run again on the next connection", len(carried))
+        self._waiting.extendleft(reversed(carried))
 
     def _schedule_reconnect(self):
         if self._stopping:

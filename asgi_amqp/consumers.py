@@ -35,7 +35,7 @@ import time
 from . import admin
 from .admin import Callback
 from .channels import ChannelUser
-from .receiving import Delivery
+from .receiving import Delivery, delivery_key
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +75,13 @@ class HeldMessages(object):
         with self._lock:
             self._by_queue.setdefault(queue, collections.deque()).appendleft(held)
 
-    def take(self, queues):
-        """(queue, oldest Held) of a random one of ``queues`` holding any, or None."""
+    def take(self, queues, record=None):
+        """(queue, oldest Held) of a random one of ``queues`` holding any, or None.
+
+        ``record(delivery)`` runs before the lock is released, so a thread
+        asking ``has`` sees the message either here or wherever ``record``
+        put it, never in neither.
+        """
         with self._lock:
             candidates = [q for q in queues if q in self._by_queue]
             if not candidates:
@@ -86,11 +91,15 @@ class HeldMessages(object):
             held = waiting.popleft()
             if not waiting:
                 del self._by_queue[queue]
+            if record is not None:
+                record(held.delivery)
             return queue, held
 
-    def holds(self, queue):
+    def has(self, queue, key):
+        """Whether a message with ``key`` (see ``receiving.delivery_key``) is held."""
         with self._lock:
-            return queue in self._by_queue
+            return any(key == delivery_key(queue, held.delivery.message_id, held.delivery.headers)
+                       for held in self._by_queue.get(queue, ()))
 
     def held_since(self, queue):
         with self._lock:
@@ -156,13 +165,18 @@ class ConsumerPool(ChannelUser):
 
     # -- serving callers ----------------------------------------------------
 
-    def wait(self, pending, queues, timeout):
-        """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``timeout``."""
+    def wait(self, pending, queues, deadline):
+        """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``deadline``.
+
+        ``deadline`` is a ``time.monotonic()`` time, so a wait handed to the
+        next connection after an outage keeps its caller's limit.
+        """
         if not pending.wanted:
             return
         if not self.ready:
-            self._backlog.append((pending, queues, timeout))
+            self._backlog.append((pending, queues, deadline))
             return
+        timeout = max(0.0, deadline - time.monotonic())
         names = [queue for queue, _ in queues]
         if self.take_held(pending, names):
             return
@@ -184,7 +198,7 @@ class ConsumerPool(ChannelUser):
         if not pending.resolve(held.delivery):
             self._held.put_back(queue, held)  # the caller left: keep it for someone else
             return True
-        self._handed_off.add(held.delivery.message_id)
+        self._handed_off.add(held.delivery)
         self.acknowledge(queue, held)
         return True
 
@@ -277,7 +291,7 @@ class ConsumerPool(ChannelUser):
             # Sent before our basic.cancel reached the broker.
             channel.basic_nack(method.delivery_tag, requeue=True)
             return
-        if self._handed_off.is_duplicate(method, properties):
+        if self._handed_off.is_duplicate(consumer.queue, method, properties):
             channel.basic_ack(method.delivery_tag)
             return
         delivery = Delivery(consumer.queue, properties.headers or {}, body, method.redelivered,
@@ -286,7 +300,7 @@ class ConsumerPool(ChannelUser):
             self._waiters.remove(waiter)
             self._connection.ioloop.remove_timeout(waiter.timer)
             if waiter.pending.resolve(delivery):
-                self._handed_off.add(properties.message_id)
+                self._handed_off.add(delivery)
                 consumer.wanted_at = time.monotonic()
                 channel.basic_ack(method.delivery_tag)
                 return
@@ -353,6 +367,23 @@ class ConsumerPool(ChannelUser):
         settling, self._settling = self._settling, []
         for callback in settling:  # nothing more will arrive on this channel
             callback()
+
+    def forget(self):
+        """The connection is gone: cancel our timers on the I/O loop, which
+        outlives it, and drop the waiters without resolving them; the I/O
+        thread hands their receives to the next connection."""
+        ioloop = self._connection.ioloop
+        for waiter in self._waiters:
+            ioloop.remove_timeout(waiter.timer)
+        self._waiters = []
+        if self._housekeeping is not None:
+            ioloop.remove_timeout(self._housekeeping)
+            self._housekeeping = None
+        self._held.clear()
+        self._consumers.clear()
+        self._by_tag.clear()
+        self._settling = []
+        self._backlog.clear()
 
     def fail_all(self, error):
         self.on_lost(None, None)

@@ -65,6 +65,17 @@ class Pending(object):
             self._state = _ABANDONED
         return True
 
+    def arrived(self, timeout):
+        """Wait up to ``timeout`` seconds for a result without giving up on it."""
+        try:
+            arrived = self._arrived.acquire(timeout=min(max(timeout, 0), threading.TIMEOUT_MAX))
+        except BaseException:
+            self.abandon()
+            raise
+        if arrived:
+            self._arrived.release()
+        return arrived
+
     def _wait(self, timeout):
         """True if a result arrived; False once abandoned after ``timeout``.
 

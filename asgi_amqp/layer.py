@@ -24,7 +24,7 @@ from . import admin, naming, statistics, twisted_support
 from .connection import IOThread
 from .deadletter import DeadLetterWorker
 from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, LayerClosed,
-                     MessageTooLarge)
+                     MessageTooLarge, OperationTimeout)
 from .futures import Pending
 from .receiving import HandedOff
 from .management import ManagementClient
@@ -41,9 +41,14 @@ _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 
 
 class _Work(object):
-    """A call of ``function(session, pending, *args)`` on the I/O thread."""
+    """A call of ``function(session, pending, *args)`` on the I/O thread.
+
+    Every such call is safe to run again on a new connection when the old
+    one dropped before it finished (see ``connection``).
+    """
 
     __slots__ = ("pending", "function", "args")
+    retry = True
 
     def __init__(self, pending, function, args):
         self.pending = pending
@@ -54,10 +59,6 @@ class _Work(object):
         self.function(session, self.pending, *self.args)
 
 
-def _do_publish(session, pending, exchange, routing_key, body, properties, mandatory):
-    session.publisher.publish(Publish(pending, exchange, routing_key, body, properties, mandatory))
-
-
 def _do_admin(session, pending, steps):
     session.admin.run(pending, steps)
 
@@ -66,8 +67,8 @@ def _do_get(session, pending, queues):
     session.getter.get(pending, queues)
 
 
-def _do_wait(session, pending, queues, timeout):
-    session.consumers.wait(pending, queues, timeout)
+def _do_wait(session, pending, queues, deadline):
+    session.consumers.wait(pending, queues, deadline)
 
 
 def _do_forget(session, pending):
@@ -233,17 +234,40 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     # -- primitives ---------------------------------------------------------
 
-    def _call(self, description, function, *args, **kwargs):
-        timeout = kwargs.get("timeout", self.operation_timeout)
+    def _call(self, description, function, *args):
         pending = Pending(description)
-        self._running_io().submit(_Work(pending, function, args))
-        return pending, pending.wait(timeout)
+        return self._submit_and_wait(_Work(pending, function, args))
 
-    def _publish(self, exchange, routing_key, body, properties, mandatory, what):
-        return self._call(what, _do_publish, exchange, routing_key, body, properties, mandatory)[1]
+    def _submit_and_wait(self, work):
+        """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``.
+
+        A connection lost meanwhile is not an error: the I/O thread runs
+        the work again on the next one. Only an outage that outlasts the
+        timeout reaches the caller, named as such.
+        """
+        io = self._running_io()
+        io.submit(work)
+        try:
+            return work.pending.wait(self.operation_timeout)
+        except OperationTimeout as exc:
+            raise self._outage_error(io, work.pending.description) or exc
+
+    def _outage_error(self, io, what):
+        """The error for a call that failed while the broker was unreachable, or None."""
+        outage = io.outage()
+        if not outage:
+            return None
+        return OperationTimeout(
+            "%s: the broker has been unreachable for %.1f s (%s); the layer keeps "
+            "reconnecting" % (what, outage, io.last_error or "connection lost"))
+
+    def _publish(self, exchange, routing_key, body, properties, mandatory, what, marked=False):
+        publish = Publish(Pending(what), exchange, routing_key, body, properties, mandatory)
+        publish.maybe_delivered = marked
+        return self._submit_and_wait(publish)
 
     def _admin(self, steps, what):
-        return self._call(what, _do_admin, steps)[1]
+        return self._call(what, _do_admin, steps)
 
     def _properties(self, headers=None):
         # Ids only need to be unique per process and cheap: a random
@@ -261,15 +285,21 @@ class AMQPChannelLayer(BaseChannelLayer):
         queue = self.topology.channel_queue(channel)
         headers = {naming.CHANNEL_HEADER: channel} if naming.is_process_local(channel) else None
         properties = self._properties(headers)
-        for _ in range(3):
-            outcome = self._publish("", queue, body, properties, True, "send to %s" % channel)
+        what = "send to %s" % channel
+        attempts = _SendAttempts(channel, queue, self.operation_timeout)
+        marked = False
+        while True:
+            outcome = self._publish("", queue, body, properties, True, what, marked)
             if outcome == ACKED:
                 return
             if outcome == NACKED:
-                self._raise_for_nack(channel, queue)
-            # Returned: the queue does not exist (new, expired or flushed).
-            self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
-        raise BrokerOperationError(312, "queue %s disappears as soon as it is declared" % queue)
+                self._raise_if_full(channel, queue)
+                attempts.refused()
+                marked = True  # in case a refusal ever lied: the receiver drops a copy
+            else:
+                # Returned: the queue does not exist (new, expired or flushed).
+                attempts.returned()
+                self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
 
     def receive(self, channels, block=False):
         queues = self._queues_for_receive(channels)
@@ -290,22 +320,33 @@ class AMQPChannelLayer(BaseChannelLayer):
     def _fetch(self, queues, block):
         """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
         if not block:
-            return self._call("receive", _do_get, queues)[1]
+            return self._call("receive", _do_get, queues)
+        # The I/O thread answers None at the deadline; the caller waits a
+        # little longer only while the connection is up (an I/O thread
+        # that is slow to answer). While the broker is away nothing is
+        # waited for beyond the receive's own limit.
+        deadline = time.monotonic() + self.receive_timeout
         pending = Pending("blocking receive")
-        self._running_io().submit(_Work(pending, _do_wait, (queues, self.receive_timeout)))
-        return pending.wait_or(self.receive_timeout + self.operation_timeout, None)
+        io = self._running_io()
+        io.submit(_Work(pending, _do_wait, (queues, deadline)))
+        if (not pending.arrived(self.receive_timeout + 0.05) and io.outage()
+                and pending.abandon()):
+            delivery = None
+        else:
+            delivery = pending.wait_or(self.operation_timeout, None)
+        if delivery is None and io.outage() > self.operation_timeout:
+            raise self._outage_error(io, "blocking receive")
+        return delivery
 
-    def _raise_for_nack(self, channel, queue):
+    def _raise_if_full(self, channel, queue):
         """A nack means full, unless the queue is not: a queue on a node that
-        is going down refuses messages too, and that is not ChannelFull."""
+        is going down, or a quorum queue between leaders, refuses messages
+        too, and that is not ChannelFull."""
         depth = self._admin([admin.queue_declare(queue, None, passive=True)],
                             "check %s" % queue).message_count
-        if depth < self.get_capacity(channel):
-            raise BrokerConnectionError(
-                "the broker refused the message for %s although its queue is not full "
-                "(its node may be going down); it was not delivered" % channel)
-        self._stats.count_full(channel)
-        raise self.ChannelFull("channel %s is full" % channel)
+        if depth >= self.get_capacity(channel):
+            self._stats.count_full(channel)
+            raise self.ChannelFull("channel %s is full" % channel)
 
     def new_channel(self, pattern):
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
@@ -402,6 +443,37 @@ class AMQPChannelLayer(BaseChannelLayer):
     def channel_statistics(self, channel):
         """ASGI ``statistics`` extension: figures for one channel (its queue)."""
         return statistics.channel_statistics(self, channel)
+
+    def connection_statistics(self):
+        """This process's view of its broker connection; asks the broker nothing.
+
+        ``connected``
+            whether the I/O thread has a connection now;
+        ``outage_seconds``
+            how long the current outage has lasted (0 while connected);
+        ``connection_losses``
+            connections lost since the layer started in this process;
+        ``retried_operations``
+            calls in flight at a loss that ran again on the next connection;
+        ``republished``
+            publishes whose confirm was lost with a connection and that were
+            sent again, marked so that their reader drops a copy it already
+            has (see the docs' "Broker outages");
+        ``last_error``
+            why the last connection was lost or refused, without credentials.
+        """
+        io = self._io if self._pid == os.getpid() else None
+        if io is None:
+            return {"connected": False, "outage_seconds": 0.0, "connection_losses": 0,
+                    "retried_operations": 0, "republished": 0, "last_error": None}
+        return {
+            "connected": io.connected,
+            "outage_seconds": io.outage(),
+            "connection_losses": io.connection_losses,
+            "retried_operations": io.retried,
+            "republished": io.republished,
+            "last_error": io.last_error,
+        }
 
     # -- flush ------------------------------------------------------------------
 
@@ -553,6 +625,43 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     _check_channel_name = valid_channel_name
     _check_group_name = valid_group_name
+
+
+class _SendAttempts(object):
+    """How long ``send`` keeps trying after the broker said no.
+
+    A nack from a queue that is not full means it could not take the
+    message (a quorum queue between leaders, a node going down): the
+    message was not delivered, so it is sent again, with a growing pause,
+    until ``operation_timeout``. A return means the queue does not exist:
+    it is declared and the message sent again, three times at most.
+    """
+
+    def __init__(self, channel, queue, timeout):
+        self.channel = channel
+        self.queue = queue
+        self.timeout = timeout
+        self.refusals = 0
+        self.declares = 0
+        self.refused_until = None
+
+    def refused(self):
+        now = time.monotonic()
+        if self.refused_until is None:
+            self.refused_until = now + self.timeout
+        if now >= self.refused_until:
+            raise BrokerConnectionError(
+                "the broker kept refusing the message for %s for %.1f s although its queue "
+                "is not full (its node may be going down); it was not delivered"
+                % (self.channel, self.timeout))
+        time.sleep(min(0.5, self.refused_until - now, 0.02 * 2 ** min(self.refusals, 4)))
+        self.refusals += 1
+
+    def returned(self):
+        self.declares += 1
+        if self.declares > 3:
+            raise BrokerOperationError(
+                312, "queue %s disappears as soon as it is declared" % self.queue)
 
 
 def _positive(name, value):

@@ -66,6 +66,10 @@ CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
 KIND_HEADER = "asgi-kind"
 MARKER_KIND = "marker"
+# On a copy of a message sent again after the connection dropped before its
+# confirm (see ``publisher``): the receiving process drops it if it already
+# handed out the original. Not an ``x-`` name: RabbitMQ 3.13+ strips those.
+REPUBLISHED_HEADER = "asgi-republished"
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}", re.ASCII)
 # asgiref's own regexes end in "$" (which also matches before a trailing

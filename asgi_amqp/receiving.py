@@ -20,6 +20,7 @@ from pika import spec
 from .admin import broker_call_error
 from .channels import ChannelUser
 from .errors import BrokerConnectionError, BrokerOperationError
+from .naming import CHANNEL_HEADER, REPUBLISHED_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -31,35 +32,64 @@ class Delivery(collections.namedtuple("Delivery", "queue headers body redelivere
 
 
 class HandedOff(object):
-    """Ids of messages recently handed to callers of this process.
+    """Keys of messages recently handed to callers of this process.
 
-    An ack is fire-and-forget: if the connection drops right after a message
-    was handed over, the ack may never reach the broker, which then
-    redelivers the message (flagged ``redelivered``) on the next connection.
-    Checking redelivered messages against this log keeps such a message
-    from being handed over twice. Other processes cannot see this log; see
-    the README's delivery guarantees. Only acks in flight when a connection
-    drops can come back, so a few thousand recent ids are plenty; a larger
-    log only costs memory.
+    A message can reach this process a second time in two ways, both after
+    a connection dropped:
+
+    * its ack was lost with the connection, so the broker redelivers it
+      (flagged ``redelivered``);
+    * its sender lost the publisher confirm and sent a marked copy
+      (``naming.REPUBLISHED_HEADER``, see ``publisher``).
+
+    Either is dropped when its key is in this log. The key is the queue,
+    the message id and the channel (the ``asgi-channel`` header, or for a
+    group message fanned out to process-local members the member queue it
+    was dead-lettered from), so one group message reaching two members of
+    this process is two keys. Other processes cannot see this log: on a
+    channel read by several processes a copy may reach another process;
+    see the docs' delivery guarantees. A copy comes back within
+    ``operation_timeout`` of the reconnect, so the log holds enough keys for
+    several seconds of a busy process.
     """
 
-    def __init__(self, size=10000):
+    def __init__(self, size=50000):
         self._size = size
-        self._ids = collections.OrderedDict()
+        self._keys = collections.OrderedDict()
         self._lock = threading.Lock()  # callers add the messages they take themselves
+        # The I/O thread's held messages (consumers.HeldMessages): a copy
+        # that arrives while its original waits there, unhanded, is a copy.
+        self.held = None
 
-    def add(self, message_id):
-        if message_id:
+    def add(self, delivery):
+        if delivery.message_id:
+            key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
             with self._lock:
-                self._ids[message_id] = None
-                if len(self._ids) > self._size:
-                    self._ids.popitem(last=False)
+                self._keys[key] = None
+                if len(self._keys) > self._size:
+                    self._keys.popitem(last=False)
 
-    def is_duplicate(self, method, properties):
-        if not method.redelivered:
+    def is_duplicate(self, queue, method, properties):
+        headers = properties.headers
+        if not method.redelivered and not (headers and REPUBLISHED_HEADER in headers):
             return False
+        key = delivery_key(queue, properties.message_id, headers or {})
+        # The held set first: a caller taking from it records the key here
+        # before it lets go of the held set's lock (see HeldMessages.take).
+        if self.held is not None and self.held.has(queue, key):
+            return True
         with self._lock:
-            return properties.message_id in self._ids
+            return key in self._keys
+
+
+def delivery_key(queue, message_id, headers):
+    """What tells one delivery from another in ``HandedOff``."""
+    channel = headers.get(CHANNEL_HEADER)
+    if channel is None:
+        deaths = headers.get("x-death")
+        if deaths:
+            channel = deaths[0].get("queue")
+    return queue, message_id, channel
 
 
 class Liveness(object):
@@ -199,13 +229,17 @@ class _Lane(ChannelUser):
     def _on_message(self, channel, method, properties, body):
         queue, arguments, _ = self._job
         self._liveness.touch(queue, arguments)
-        if self._handed_off.is_duplicate(method, properties):
+        if self._handed_off.is_duplicate(queue, method, properties):
             channel.basic_ack(method.delivery_tag)
             channel.basic_get(queue, self._on_message, auto_ack=False)  # same queue again
             return
         delivery = Delivery(queue, properties.headers or {}, body, method.redelivered,
                             properties.message_id)
         self._finish(_Taken(self, channel, method.delivery_tag, delivery))
+
+    def forget(self):
+        self._job = None
+        self._barrier = None
 
     def on_lost(self, reply_code, reply_text):
         self._pass_barrier()
@@ -347,7 +381,7 @@ class Getter(object):
             winner, others = taken[0], taken[1:]
             handed = request.pending.resolve(winner.delivery)
             if handed:
-                self._handed_off.add(winner.delivery.message_id)
+                self._handed_off.add(winner.delivery)
             put_back = [winner.lane] if winner.settle(handed) else []
             put_back += [other.lane for other in others if other.settle(False)]
             self._current = None
@@ -381,6 +415,14 @@ class Getter(object):
     def shutdown(self):
         for lane in self._lanes:
             lane.shutdown()
+
+    def forget(self):
+        """The connection is gone; the I/O thread retries the requests."""
+        for lane in self._lanes:
+            lane.forget()
+        self._current = None
+        self._barriers = 0
+        self._requests.clear()
 
     def fail_all(self, error):
         requests = ([self._current] if self._current else []) + list(self._requests)

@@ -1,5 +1,6 @@
 """Shared test helpers: layers with private prefixes and waiting on conditions."""
 
+import contextlib
 import time
 import uuid
 
@@ -36,3 +37,16 @@ def drain(layer, channels, block=False):
         if channel is None:
             return received
         received.append((channel, message))
+
+
+@contextlib.contextmanager
+def private_node():
+    """A RabbitMQ node of the caller's own, for tests that break the broker."""
+    from devtools.rabbitmq import RabbitNode
+
+    node = RabbitNode()
+    try:
+        node.start()
+        yield node
+    finally:
+        node.cleanup(graceful=False)

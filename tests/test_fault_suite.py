@@ -30,8 +30,7 @@ import uuid
 import pytest
 
 from asgi_amqp import AMQPChannelLayer
-from devtools.rabbitmq import RabbitNode
-from helpers import wait_until
+from helpers import private_node, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -49,12 +48,8 @@ LIMITS = {
 
 @pytest.fixture(scope="module")
 def node():
-    node = RabbitNode()
-    try:
-        node.start()
+    with private_node() as node:
         yield node
-    finally:
-        node.cleanup(graceful=False)
 
 
 class Suite(object):

@@ -11,6 +11,9 @@
 #   make bench-echo [ECHO_ARGS=...]       one worker echoing without Django: raw pika,
 #                                         raw pika in the layer's thread shape, the layer,
 #                                         asgi_redis
+#   make faults-stack [FAULTS_ARGS=...]   daphne + 2 runworkers + 20 WebSocket clients
+#                                         through connection kills and a broker restart,
+#                                         classic and quorum queues (private node)
 #
 # The broker is $AMQP_URL if set, else a Docker container if a Docker engine
 # answers, else a private RabbitMQ node started from the machine's
@@ -25,6 +28,7 @@ BULK_ARGS ?=
 DEMO_ARGS ?=
 CHANNELS_BENCH_ARGS ?=
 ECHO_ARGS ?=
+FAULTS_ARGS ?= --duration 60
 # The asgi_redis side of bench-channels has its own virtualenv.
 REDIS_VENV ?= .venv-redis
 
@@ -36,11 +40,13 @@ BROKER_PY = $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test demo demo-basic bench \
-        bench-channels bench-echo clean distclean
+        bench-channels bench-echo faults-stack clean distclean
 
 help:
-	@echo "targets: venv broker-deps e2e-deps test demo demo-basic bench bench-channels bench-echo clean distclean"
+	@echo "targets: venv broker-deps e2e-deps redis-deps redis-venv test demo demo-basic bench"
+	@echo "         bench-channels bench-echo bench-report faults-stack clean distclean"
 	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS=... BENCH_ARGS=... DEMO_ARGS=..."
+	@echo "           FAULTS_ARGS='$(FAULTS_ARGS)' (see tests/project/stackfaults.py --help)"
 	@echo "           CHANNELS_BENCH_ARGS=... ECHO_ARGS=... REDIS_VENV=$(REDIS_VENV)"
 
 venv: $(STAMP)
@@ -192,6 +198,11 @@ bench-channels: venv broker-deps redis-venv redis-deps
 bench-echo: venv broker-deps redis-venv redis-deps
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/echo_ceiling.py \
 	    --redis-python $(REDIS_VENV)/bin/python $(ECHO_ARGS)
+
+# The Channels stack through broker faults, on a private node of its own
+# (tests/project/stackfaults.py; a short version runs in make test).
+faults-stack: venv broker-deps
+	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
 
 clean:
 	rm -rf build dist .eggs .pytest_cache .hypothesis .mypy_cache .ruff_cache htmlcov .coverage .coverage.*

@@ -89,6 +89,7 @@ def chat_receive(message, room):
     except ValueError:
         data = {"text": raw}
     text = str(data.get("text", ""))[:MAX_TEXT]
+    _log_handled("%s %s" % (data.get("id"), message.content.get("order")))
     _send_room(room, {
         "type": "message", "room": room,
         "name": message.channel_session.get("name", "anonymous"),
@@ -111,20 +112,27 @@ def echo_connect(message):
     message.reply_channel.send({"accept": True})
 
 
+def _log_handled(text):
+    """Append ``<pid> <text>`` to CHAT_HANDLED_LOG, if set, before replying.
+
+    One write(2) with O_APPEND: lines from several workers never interleave.
+    """
+    if not settings.CHAT_HANDLED_LOG:
+        return
+    fd = os.open(settings.CHAT_HANDLED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, ("%d %s\n" % (os.getpid(), text)).encode("utf8"))
+    finally:
+        os.close(fd)
+
+
 def echo_receive(message):
     """Reply ``<pid> <text>``; obey ``sleep <s>`` when CHAT_TEST_HOOKS=1."""
     text = message.content.get("text")
     if text is None:
         message.reply_channel.send({"bytes": message.content.get("bytes", b"")})
         return
-    if settings.CHAT_HANDLED_LOG:
-        # One write(2) with O_APPEND: lines from several workers never interleave,
-        # and the line is in the file before the reply is sent.
-        fd = os.open(settings.CHAT_HANDLED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, ("%d %s\n" % (os.getpid(), text)).encode("utf8"))
-        finally:
-            os.close(fd)
+    _log_handled(text)
     if settings.CHAT_TEST_HOOKS and text.startswith("sleep "):
         time.sleep(min(float(text.split()[1]), 30.0))
     message.reply_channel.send({"text": "%d %s" % (os.getpid(), text)})

@@ -21,3 +21,8 @@ def hello(request):
     """A JSON answer naming the worker process that served it."""
     return JsonResponse({"ok": True, "worker": os.getpid(), "path": request.path,
                          "method": request.method})
+
+
+def ping(request):
+    """A liveness probe that goes through daphne, the layer and a runworker."""
+    return JsonResponse({"pong": True, "worker": os.getpid()})

@@ -16,6 +16,9 @@ Everything that differs between machines comes from the environment:
     deployment must use the same: it is part of each queue's arguments, and
     a queue declared with another is refused. ``make bench-channels`` raises
     it so the runworker drain fits.
+``CHAT_QUEUE_TYPE``
+    ``classic`` (default) or ``quorum``: the layer's ``queue_type``. Like
+    the capacity, every process of one deployment must use the same.
 ``CHAT_RECEIVE_TIMEOUT``
     seconds a blocking receive waits (default 2): how long daphne and
     runworker take at most to notice they should stop.
@@ -90,6 +93,12 @@ _LAYER_CONFIG = {
     "group_expiry": 86400,
     "capacity": int(os.environ.get("CHAT_CAPACITY", "100")),
     "receive_timeout": float(os.environ.get("CHAT_RECEIVE_TIMEOUT", "2")),
+    "queue_type": os.environ.get("CHAT_QUEUE_TYPE", "classic"),
+    # Channels' worker loop catches nothing that receive or send raise, and
+    # daphne calls send from its reactor: a call rides through an outage of
+    # up to operation_timeout and raises after it. A broker restart keeps
+    # clients away for 10-15 s, so ride through 30 s.
+    "operation_timeout": float(os.environ.get("CHAT_OPERATION_TIMEOUT", "30")),
 }
 
 CHANNEL_LAYERS = {
@@ -115,7 +124,8 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "asgi_amqp": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "asgi_amqp": {"handlers": ["console"], "level": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
+                      "propagate": False},
         "chat": {"handlers": ["console"], "level": "INFO", "propagate": False},
         # daphne's basicConfig puts the root logger at INFO: keep pika's
         # connection chatter out of it.

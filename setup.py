@@ -29,7 +29,6 @@ setup(
         "pika>=1.3,<2",
         "msgpack>=1.0,<2",
         "asgiref==1.1.2",
-        "six",
     ],
     extras_require={
         "crypto": ["cryptography>=3.4"],

@@ -390,6 +390,3 @@ class ConsumerPool(ChannelUser):
         for pending, _, _ in self._backlog:
             pending.resolve(None)
         self._backlog.clear()
-
-    def consumed_queues(self):
-        return list(self._consumers)

@@ -53,7 +53,6 @@ class DeadLetterWorker(object):
         self._inbox = []
         self._actions = None
         self._attempt = 0
-        self.handled = 0
         self.ready = threading.Event()
 
     def start(self):
@@ -104,7 +103,6 @@ class DeadLetterWorker(object):
             for method, properties in batch:
                 self._handle(properties)
                 events.basic_ack(method.delivery_tag)
-                self.handled += 1
 
     def _declare_dead_letter_queue(self, channel):
         topology = self._topology

@@ -138,10 +138,6 @@ class Topology(object):
     def marker_queue(self, group, channel):
         return self._name("k", group, channel)
 
-    def owns(self, name):
-        """Whether a broker object name was made by this topology."""
-        return name.startswith(self.prefix + SEPARATOR)
-
     # -- parsing names back -------------------------------------------------
 
     def _strip(self, kind, name):

@@ -106,10 +106,6 @@ class Serializer(object):
         self.max_message_size = max_message_size
         self._crypter = _make_crypter(symmetric_encryption_keys)
 
-    @property
-    def encrypted(self):
-        return self._crypter is not None
-
     def dumps(self, message):
         validate_message(message)
         try:

@@ -28,7 +28,7 @@ BULK_ARGS ?=
 DEMO_ARGS ?=
 CHANNELS_BENCH_ARGS ?=
 ECHO_ARGS ?=
-FAULTS_ARGS ?= --duration 60
+FAULTS_ARGS ?= --duration 60 --scenario both
 # The asgi_redis side of bench-channels has its own virtualenv.
 REDIS_VENV ?= .venv-redis
 

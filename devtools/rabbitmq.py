@@ -316,6 +316,7 @@ class RabbitNode:
         self.env_overrides = dict(env or {})
         self.plugins = tuple(plugins)
         self._dir: Optional[str] = None
+        self._started_before = False
         self._pid: Optional[int] = None
         self._pid_start: Optional[str] = None
         self._server, self._ctl = find_rabbitmq_scripts()
@@ -666,17 +667,26 @@ class RabbitNode:
         """
         if self.is_running():
             return self
-        attempts = 3 if self._auto_ports else 1
+        # A node started before keeps its ports: its clients hold URLs with
+        # them. Right after a kill -9, epmd may still hold its name for a
+        # moment (duplicate_name), which a retry on the same ports outlives.
+        restarting = self._started_before
+        attempts = 3 if self._auto_ports or restarting else 1
         for attempt in range(1, attempts + 1):
             try:
-                return self._start_once(timeout)
+                self._start_once(timeout)
+                self._started_before = True
+                return self
             except RabbitNodeError as exc:
                 with contextlib.suppress(Exception):
                     self.kill()  # a half-started node (kill() finds it)
                 self._unregister()
                 if attempt == attempts or not self._port_clash(exc):
                     raise
-                self._amqp_port = self._management_port = self._dist_port = None
+                if restarting:
+                    time.sleep(1.0)
+                else:
+                    self._amqp_port = self._management_port = self._dist_port = None
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> "RabbitNode":

@@ -110,7 +110,7 @@ class Client(object):
 
 
 class Faults(object):
-    """Kills every ``every`` seconds, and one restart at ``restart_at``."""
+    """Kills every ``every`` seconds, and one restart at ``restart_at`` unless it is None."""
 
     def __init__(self, node, every, restart_at, pause):
         self.node = node

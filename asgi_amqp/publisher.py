@@ -58,10 +58,11 @@ class Publish(object):
     """
 
     __slots__ = ("pending", "exchange", "routing_key", "body", "properties", "mandatory",
-                 "maybe_delivered")
+                 "maybe_delivered", "fans_out")
     retry = True  # the I/O thread runs it again on the next connection
 
-    def __init__(self, pending, exchange, routing_key, body, properties, mandatory):
+    def __init__(self, pending, exchange, routing_key, body, properties, mandatory,
+                 fans_out=False):
         self.pending = pending
         self.exchange = exchange
         self.routing_key = routing_key
@@ -69,6 +70,9 @@ class Publish(object):
         self.properties = properties
         self.mandatory = mandatory
         self.maybe_delivered = False
+        # A group send: the I/O thread holds it while the broker settles
+        # after a restart (see ``connection``).
+        self.fans_out = fans_out
 
     def __call__(self, session):
         session.publisher.publish(self)

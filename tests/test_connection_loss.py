@@ -244,6 +244,74 @@ def test_an_outage_longer_than_operation_timeout_raises_and_names_it(node):
         layer.close()
 
 
+@pytest.mark.faults
+@pytest.mark.slow
+def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
+    """Local members get every confirmed group message across a restart.
+
+    The broker fans a group message out to process-local members by
+    dead-lettering it into their quorum queue, at most once; right after
+    the node comes back it drops what it dead-letters into a queue whose
+    leader is still being elected. The layer holds group sends for a while
+    after an outage in which the broker refused connections.
+    """
+    members = ["loss.local!m%d" % i for i in range(30)]
+    sender = _layer(node, queue_type="quorum", operation_timeout=60.0)
+    receiver = _layer(node, prefix=sender.topology.prefix, queue_type="quorum",
+                      operation_timeout=60.0)
+    errors = Errors()
+    confirmed = []
+    stop = threading.Event()
+
+    def send():
+        number = 0
+        while not stop.is_set():
+            if errors.call(sender.send_group, "loss-room", {"n": number}) is None:
+                confirmed.append(number)
+            number += 1
+
+    thread = threading.Thread(target=send)
+    try:
+        for member in members:
+            receiver.group_add("loss-room", member)
+        thread.start()
+        wait_until(lambda: len(confirmed) >= 50, 30, message="sends before the restart")
+        node.stop_app()
+        try:
+            wait_until(lambda: not sender.connection_statistics()["connected"], 10,
+                       message="the sender saw the loss")
+        finally:
+            node.start_app()
+        wait_until(lambda: sender.connection_statistics()["connected"], 30, message="reconnected")
+        floor = len(confirmed) + 100
+        wait_until(lambda: len(confirmed) >= floor, 30, message="sends after the restart")
+        stop.set()
+        thread.join(70)
+        received = collections.defaultdict(list)
+
+        def drained():
+            channel, message = receiver.receive(["loss.local!"])
+            while channel is not None:
+                received[channel].append(message["n"])
+                channel, message = receiver.receive(["loss.local!"])
+            return all(len(received[m]) >= len(confirmed) for m in members)
+
+        try:
+            wait_until(drained, 30, message="every member got every confirmed message")
+        except AssertionError:
+            pass  # the assertions below say what is missing
+    finally:
+        stop.set()
+        thread.join(70)
+        sender.close()
+        receiver.close()
+    assert not errors.seen, errors.seen
+    for member in members:
+        got = received[member]
+        assert len(got) == len(set(got)), "%s got copies" % member
+        assert set(confirmed) <= set(got), "%s lost %s" % (member, sorted(set(confirmed) - set(got))[:10])
+
+
 # -- the guard against copies (no faults needed) -----------------------------
 
 

@@ -1,9 +1,9 @@
-"""``python -m asgi_amqp``: the ``asgi-amqp`` command (see asgi_amqp/cli.py)."""
+"""``python -m asgi_amqp``: the ``asgi-amqp`` command (see asgi_amqp/tools/cli.py)."""
 
 import sys
 
 try:
-    from .cli import main
+    from .tools.cli import main
 except ImportError as exc:  # click is an optional dependency: the [cli] extra
     sys.stderr.write("asgi-amqp: %s\n" % exc)
     sys.exit(2)

@@ -2,8 +2,9 @@
 
 Each method validates its input in the caller's thread, states what it wants
 from the broker as a short sequence of primitive operations (publish, a list
-of topology steps, get, wait for a delivery), and hands each to the I/O
-thread, waiting on the result with a timeout. All broker objects and their
+of topology steps, get, wait for a delivery), and asks the engine for each
+(``engine.Engine``, which runs them on the I/O thread and waits with a
+timeout). No code here runs on the I/O thread. All broker objects and their
 arguments come from ``naming.Topology``.
 """
 
@@ -14,21 +15,15 @@ import os
 import random
 import secrets
 import string
-import threading
 import time
 
 import pika
 from asgiref.base_layer import BaseChannelLayer
 
-from . import admin, naming, statistics, twisted_support
-from .connection import IOThread
-from .deadletter import DeadLetterWorker
-from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, LayerClosed,
-                     MessageTooLarge, OperationTimeout)
-from .futures import Pending
-from .receiving import HandedOff
+from . import engine, naming, statistics, twisted_support
+from .engine import ACKED, NACKED, Engine
+from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, MessageTooLarge)
 from .management import ManagementClient
-from .publisher import ACKED, NACKED, Publish
 from .serialization import Serializer, UndecodableMessage
 from .urls import management_url_for, parse_urls, redact, vhost_of
 
@@ -38,42 +33,6 @@ DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
 _NAME_ALPHABET = string.ascii_letters + string.digits
 _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
-
-
-class _Work(object):
-    """A call of ``function(session, pending, *args)`` on the I/O thread.
-
-    Every such call is safe to run again on a new connection when the old
-    one dropped before it finished (see ``connection``).
-    """
-
-    __slots__ = ("pending", "function", "args")
-    retry = True
-
-    def __init__(self, pending, function, args):
-        self.pending = pending
-        self.function = function
-        self.args = args
-
-    def __call__(self, session):
-        self.function(session, self.pending, *self.args)
-
-
-def _do_admin(session, pending, steps):
-    session.admin.run(pending, steps)
-
-
-def _do_get(session, pending, queues):
-    session.getter.get(pending, queues)
-
-
-def _do_wait(session, pending, queues, deadline):
-    session.consumers.wait(pending, queues, deadline)
-
-
-def _do_forget(session, pending):
-    session.liveness.forget()
-    pending.resolve(None)
 
 
 # How long group sends wait after the broker refused connections (a restart)
@@ -152,14 +111,11 @@ class AMQPChannelLayer(BaseChannelLayer):
         if not self._management_url.startswith(("http://", "https://")):
             raise ValueError("management_url must be an http:// or https:// URL")
         self._management = None
-        self._linger = linger
-        self._consumer_idle_timeout = consumer_idle_timeout
-        self._run_worker = dead_letter_worker
-        self._start_lock = threading.Lock()
-        self._pid = None
-        self._io = None
-        self._worker = None
-        self._closed = False
+        self._engine = Engine(
+            self._parameters, self.topology, operation_timeout=operation_timeout,
+            linger=linger, idle_timeout=consumer_idle_timeout,
+            settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
+            dead_letter_worker=dead_letter_worker)
         self._infrastructure_pid = None
         self._receive_targets = {}  # channel -> (queue, arguments), see _receive_target
         # frozenset of names -> their distinct (queue, arguments): a worker
@@ -167,6 +123,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._receive_sets = {}
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
+        self._id_pid = os.getpid()
         self._id_counter = itertools.count()
 
     def __repr__(self):
@@ -175,114 +132,36 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     # -- lifecycle ------------------------------------------------------------
 
-    def _running_io(self):
-        """The I/O thread: started on first use, in a forked child, and after a crash."""
-        if self._closed:
-            raise LayerClosed("the layer is closed")
-        io = self._io
-        if io is not None and self._pid == os.getpid() and io.alive:
-            return io
-        if self._pid != os.getpid():
-            # A lock held by some thread of the parent at fork time stays held
-            # forever in the child, which has only the forking thread.
-            self._start_lock = threading.Lock()
-        with self._start_lock:
-            if self._io is None or self._pid != os.getpid():
-                # In a forked child the parent's threads do not exist and its
-                # sockets must not be touched: start afresh.
-                self._start_threads()
-            elif not self._io.alive:
-                logger.error("the I/O thread died; starting a new one")
-                self._io = self._new_io_thread()
-            if self._worker is not None and not self._worker.alive and not self._closed:
-                logger.error("the dead-letter worker died; starting a new one")
-                self._worker = self._new_worker()
-            return self._io
-
-    def _start_threads(self):
-        self._handed_off = HandedOff()  # per process: a forked child starts empty
-        io = self._new_io_thread()
-        worker = self._new_worker() if self._run_worker else None
-        self._id_token = secrets.token_hex(8)  # a forked child gets its own
-        # Published only once running: other threads take the fast path above.
-        self._io, self._worker, self._pid = io, worker, os.getpid()
-
-    def _new_io_thread(self):
-        io = IOThread(self._parameters, linger=self._linger,
-                      idle_timeout=self._consumer_idle_timeout, handed_off=self._handed_off,
-                      settle_after_outage=RESTART_SETTLE_SECONDS
-                      if self.topology.queue_type == "quorum" else 0.0)
-        io.start()
-        return io
-
-    def _new_worker(self):
-        worker = DeadLetterWorker(self._parameters, self.topology)
-        worker.start()
-        return worker
-
     def threads(self):
         """The threads this layer runs in this process (for monitoring)."""
-        found = []
-        for part in (self._io, self._worker):
-            if part is not None and self._pid == os.getpid() and part._thread is not None:
-                found.append(part._thread)
-        return found
+        return self._engine.threads()
 
     def close(self):
         """Stop the I/O thread and the dead-letter worker; the layer is unusable afterwards."""
-        self._closed = True
-        if self._pid != os.getpid():
-            return
-        io, worker = self._io, self._worker
-        if worker is not None:
-            worker.stop()
-        if io is not None:
-            io.stop()
+        self._engine.close()
 
     # -- primitives ---------------------------------------------------------
 
-    def _call(self, description, function, *args):
-        pending = Pending(description)
-        return self._submit_and_wait(_Work(pending, function, args))
-
-    def _submit_and_wait(self, work):
-        """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``.
-
-        A connection lost meanwhile is not an error: the I/O thread runs
-        the work again on the next one. Only an outage that outlasts the
-        timeout reaches the caller, named as such.
-        """
-        io = self._running_io()
-        io.submit(work)
-        try:
-            return work.pending.wait(self.operation_timeout)
-        except OperationTimeout as exc:
-            raise self._outage_error(io, work.pending.description) or exc
-
-    def _outage_error(self, io, what):
-        """The error for a call that failed while the broker was unreachable, or None."""
-        outage = io.outage()
-        if not outage:
-            return None
-        return OperationTimeout(
-            "%s: the broker has been unreachable for %.1f s (%s); the layer keeps "
-            "reconnecting" % (what, outage, io.last_error or "connection lost"))
-
     def _publish(self, exchange, routing_key, body, properties, mandatory, what, marked=False):
-        publish = Publish(Pending(what), exchange, routing_key, body, properties, mandatory,
-                          fans_out=exchange == self.topology.group_router)
-        publish.maybe_delivered = marked
-        return self._submit_and_wait(publish)
+        return self._engine.publish(exchange, routing_key, body, properties, mandatory, what,
+                                    marked=marked, fans_out=exchange == self.topology.group_router)
 
     def _admin(self, steps, what):
-        return self._call(what, _do_admin, steps)
+        return self._engine.declare(steps, what)
+
+    def _process_token(self):
+        """This process's id token: a forked child gets its own, so that the
+        message ids of two processes never meet in a receiver's hand-off log."""
+        if self._id_pid != os.getpid():
+            self._id_token, self._id_pid = secrets.token_hex(8), os.getpid()
+        return self._id_token
 
     def _properties(self, headers=None):
         # Ids only need to be unique per process and cheap: a random
         # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack",
-            message_id="%s.%d" % (self._id_token, next(self._id_counter)), headers=headers,
+            message_id="%s.%d" % (self._process_token(), next(self._id_counter)), headers=headers,
             timestamp=int(time.time()))  # the broker's messages_max_age reads it
 
     # -- ASGI API -------------------------------------------------------------
@@ -317,7 +196,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         for _ in range(_MAX_SKIPPED):
             # A consumer of an earlier blocking receive may have been pushed
             # one already: take it here, without a trip to the I/O thread.
-            delivery = self._running_io().take_held(names) or self._fetch(queues, block)
+            delivery = self._engine.take_held(names) or self._fetch(queues, block)
             if delivery is None:
                 return None, None
             decoded = self._decode(delivery)
@@ -328,29 +207,14 @@ class AMQPChannelLayer(BaseChannelLayer):
     def _fetch(self, queues, block):
         """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
         if not block:
-            return self._call("receive", _do_get, queues)
-        # The I/O thread answers None at the deadline; the caller waits a
-        # little longer only while the connection is up (an I/O thread
-        # that is slow to answer). While the broker is away nothing is
-        # waited for beyond the receive's own limit.
-        deadline = time.monotonic() + self.receive_timeout
-        pending = Pending("blocking receive")
-        io = self._running_io()
-        io.submit(_Work(pending, _do_wait, (queues, deadline)))
-        if (not pending.arrived(self.receive_timeout + 0.05) and io.outage()
-                and pending.abandon()):
-            delivery = None
-        else:
-            delivery = pending.wait_or(self.operation_timeout, None)
-        if delivery is None and io.outage() > self.operation_timeout:
-            raise self._outage_error(io, "blocking receive")
-        return delivery
+            return self._engine.get(queues)
+        return self._engine.wait(queues, self.receive_timeout)
 
     def _raise_if_full(self, channel, queue):
         """A nack means full, unless the queue is not: a queue on a node that
         is going down, or a quorum queue between leaders, refuses messages
         too, and that is not ChannelFull."""
-        depth = self._admin([admin.queue_declare(queue, None, passive=True)],
+        depth = self._admin([engine.queue_declare(queue, None, passive=True)],
                             "check %s" % queue).message_count
         if depth >= self.get_capacity(channel):
             self._stats.count_full(channel)
@@ -385,17 +249,17 @@ class AMQPChannelLayer(BaseChannelLayer):
         steps = [self._declare_channel_queue(channel)]
         if naming.is_process_local(channel):
             target = topology.local_member_queue(channel)
-            steps.append(admin.queue_declare(target, topology.local_member_queue_arguments(channel)))
+            steps.append(engine.queue_declare(target, topology.local_member_queue_arguments(channel)))
         else:
             target = topology.channel_queue(channel)
         marker = topology.marker_queue(group, channel)
         steps += [
-            admin.exchange_declare(topology.group_exchange(group)),
-            admin.exchange_bind(topology.group_exchange(group), topology.group_router, group),
-            admin.exchange_declare(member, auto_delete=True),
-            admin.queue_bind(target, member),
-            admin.exchange_bind(member, topology.group_exchange(group)),
-            admin.queue_declare(marker, topology.marker_queue_arguments()),
+            engine.exchange_declare(topology.group_exchange(group)),
+            engine.exchange_bind(topology.group_exchange(group), topology.group_router, group),
+            engine.exchange_declare(member, auto_delete=True),
+            engine.queue_bind(target, member),
+            engine.exchange_bind(member, topology.group_exchange(group)),
+            engine.queue_declare(marker, topology.marker_queue_arguments()),
         ]
         try:
             self._admin(steps, "group_add %s %s" % (group, channel))
@@ -423,8 +287,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._check_channel_name(channel)
         topology = self.topology
         self._admin([
-            admin.exchange_unbind(topology.member_exchange(channel), topology.group_exchange(group)),
-            admin.queue_delete(topology.marker_queue(group, channel)),
+            engine.exchange_unbind(topology.member_exchange(channel), topology.group_exchange(group)),
+            engine.queue_delete(topology.marker_queue(group, channel)),
         ], "group_discard %s %s" % (group, channel))
 
     def group_channels(self, group):
@@ -470,18 +334,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         ``last_error``
             why the last connection was lost or refused, without credentials.
         """
-        io = self._io if self._pid == os.getpid() else None
-        if io is None:
-            return {"connected": False, "outage_seconds": 0.0, "connection_losses": 0,
-                    "retried_operations": 0, "republished": 0, "last_error": None}
-        return {
-            "connected": io.connected,
-            "outage_seconds": io.outage(),
-            "connection_losses": io.connection_losses,
-            "retried_operations": io.retried,
-            "republished": io.republished,
-            "last_error": io.last_error,
-        }
+        return self._engine.connection_statistics()
 
     # -- flush ------------------------------------------------------------------
 
@@ -496,11 +349,11 @@ class AMQPChannelLayer(BaseChannelLayer):
         keep = self.topology.infrastructure()
         queues = [q for q in client.queue_names(prefix) if q not in keep]
         exchanges = [x for x in client.exchange_names(prefix) if x not in keep]
-        steps = [admin.queue_delete(q) for q in queues]
-        steps += [admin.exchange_delete(x) for x in exchanges]
-        steps.append(admin.queue_purge(self.topology.dead_letter_queue))
+        steps = [engine.queue_delete(q) for q in queues]
+        steps += [engine.exchange_delete(x) for x in exchanges]
+        steps.append(engine.queue_purge(self.topology.dead_letter_queue))
         self._admin(steps, "flush")
-        self._call("flush caches", _do_forget)
+        self._engine.forget_queues()
 
     def _ensure_infrastructure(self, again=False):
         """Declare the shared objects once per process (and again after a 404)."""
@@ -510,11 +363,11 @@ class AMQPChannelLayer(BaseChannelLayer):
         # Senders need only the exchanges. The dead-letter queue is the
         # workers' business; its node being down must not stop group_add.
         self._admin([
-            admin.exchange_declare(topology.dead_letter_exchange),
-            admin.exchange_declare(topology.group_router, exchange_type="direct"),
-            admin.queue_declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments(),
+            engine.exchange_declare(topology.dead_letter_exchange),
+            engine.exchange_declare(topology.group_router, exchange_type="direct"),
+            engine.queue_declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments(),
                                 not_found_ok=True),
-            admin.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange,
+            engine.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange,
                              not_found_ok=True),
         ], "declare the layer's shared objects")
         self._infrastructure_pid = os.getpid()
@@ -522,7 +375,7 @@ class AMQPChannelLayer(BaseChannelLayer):
     # -- helpers ----------------------------------------------------------------
 
     def _declare_channel_queue(self, channel):
-        return admin.queue_declare(self.topology.channel_queue(channel),
+        return engine.queue_declare(self.topology.channel_queue(channel),
                                    self.topology.channel_queue_arguments(channel))
 
     def _queues_for_receive(self, channels):

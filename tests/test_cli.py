@@ -19,7 +19,7 @@ import pytest
 import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from asgi_amqp import cli  # noqa: E402
+from asgi_amqp.tools import cli  # noqa: E402
 from helpers import drain, make_layer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

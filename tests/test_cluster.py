@@ -290,7 +290,7 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         wait_until(lambda: any(when > stopped for when in traffic["survivor"].confirmed.values()),
                    timeout=RESUME_WITHIN, message="survivor sends confirmed after stop_app")
         time.sleep(2.0)  # traffic through nodes 2 and 3 only (the threads keep working)
-        worker_ready_while_down = layer._worker.ready.is_set()
+        worker_ready_while_down = layer._engine._worker.ready.is_set()
         starting = time.monotonic()
         n1.start_app()
         started = time.monotonic()

@@ -151,7 +151,7 @@ def test_closed_port_leaks_no_secret(caplog):
         errors = exercise_failing_layer(layer)
         for error in errors[:5]:
             assert not isinstance(error, asgi_amqp.AuthenticationError)
-        wait_for(lambda: _logged(caplog, "asgi_amqp.deadletter", "dead-letter worker"), 5,
+        wait_for(lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "dead-letter worker"), 5,
                  "a failed dead-letter worker connection")
     finally:
         layer.close()
@@ -170,7 +170,7 @@ def test_wrong_password_on_the_real_broker_leaks_no_secret(broker, caplog):
         for error in errors[:5]:
             assert isinstance(error, asgi_amqp.AuthenticationError), repr(error)
         assert "credentials" in str(errors[-1])  # the management API's 401
-        wait_for(lambda: _logged(caplog, "asgi_amqp.deadletter", "AuthenticationError"), 5,
+        wait_for(lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "AuthenticationError"), 5,
                  "a refused dead-letter worker connection")
     finally:
         layer.close()

@@ -49,7 +49,7 @@ def test_reconnects_after_connections_are_closed(node, layer):
     wait_until(lambda: _serving(layer), timeout=10, interval=0.1, message="serving again")
     assert time.monotonic() - started < 10
     # The dead-letter worker reconnected too.
-    wait_until(lambda: layer._worker.ready.is_set(), timeout=10, message="worker ready")
+    wait_until(lambda: layer._engine._worker.ready.is_set(), timeout=10, message="worker ready")
 
 
 def test_calls_fail_fast_while_the_broker_is_down_and_recover(node, layer):

@@ -1,4 +1,4 @@
-"""The caller/I-O-thread hand-off (asgi_amqp.futures.Pending), without a broker."""
+"""The caller/I-O-thread hand-off (asgi_amqp.engine.futures.Pending), without a broker."""
 
 import signal
 import threading
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from asgi_amqp.errors import OperationTimeout
-from asgi_amqp.futures import Pending
+from asgi_amqp.engine.futures import Pending
 
 
 def test_a_result_that_arrived_first_is_returned_at_once_and_again():

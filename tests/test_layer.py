@@ -196,8 +196,8 @@ def test_dead_threads_are_replaced_on_the_next_call(layer):
     layer.send("revive", {"n": 1})
     old_threads = layer.threads()
     # Stand-ins for a crash: both threads end without the layer being closed.
-    layer._io.stop()
-    layer._worker.stop()
+    layer._engine._io.stop()
+    layer._engine._worker.stop()
     assert not any(t.is_alive() for t in old_threads)
     layer.send("revive", {"n": 2})
     new_threads = layer.threads()

@@ -1,4 +1,4 @@
-"""Non-blocking receives over many channels (asgi_amqp.receiving.Getter).
+"""Non-blocking receives over many channels (asgi_amqp.engine.getter.Getter).
 
 One receive asks several queues at once and keeps one message; the others it
 took go back to the head of their queues. These tests pin down what that
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from asgi_amqp import receiving
+from asgi_amqp.engine import getter
 from helpers import make_layer
 
 
@@ -23,7 +23,7 @@ def layer(broker):
 
 
 def test_a_message_beyond_one_wave_is_found(layer):
-    channels = ["many.%d" % i for i in range(receiving.LANES * 2 + 3)]
+    channels = ["many.%d" % i for i in range(getter.LANES * 2 + 3)]
     for channel in channels:  # every queue exists and is empty
         assert layer.receive([channel]) == (None, None)
     layer.send(channels[-1], {"last": True})
@@ -72,7 +72,7 @@ def test_a_quiet_channel_is_served_while_another_stays_busy(layer):
     else:
         pytest.fail("the quiet channel's message was never returned")
     # RECHECK_EMPTY bounds the extra wait, plus a few round trips on a loaded machine.
-    assert time.monotonic() - sent_at < receiving.RECHECK_EMPTY + 1.0
+    assert time.monotonic() - sent_at < getter.RECHECK_EMPTY + 1.0
 
 
 def test_messages_taken_in_the_callers_thread_are_acked_once(broker):

@@ -2,7 +2,7 @@
 
 import time
 
-from .errors import ChannelFull
+from ..errors import ChannelFull
 
 ON_FULL = ("fail", "skip", "retry")
 RETRY_FIRST_DELAY = 0.1

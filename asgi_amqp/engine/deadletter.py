@@ -32,8 +32,8 @@ import threading
 import pika
 import pika.exceptions
 
-from . import naming
-from .urls import describe_parameters
+from .. import naming
+from ..urls import describe_parameters
 
 logger = logging.getLogger(__name__)
 

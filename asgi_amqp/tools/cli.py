@@ -19,13 +19,14 @@ except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
         "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
 
-from . import __version__, bulk, statistics
+from .. import __version__, statistics
+from . import bulk
 from .bulk import send_one
 from .jsonbytes import dumps, loads
-from .errors import (AuthenticationError, BrokerConnectionError, BrokerOperationError,
+from ..errors import (AuthenticationError, BrokerConnectionError, BrokerOperationError,
                      ManagementAPIError, MessageTooLarge)
-from .serialization import validate_message
-from .urls import redact
+from ..serialization import validate_message
+from ..urls import redact
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1  # some messages were skipped or failed (or fewer than --count received)
@@ -136,7 +137,7 @@ class Settings(object):
 
     def layer(self):
         if self._layer is None:
-            from .layer import AMQPChannelLayer
+            from ..layer import AMQPChannelLayer
 
             config = {"prefix": self.prefix, "dead_letter_worker": False}
             if self.url:
@@ -152,7 +153,7 @@ class Settings(object):
         return self._layer
 
     def where(self):
-        from .layer import DEFAULT_URL
+        from ..layer import DEFAULT_URL
 
         return redact(self.url or DEFAULT_URL)
 

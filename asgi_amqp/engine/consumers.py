@@ -27,92 +27,18 @@ anyone waiting for it. A worker that finds its next message already pushed
 
 import collections
 import logging
-import random
-import threading
 import time
 
 
-from . import admin
-from .admin import Callback
-from .channels import ChannelUser
-from .receiving import Delivery, delivery_key
+from . import declares
+
+from .channel_user import ChannelUser
+from .deliveries import Delivery, Held
+from .futures import Pending
 
 logger = logging.getLogger(__name__)
 
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
-
-
-class Held(object):
-    """A message pushed to one of our consumers, unacked, waiting for a caller."""
-
-    __slots__ = ("channel", "delivery_tag", "delivery", "since")
-
-    def __init__(self, channel, delivery_tag, delivery):
-        self.channel = channel  # compared by identity only, outside the I/O thread
-        self.delivery_tag = delivery_tag
-        self.delivery = delivery
-        self.since = time.monotonic()
-
-
-class HeldMessages(object):
-    """Held messages per queue, oldest first; safe to use from any thread.
-
-    The I/O thread adds, withdraws and clears; any thread may ``take``. An
-    entry taken by a caller whose channel had already closed is harmless: the
-    broker redelivers that message flagged ``redelivered`` and the
-    hand-off log (``receiving.HandedOff``) drops it.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._by_queue = {}
-
-    def add(self, queue, held):
-        with self._lock:
-            self._by_queue.setdefault(queue, collections.deque()).append(held)
-
-    def put_back(self, queue, held):
-        with self._lock:
-            self._by_queue.setdefault(queue, collections.deque()).appendleft(held)
-
-    def take(self, queues, record=None):
-        """(queue, oldest Held) of a random one of ``queues`` holding any, or None.
-
-        ``record(delivery)`` runs before the lock is released, so a thread
-        asking ``has`` sees the message either here or wherever ``record``
-        put it, never in neither.
-        """
-        with self._lock:
-            candidates = [q for q in queues if q in self._by_queue]
-            if not candidates:
-                return None
-            queue = random.choice(candidates)
-            waiting = self._by_queue[queue]
-            held = waiting.popleft()
-            if not waiting:
-                del self._by_queue[queue]
-            if record is not None:
-                record(held.delivery)
-            return queue, held
-
-    def has(self, queue, key):
-        """Whether a message with ``key`` (see ``receiving.delivery_key``) is held."""
-        with self._lock:
-            return any(key == delivery_key(queue, held.delivery.message_id, held.delivery.headers)
-                       for held in self._by_queue.get(queue, ()))
-
-    def held_since(self, queue):
-        with self._lock:
-            waiting = self._by_queue.get(queue)
-            return waiting[0].since if waiting else None
-
-    def withdraw(self, queue):
-        with self._lock:
-            return list(self._by_queue.pop(queue, ()))
-
-    def clear(self):
-        with self._lock:
-            self._by_queue.clear()
 
 
 class _Consumer(object):
@@ -137,9 +63,9 @@ class _Waiter(object):
 class ConsumerPool(ChannelUser):
     name = "consume"
 
-    def __init__(self, connection, admin_executor, liveness, handed_off, held, linger,
+    def __init__(self, connection, declare_executor, liveness, handed_off, held, linger,
                  idle_timeout):
-        self._admin = admin_executor
+        self._declares = declare_executor
         self._held = held
         self._unavailable = {}  # queue -> monotonic time before which it is not retried
         self._liveness = liveness
@@ -248,8 +174,10 @@ class ConsumerPool(ChannelUser):
         # Declared first, and on the admin channel: basic.consume on a missing
         # queue would 404 and close this channel under every other consumer,
         # and a queue whose node is down must not starve the others.
-        self._admin.run(Callback(lambda result, error: self._declared(consumer, arguments, error)),
-                        [admin.queue_declare(queue, arguments)])
+        self._declares.run(Pending("declare %s" % queue,
+                                on_done=lambda result, error: self._declared(consumer, arguments,
+                                                                             error)),
+                        [declares.queue_declare(queue, arguments)])
 
     def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:

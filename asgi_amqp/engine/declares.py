@@ -16,8 +16,8 @@ import logging
 
 import pika.exceptions
 
-from .channels import ChannelUser
-from .errors import BrokerConnectionError, BrokerOperationError
+from .channel_user import ChannelUser
+from ..errors import BrokerConnectionError, BrokerOperationError
 
 logger = logging.getLogger(__name__)
 
@@ -68,29 +68,6 @@ def exchange_unbind(destination, source):
     return Step("exchange_unbind", dict(destination=destination, source=source, routing_key=""), True)
 
 
-class Callback(object):
-    """Stands in for a ``Pending`` when the I/O thread itself waits for an operation."""
-
-    __slots__ = ("_on_done", "_done")
-    wanted = True
-
-    def __init__(self, on_done):
-        self._on_done = on_done
-        self._done = False
-
-    def resolve(self, value=None):
-        if not self._done:
-            self._done = True
-            self._on_done(value, None)
-        return True
-
-    def fail(self, error):
-        if not self._done:
-            self._done = True
-            self._on_done(None, error)
-        return True
-
-
 def broker_call_error(exc, what):
     """The error a caller sees when a pika call on the I/O thread raised."""
     if isinstance(exc, STATE_ERRORS):
@@ -108,13 +85,13 @@ class _Operation(object):
         self.result = None
 
 
-class AdminExecutor(ChannelUser):
+class DeclareExecutor(ChannelUser):
     name = "admin"
 
     def __init__(self, connection):
         self._queue = collections.deque()
         self._current = None
-        super(AdminExecutor, self).__init__(connection)
+        super(DeclareExecutor, self).__init__(connection)
 
     def run(self, pending, steps):
         """Run ``steps`` in order; ``pending`` gets the last step's method frame."""

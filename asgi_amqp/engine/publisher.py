@@ -23,7 +23,7 @@ Losing it is the worse choice for Channels: a lost ``websocket.receive``
 frame stalls its socket for good under ``enforce_ordering``. So it is sent
 again on the next connection, marked with ``REPUBLISHED_HEADER``, and the
 process that reads it drops the copy when it already handed out or holds
-the original (``receiving.HandedOff``). That guard is exact for a channel
+the original (``deliveries.HandedOff``). That guard is exact for a channel
 with one reader (process-local ``!``, single-reader ``?``, so every reply
 channel and group fan-out to them). A normal channel is read by competing
 processes: when the broker had the original and another process took it,
@@ -39,9 +39,9 @@ import logging
 
 import pika
 
-from .channels import ChannelUser
-from .errors import BrokerConnectionError
-from .naming import REPUBLISHED_HEADER
+from .channel_user import ChannelUser
+from ..errors import BrokerConnectionError
+from ..naming import REPUBLISHED_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Publish(object):
         self.fans_out = fans_out
 
     def __call__(self, session):
-        session.publisher.publish(self)
+        session.publish(self)
 
     def marked_properties(self):
         """The properties of a copy: the same message id, plus the republished mark."""

@@ -44,70 +44,16 @@ import time
 import pika
 from pika.adapters.select_connection import IOLoop
 
-from .admin import AdminExecutor
-from .consumers import ConsumerPool, HeldMessages
-from .errors import AuthenticationError, BrokerConnectionError, LayerClosed
-from .publisher import Publisher
-from .receiving import Getter, HandedOff, Liveness
-from .urls import describe_parameters
+from ..errors import AuthenticationError, BrokerConnectionError, LayerClosed
+from ..urls import describe_parameters
+from .deliveries import HandedOff, HeldMessages, Liveness
+from .futures import Pending
+from .session import Session, Work
 
 logger = logging.getLogger(__name__)
 
 
 _PRUNE_EVERY = 1024
-
-
-class Session(object):
-    """What lives on one connection: a channel for each kind of work."""
-
-    def __init__(self, connection, liveness, handed_off, held, linger, idle_timeout):
-        self.connection = connection
-        self.liveness = liveness
-        self.publisher = Publisher(connection)
-        self.admin = AdminExecutor(connection)
-        self.consumers = ConsumerPool(connection, self.admin, liveness, handed_off, held, linger,
-                                      idle_timeout)
-        self.getter = Getter(connection, liveness, handed_off, self.consumers)
-        self._parts = (self.publisher, self.admin, self.consumers, self.getter)
-
-    def close(self, error):
-        """The layer is closing: fail what is still in flight."""
-        for part in self._parts:
-            part.shutdown()
-            part.fail_all(error)
-
-    def lose(self):
-        """The connection dropped: every part forgets, failing nobody."""
-        for part in self._parts:
-            part.shutdown()
-            part.forget()
-
-
-class _NoCaller(object):
-    """The ``pending`` of work nobody waits for."""
-
-    wanted = True
-
-    def resolve(self, value=None):
-        return False
-
-    def fail(self, error):
-        return False
-
-    description = "acknowledgement"
-
-
-class _Acknowledge(object):
-    __slots__ = ("queue", "held")
-    pending = _NoCaller()
-    retry = False  # the lost connection's deliveries are back in their queues
-
-    def __init__(self, queue, held):
-        self.queue = queue
-        self.held = held
-
-    def __call__(self, session):
-        session.consumers.acknowledge(self.queue, self.held)
 
 
 class IOThread(object):
@@ -201,7 +147,9 @@ class IOThread(object):
             return None
         queue, held = taken
         try:
-            self.submit(_Acknowledge(queue, held))
+            # Nobody waits for it; the lost connection's deliveries are back
+            # in their queues, so it is never run on the next one.
+            self.submit(Work(Pending("acknowledgement"), "acknowledge", (queue, held), retry=False))
         except LayerClosed:
             pass  # the connection closes with the layer: the broker requeues it
         return held.delivery

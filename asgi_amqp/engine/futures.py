@@ -12,19 +12,25 @@ rather than on a ``threading.Event``: ``Event.set`` runs a Python-level
 ``Condition.notify_all`` on the I/O thread, and with eight threads sending
 through one layer that was about a seventh of the I/O thread's time, which
 is the layer's bottleneck. Releasing a lock is one C call.
+
+It is the one wait protocol of the engine. The I/O thread also uses it for
+work nobody waits on: an acknowledgement is a ``Pending`` that no caller
+waits for, and a step the I/O thread needs before going on (a consumer's
+queue declare) is a ``Pending`` with ``on_done``, called on the resolving
+thread.
 """
 
 import threading
 
-from .errors import OperationTimeout
+from ..errors import OperationTimeout
 
 _PENDING, _DONE, _ABANDONED = "pending", "done", "abandoned"
 
 
 class Pending(object):
-    __slots__ = ("_lock", "_arrived", "_state", "_value", "_error", "description")
+    __slots__ = ("_lock", "_arrived", "_state", "_value", "_error", "description", "_on_done")
 
-    def __init__(self, description="operation"):
+    def __init__(self, description="operation", on_done=None):
         self._lock = threading.Lock()  # makes resolve/fail/abandon one decision
         self._arrived = threading.Lock()  # held until a result arrives
         self._arrived.acquire()
@@ -32,6 +38,8 @@ class Pending(object):
         self._value = None
         self._error = None
         self.description = description
+        # on_done(value, error) runs on the thread that resolves or fails it.
+        self._on_done = on_done
 
     @property
     def wanted(self):
@@ -46,6 +54,8 @@ class Pending(object):
             self._state = _DONE
             self._value = value
         self._arrived.release()
+        if self._on_done is not None:
+            self._on_done(value, None)
         return True
 
     def fail(self, error):
@@ -55,6 +65,8 @@ class Pending(object):
             self._state = _DONE
             self._error = error
         self._arrived.release()
+        if self._on_done is not None:
+            self._on_done(None, error)
         return True
 
     def abandon(self):

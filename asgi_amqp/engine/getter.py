@@ -12,105 +12,18 @@ Messages are acknowledged only once the caller has taken them (see
 
 import collections
 import logging
-import threading
 import time
 
 from pika import spec
 
-from .admin import broker_call_error
-from .channels import ChannelUser
-from .errors import BrokerConnectionError, BrokerOperationError
-from .naming import CHANNEL_HEADER, REPUBLISHED_HEADER
+from .declares import broker_call_error
+from .channel_user import ChannelUser
+from ..errors import BrokerConnectionError, BrokerOperationError
+from .deliveries import Delivery
 
 logger = logging.getLogger(__name__)
 
 NOT_FOUND = 404
-
-
-class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered message_id")):
-    """A message as it came off the broker, decoded later by the caller."""
-
-
-class HandedOff(object):
-    """Keys of messages recently handed to callers of this process.
-
-    A message can reach this process a second time in two ways, both after
-    a connection dropped:
-
-    * its ack was lost with the connection, so the broker redelivers it
-      (flagged ``redelivered``);
-    * its sender lost the publisher confirm and sent a marked copy
-      (``naming.REPUBLISHED_HEADER``, see ``publisher``).
-
-    Either is dropped when its key is in this log. The key is the queue,
-    the message id and the channel (the ``asgi-channel`` header, or for a
-    group message fanned out to process-local members the member queue it
-    was dead-lettered from), so one group message reaching two members of
-    this process is two keys. Other processes cannot see this log: on a
-    channel read by several processes a copy may reach another process;
-    see the docs' delivery guarantees. A copy comes back within
-    ``operation_timeout`` of the reconnect, so the log holds enough keys for
-    several seconds of a busy process.
-    """
-
-    def __init__(self, size=50000):
-        self._size = size
-        self._keys = collections.OrderedDict()
-        self._lock = threading.Lock()  # callers add the messages they take themselves
-        # The I/O thread's held messages (consumers.HeldMessages): a copy
-        # that arrives while its original waits there, unhanded, is a copy.
-        self.held = None
-
-    def add(self, delivery):
-        if delivery.message_id:
-            key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
-            with self._lock:
-                self._keys[key] = None
-                if len(self._keys) > self._size:
-                    self._keys.popitem(last=False)
-
-    def is_duplicate(self, queue, method, properties):
-        headers = properties.headers
-        if not method.redelivered and not (headers and REPUBLISHED_HEADER in headers):
-            return False
-        key = delivery_key(queue, properties.message_id, headers or {})
-        # The held set first: a caller taking from it records the key here
-        # before it lets go of the held set's lock (see HeldMessages.take).
-        if self.held is not None and self.held.has(queue, key):
-            return True
-        with self._lock:
-            return key in self._keys
-
-
-def delivery_key(queue, message_id, headers):
-    """What tells one delivery from another in ``HandedOff``."""
-    channel = headers.get(CHANNEL_HEADER)
-    if channel is None:
-        deaths = headers.get("x-death")
-        if deaths:
-            channel = deaths[0].get("queue")
-    return queue, message_id, channel
-
-
-class Liveness(object):
-    """Which queues this connection knows to exist, from its own recent use."""
-
-    def __init__(self):
-        self._until = {}
-
-    def alive(self, queue):
-        return self._until.get(queue, 0) > time.monotonic()
-
-    def touch(self, queue, arguments):
-        lease_ms = (arguments or {}).get("x-expires")
-        if lease_ms:
-            self._until[queue] = time.monotonic() + lease_ms / 2000.0
-
-    def forget(self, queue=None):
-        if queue is None:
-            self._until.clear()
-        else:
-            self._until.pop(queue, None)
 
 
 EMPTY = "empty"

@@ -1,0 +1,243 @@
+"""The engine: everything that runs on, or waits for, the I/O thread.
+
+``Engine`` is the layer's one door to the broker. The layer says what it
+wants (publish this, run these declares, get or wait for a delivery from
+these queues) and the engine does it on the I/O thread, waiting for the
+answer with a timeout. The layer never touches pika, a thread or a
+``Pending``; the engine never imports the layer.
+
+Inside, by module:
+
+``connection``
+    the I/O thread: connect, reconnect, hand unfinished work on, close;
+``session``
+    the work the I/O thread does on one connection, one method each;
+``futures``
+    ``Pending``, the one wait protocol between a caller and the I/O thread;
+``publisher``, ``declares``, ``consumers``, ``getter``
+    the channels a session uses: confirmed publishes, topology steps,
+    blocking receives, non-blocking receives;
+``deliveries``
+    receive state: held messages, the hand-off log, known queues;
+``deadletter``
+    the dead-letter worker, on its own thread and connection.
+"""
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pika
+
+from ..errors import LayerClosed, OperationTimeout
+from .connection import IOThread
+from .deadletter import DeadLetterWorker
+from .declares import (Step, exchange_bind, exchange_declare, exchange_delete, exchange_unbind,
+                       queue_bind, queue_declare, queue_delete, queue_purge)
+from .deliveries import Delivery, HandedOff
+from .futures import Pending
+from .publisher import ACKED, NACKED, RETURNED, Publish
+from .session import Work
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Engine", "Delivery", "Step", "ACKED", "NACKED", "RETURNED",
+    "exchange_bind", "exchange_declare", "exchange_delete", "exchange_unbind",
+    "queue_bind", "queue_declare", "queue_delete", "queue_purge",
+]
+
+Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
+
+
+class Engine(object):
+    """The I/O thread and the dead-letter worker of one layer, in this process.
+
+    Both start on first use, not in ``__init__``: a layer made in a Django
+    settings module must not start threads in a process that then forks
+    (gunicorn, ``runworker`` under a supervisor). A forked child starts its
+    own, and a thread that died is replaced on the next call.
+    """
+
+    def __init__(self, parameters: Sequence[pika.connection.Parameters], topology: Any, *,
+                 operation_timeout: float, linger: float, idle_timeout: float,
+                 settle_after_outage: float = 0.0, dead_letter_worker: bool = True) -> None:
+        self._parameters = list(parameters)
+        self._topology = topology
+        self.operation_timeout = operation_timeout
+        self._linger = linger
+        self._idle_timeout = idle_timeout
+        self._settle_after_outage = settle_after_outage
+        self._run_worker = dead_letter_worker
+        self._start_lock = threading.Lock()
+        self._pid: Optional[int] = None
+        self._io: Optional[IOThread] = None
+        self._worker: Optional[DeadLetterWorker] = None
+        self._handed_off = HandedOff()
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _running_io(self) -> IOThread:
+        """The I/O thread: started on first use, in a forked child, and after a crash."""
+        if self._closed:
+            raise LayerClosed("the layer is closed")
+        io = self._io
+        if io is not None and self._pid == os.getpid() and io.alive:
+            return io
+        if self._pid != os.getpid():
+            # A lock held by some thread of the parent at fork time stays held
+            # forever in the child, which has only the forking thread.
+            self._start_lock = threading.Lock()
+        with self._start_lock:
+            if self._io is None or self._pid != os.getpid():
+                # In a forked child the parent's threads do not exist and its
+                # sockets must not be touched: start afresh.
+                self._start_threads()
+            elif not self._io.alive:
+                logger.error("the I/O thread died; starting a new one")
+                self._io = self._new_io_thread()
+            if self._worker is not None and not self._worker.alive and not self._closed:
+                logger.error("the dead-letter worker died; starting a new one")
+                self._worker = self._new_worker()
+            assert self._io is not None
+            return self._io
+
+    def _start_threads(self) -> None:
+        self._handed_off = HandedOff()  # per process: a forked child starts empty
+        io = self._new_io_thread()
+        worker = self._new_worker() if self._run_worker else None
+        # Published only once running: other threads take the fast path above.
+        self._io, self._worker, self._pid = io, worker, os.getpid()
+
+    def _new_io_thread(self) -> IOThread:
+        io = IOThread(self._parameters, linger=self._linger, idle_timeout=self._idle_timeout,
+                      handed_off=self._handed_off,
+                      settle_after_outage=self._settle_after_outage)
+        io.start()
+        return io
+
+    def _new_worker(self) -> DeadLetterWorker:
+        worker = DeadLetterWorker(self._parameters, self._topology)
+        worker.start()
+        return worker
+
+    @property
+    def started_here(self) -> bool:
+        """Whether this process started the threads (a forked child has not yet)."""
+        return self._pid == os.getpid()
+
+    def threads(self) -> List[threading.Thread]:
+        """The threads this engine runs in this process."""
+        found = []
+        for part in (self._io, self._worker):
+            if part is not None and self.started_here and part._thread is not None:
+                found.append(part._thread)
+        return found
+
+    def close(self) -> None:
+        """Stop both threads; every later call raises ``LayerClosed``."""
+        self._closed = True
+        if not self.started_here:
+            return
+        io, worker = self._io, self._worker
+        if worker is not None:
+            worker.stop()
+        if io is not None:
+            io.stop()
+
+    # -- operations -------------------------------------------------------------
+
+    def publish(self, exchange: str, routing_key: str, body: bytes,
+                properties: pika.BasicProperties, mandatory: bool, what: str,
+                marked: bool = False, fans_out: bool = False) -> str:
+        """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``."""
+        publish = Publish(Pending(what), exchange, routing_key, body, properties, mandatory,
+                          fans_out=fans_out)
+        publish.maybe_delivered = marked
+        return self._submit_and_wait(publish)
+
+    def declare(self, steps: Sequence[Step], what: str) -> Any:
+        """Run topology steps in order; the result is the last step's frame."""
+        return self._submit_and_wait(Work(Pending(what), "declare", (steps,)))
+
+    def get(self, queues: Queues) -> Optional[Delivery]:
+        """A delivery from one of ``queues`` at once, or None: never waits for one."""
+        return self._submit_and_wait(Work(Pending("receive"), "get", (queues,)))
+
+    def wait(self, queues: Queues, receive_timeout: float) -> Optional[Delivery]:
+        """A delivery from one of ``queues``, or None after ``receive_timeout``.
+
+        The I/O thread answers None at the deadline; the caller waits a
+        little longer only while the connection is up (an I/O thread that
+        is slow to answer). While the broker is away nothing is waited for
+        beyond the receive's own limit, and only an outage longer than
+        ``operation_timeout`` raises.
+        """
+        deadline = time.monotonic() + receive_timeout
+        pending = Pending("blocking receive")
+        io = self._running_io()
+        io.submit(Work(pending, "wait", (queues, deadline)))
+        if (not pending.arrived(receive_timeout + 0.05) and io.outage()
+                and pending.abandon()):
+            delivery = None
+        else:
+            delivery = pending.wait_or(self.operation_timeout, None)
+        if delivery is None and io.outage() > self.operation_timeout:
+            raise self._outage_error(io, "blocking receive") or OperationTimeout(
+                "blocking receive: no answer from the broker")
+        return delivery
+
+    def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
+        """A delivery already pushed to this process for one of ``queues``, or None.
+
+        Runs in the caller's thread, with no trip through the I/O thread.
+        """
+        return self._running_io().take_held(queues)
+
+    def forget_queues(self) -> None:
+        """Forget which queues are known to exist (they were just deleted)."""
+        self._submit_and_wait(Work(Pending("flush caches"), "forget_queues"))
+
+    def _submit_and_wait(self, work: Any) -> Any:
+        """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``.
+
+        A connection lost meanwhile is not an error: the I/O thread runs
+        the work again on the next one. Only an outage that outlasts the
+        timeout reaches the caller, named as such.
+        """
+        io = self._running_io()
+        io.submit(work)
+        try:
+            return work.pending.wait(self.operation_timeout)
+        except OperationTimeout as exc:
+            raise self._outage_error(io, work.pending.description) or exc
+
+    @staticmethod
+    def _outage_error(io: IOThread, what: str) -> Optional[OperationTimeout]:
+        """The error for a call that failed while the broker was unreachable, or None."""
+        outage = io.outage()
+        if not outage:
+            return None
+        return OperationTimeout(
+            "%s: the broker has been unreachable for %.1f s (%s); the layer keeps "
+            "reconnecting" % (what, outage, io.last_error or "connection lost"))
+
+    # -- figures ----------------------------------------------------------------
+
+    def connection_statistics(self) -> Dict[str, Any]:
+        """This process's view of its connection (see the layer's method)."""
+        io = self._io if self.started_here else None
+        if io is None:
+            return {"connected": False, "outage_seconds": 0.0, "connection_losses": 0,
+                    "retried_operations": 0, "republished": 0, "last_error": None}
+        return {
+            "connected": io.connected,
+            "outage_seconds": io.outage(),
+            "connection_losses": io.connection_losses,
+            "retried_operations": io.retried,
+            "republished": io.republished,
+            "last_error": io.last_error,
+        }

@@ -1,0 +1,184 @@
+"""Receive state: what the broker has pushed to this process, and what it handed out.
+
+Everything a receive needs to remember between calls lives here, shared by
+the two ways of taking messages (``consumers`` for blocking receives,
+``getter`` for non-blocking ones) and by callers' threads:
+
+``Delivery``
+    a message as it came off the broker, decoded later by the caller;
+``HeldMessages``
+    deliveries pushed to this process's consumers, unacked, waiting for a
+    caller; any thread may take one, under its lock;
+``HandedOff``
+    the keys of messages recently handed to callers, which is how a
+    redelivery or a marked copy of one is recognised and dropped;
+``Liveness``
+    which queues this connection knows to exist from its own recent use,
+    so that a receive declares a queue only when it may have expired.
+"""
+
+import collections
+import random
+import threading
+import time
+
+from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
+
+
+class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered message_id")):
+    """A message as it came off the broker, decoded later by the caller."""
+
+
+class HandedOff(object):
+    """Keys of messages recently handed to callers of this process.
+
+    A message can reach this process a second time in two ways, both after
+    a connection dropped:
+
+    * its ack was lost with the connection, so the broker redelivers it
+      (flagged ``redelivered``);
+    * its sender lost the publisher confirm and sent a marked copy
+      (``naming.REPUBLISHED_HEADER``, see ``publisher``).
+
+    Either is dropped when its key is in this log. The key is the queue,
+    the message id and the channel (the ``asgi-channel`` header, or for a
+    group message fanned out to process-local members the member queue it
+    was dead-lettered from), so one group message reaching two members of
+    this process is two keys. Other processes cannot see this log: on a
+    channel read by several processes a copy may reach another process;
+    see the docs' delivery guarantees. A copy comes back within
+    ``operation_timeout`` of the reconnect, so the log holds enough keys for
+    several seconds of a busy process.
+    """
+
+    def __init__(self, size=50000):
+        self._size = size
+        self._keys = collections.OrderedDict()
+        self._lock = threading.Lock()  # callers add the messages they take themselves
+        # The I/O thread's held messages (HeldMessages): a copy
+        # that arrives while its original waits there, unhanded, is a copy.
+        self.held = None
+
+    def add(self, delivery):
+        if delivery.message_id:
+            key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
+            with self._lock:
+                self._keys[key] = None
+                if len(self._keys) > self._size:
+                    self._keys.popitem(last=False)
+
+    def is_duplicate(self, queue, method, properties):
+        headers = properties.headers
+        if not method.redelivered and not (headers and REPUBLISHED_HEADER in headers):
+            return False
+        key = delivery_key(queue, properties.message_id, headers or {})
+        # The held set first: a caller taking from it records the key here
+        # before it lets go of the held set's lock (see HeldMessages.take).
+        if self.held is not None and self.held.has(queue, key):
+            return True
+        with self._lock:
+            return key in self._keys
+
+
+def delivery_key(queue, message_id, headers):
+    """What tells one delivery from another in ``HandedOff``."""
+    channel = headers.get(CHANNEL_HEADER)
+    if channel is None:
+        deaths = headers.get("x-death")
+        if deaths:
+            channel = deaths[0].get("queue")
+    return queue, message_id, channel
+
+
+class Liveness(object):
+    """Which queues this connection knows to exist, from its own recent use."""
+
+    def __init__(self):
+        self._until = {}
+
+    def alive(self, queue):
+        return self._until.get(queue, 0) > time.monotonic()
+
+    def touch(self, queue, arguments):
+        lease_ms = (arguments or {}).get("x-expires")
+        if lease_ms:
+            self._until[queue] = time.monotonic() + lease_ms / 2000.0
+
+    def forget(self, queue=None):
+        if queue is None:
+            self._until.clear()
+        else:
+            self._until.pop(queue, None)
+
+
+class Held(object):
+    """A message pushed to one of our consumers, unacked, waiting for a caller."""
+
+    __slots__ = ("channel", "delivery_tag", "delivery", "since")
+
+    def __init__(self, channel, delivery_tag, delivery):
+        self.channel = channel  # compared by identity only, outside the I/O thread
+        self.delivery_tag = delivery_tag
+        self.delivery = delivery
+        self.since = time.monotonic()
+
+
+class HeldMessages(object):
+    """Held messages per queue, oldest first; safe to use from any thread.
+
+    The I/O thread adds, withdraws and clears; any thread may ``take``. An
+    entry taken by a caller whose channel had already closed is harmless: the
+    broker redelivers that message flagged ``redelivered`` and the
+    hand-off log (``HandedOff``) drops it.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_queue = {}
+
+    def add(self, queue, held):
+        with self._lock:
+            self._by_queue.setdefault(queue, collections.deque()).append(held)
+
+    def put_back(self, queue, held):
+        with self._lock:
+            self._by_queue.setdefault(queue, collections.deque()).appendleft(held)
+
+    def take(self, queues, record=None):
+        """(queue, oldest Held) of a random one of ``queues`` holding any, or None.
+
+        ``record(delivery)`` runs before the lock is released, so a thread
+        asking ``has`` sees the message either here or wherever ``record``
+        put it, never in neither.
+        """
+        with self._lock:
+            candidates = [q for q in queues if q in self._by_queue]
+            if not candidates:
+                return None
+            queue = random.choice(candidates)
+            waiting = self._by_queue[queue]
+            held = waiting.popleft()
+            if not waiting:
+                del self._by_queue[queue]
+            if record is not None:
+                record(held.delivery)
+            return queue, held
+
+    def has(self, queue, key):
+        """Whether a message with ``key`` (see ``delivery_key``) is held."""
+        with self._lock:
+            return any(key == delivery_key(queue, held.delivery.message_id, held.delivery.headers)
+                       for held in self._by_queue.get(queue, ()))
+
+    def held_since(self, queue):
+        with self._lock:
+            waiting = self._by_queue.get(queue)
+            return waiting[0].since if waiting else None
+
+    def withdraw(self, queue):
+        with self._lock:
+            return list(self._by_queue.pop(queue, ()))
+
+    def clear(self):
+        with self._lock:
+            self._by_queue.clear()

@@ -1,4 +1,4 @@
-"""``python -m asgi_amqp``: the ``asgi-amqp`` command (see asgi_amqp/tools/cli.py)."""
+"""``python -m asgi_amqp``: the ``asgi-amqp`` command (see asgi_amqp/tools/cli/)."""
 
 import sys
 

@@ -12,7 +12,6 @@ import itertools
 import logging
 import math
 import os
-import random
 import secrets
 import string
 import time
@@ -117,10 +116,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker)
         self._infrastructure_pid = None
-        self._receive_targets = {}  # channel -> (queue, arguments), see _receive_target
-        # frozenset of names -> their distinct (queue, arguments): a worker
-        # passes the same 10-20 names on every call.
-        self._receive_sets = {}
+        self._queues_for_receive = naming.ReceiveTargets(self.topology)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()
@@ -378,63 +374,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         return engine.queue_declare(self.topology.channel_queue(channel),
                                    self.topology.channel_queue_arguments(channel))
 
-    def _queues_for_receive(self, channels):
-        """[(queue, arguments)] in random order; empty for an empty collection."""
-        # Any collection of names: Channels 1.x's worker passes a set. A bare
-        # string is refused rather than read as a list of one-letter names.
-        if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
-            raise TypeError("channels must be a list of channel names, not %s"
-                            % type(channels).__name__)
-        channels = list(channels)
-        try:
-            key = frozenset(channels)
-        except TypeError:  # an unhashable, hence invalid, name: the full check says which
-            key = None
-        queues = self._receive_sets.get(key) if key is not None else None
-        if queues is None:
-            queues = self._unique_targets(channels)
-            if key is not None:
-                if len(self._receive_sets) >= 1000:
-                    self._receive_sets.clear()
-                self._receive_sets[key] = queues
-        queues = list(queues)
-        if len(queues) > 1:
-            random.shuffle(queues)
-        return queues
-
-    def _unique_targets(self, channels):
-        """(queue, arguments) of each distinct queue behind ``channels``, validated."""
-        queues, seen = [], set()
-        for channel in channels:
-            queue, arguments = self._receive_target(channel)
-            if queue not in seen:
-                seen.add(queue)
-                queues.append((queue, arguments))
-        return tuple(queues)
-
-    def _receive_target(self, channel):
-        """(queue, arguments) for a valid receive name, memoized.
-
-        A worker receives from the same 10-20 names thousands of times; the
-        name check and the capacity patterns need to run once per name.
-        """
-        try:
-            return self._receive_targets[channel]
-        except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
-            pass
-        self._check_channel_name(channel, receive=True)
-        target = (self.topology.channel_queue(channel),
-                  self.topology.channel_queue_arguments(channel))
-        if len(self._receive_targets) >= 10000:
-            self._receive_targets.clear()
-        self._receive_targets[channel] = target
-        return target
-
     def _decode(self, delivery):
         """(channel, message) for a delivery, or None for one that is skipped."""
-        channel = self.topology.channel_of_queue(delivery.queue)
-        if channel and channel.endswith("!"):
-            channel = self._local_channel(delivery.headers, channel)
+        channel = self.topology.channel_of_delivery(delivery.queue, delivery.headers)
         try:
             if not channel:
                 raise UndecodableMessage("it names no process-local channel")
@@ -442,22 +384,6 @@ class AMQPChannelLayer(BaseChannelLayer):
         except UndecodableMessage as exc:
             logger.warning("skipped a message in %s: %s", delivery.queue, exc)
             return None
-
-    def _local_channel(self, headers, prefix):
-        channel = headers.get(naming.CHANNEL_HEADER)
-        if isinstance(channel, bytes):
-            channel = channel.decode("utf8", "replace")
-        if isinstance(channel, str) and channel.startswith(prefix):
-            return channel
-        # A group message dead-lettered here from a member queue of this prefix.
-        for death in headers.get("x-death") or []:
-            queue = death.get("queue")
-            if isinstance(queue, bytes):
-                queue = queue.decode("utf8", "replace")
-            local = self.topology.channel_of_local_member_queue(queue or "")
-            if local and local.startswith(prefix):
-                return local
-        return None
 
     def _management_client(self):
         if self._management is None:

@@ -59,6 +59,7 @@ ASGI names use only ``[A-Za-z0-9-_.?!]``, so ``:`` can never be part of a
 channel or group name and the names above parse back unambiguously.
 """
 
+import random
 import re
 
 SEPARATOR = ":"
@@ -150,6 +151,32 @@ class Topology(object):
         """``{prefix}:q:foo`` -> ``foo`` (``foo!`` for process-local queues)."""
         return self._strip("q", queue)
 
+    def channel_of_delivery(self, queue, headers):
+        """The channel a message taken from ``queue`` was sent to, or None.
+
+        A process-local queue ``foo!`` holds messages for many channels
+        ``foo!bar``: the sender names it in the ``asgi-channel`` header, and
+        for a group message dead-lettered here from a member queue the
+        ``x-death`` entry names that queue, hence the channel.
+        """
+        channel = self.channel_of_queue(queue)
+        if not channel or not channel.endswith("!"):
+            return channel
+        prefix = channel
+        channel = headers.get(CHANNEL_HEADER)
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf8", "replace")
+        if isinstance(channel, str) and channel.startswith(prefix):
+            return channel
+        for death in headers.get("x-death") or []:
+            dead_in = death.get("queue")
+            if isinstance(dead_in, bytes):
+                dead_in = dead_in.decode("utf8", "replace")
+            local = self.channel_of_local_member_queue(dead_in or "")
+            if local and local.startswith(prefix):
+                return local
+        return None
+
     def channel_of_member_exchange(self, exchange):
         return self._strip("m", exchange)
 
@@ -198,6 +225,66 @@ class Topology(object):
         if self.queue_type == "quorum":
             return {"x-queue-type": "quorum"}
         return {}
+
+
+class ReceiveTargets(object):
+    """``receive``'s channel names -> the distinct queues behind them, validated.
+
+    A worker receives from the same 10-20 names thousands of times: each
+    name is checked and mapped once, and each set of names once. The
+    queues come back in random order, so that no channel starves another.
+    """
+
+    def __init__(self, topology):
+        self._topology = topology
+        self._targets = {}  # channel -> (queue, arguments)
+        self._sets = {}  # frozenset of names -> their distinct (queue, arguments)
+
+    def __call__(self, channels):
+        """[(queue, arguments)] in random order; empty for an empty collection."""
+        # Any collection of names: Channels 1.x's worker passes a set. A bare
+        # string is refused rather than read as a list of one-letter names.
+        if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
+            raise TypeError("channels must be a list of channel names, not %s"
+                            % type(channels).__name__)
+        channels = list(channels)
+        try:
+            key = frozenset(channels)
+        except TypeError:  # an unhashable, hence invalid, name: the full check says which
+            key = None
+        queues = self._sets.get(key) if key is not None else None
+        if queues is None:
+            queues = self._unique_targets(channels)
+            if key is not None:
+                if len(self._sets) >= 1000:
+                    self._sets.clear()
+                self._sets[key] = queues
+        queues = list(queues)
+        if len(queues) > 1:
+            random.shuffle(queues)
+        return queues
+
+    def _unique_targets(self, channels):
+        queues, seen = [], set()
+        for channel in channels:
+            queue, arguments = self._target(channel)
+            if queue not in seen:
+                seen.add(queue)
+                queues.append((queue, arguments))
+        return tuple(queues)
+
+    def _target(self, channel):
+        try:
+            return self._targets[channel]
+        except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
+            pass
+        check_channel_name(channel, receive=True)
+        target = (self._topology.channel_queue(channel),
+                  self._topology.channel_queue_arguments(channel))
+        if len(self._targets) >= 10000:
+            self._targets.clear()
+        self._targets[channel] = target
+        return target
 
 
 def check_channel_name(name, receive=False):

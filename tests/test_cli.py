@@ -19,7 +19,10 @@ import pytest
 import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+from asgi_amqp import statistics  # noqa: E402
 from asgi_amqp.tools import cli  # noqa: E402
+from asgi_amqp.tools.cli.send import _progress  # noqa: E402
+from asgi_amqp.tools.jsonbytes import dumps, loads  # noqa: E402
 from helpers import drain, make_layer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,15 +81,15 @@ def _summary(result):
 
 def test_bytes_round_trip_through_json():
     message = {"b": b"\x00\xff", "nested": [{"x": b"abc"}], "s": "text"}
-    line = cli.dumps(message)
+    line = dumps(message)
     assert json.loads(line)["b"] == {"__bytes__": "AP8="}
-    assert cli.loads(line) == message
+    assert loads(line) == message
 
 
 @pytest.mark.parametrize("text", ['{"__bytes__": "%%%"}', '{"__bytes__": 3}'])
 def test_invalid_bytes_representation_is_an_error(text):
     with pytest.raises(ValueError):
-        cli.loads(text)
+        loads(text)
 
 
 # -- send and receive ------------------------------------------------------------------
@@ -304,7 +307,7 @@ def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix):
 
 
 def test_no_progress_bar_when_stderr_is_not_a_terminal():
-    assert cli._progress(10) is None
+    assert _progress(10) is None
 
 
 def test_progress_bar_on_a_terminal():
@@ -315,7 +318,7 @@ def test_progress_bar_on_a_terminal():
             return True
 
     terminal = Terminal()
-    bar = cli._progress(10, terminal)
+    bar = _progress(10, terminal)
     assert bar is not None and bar.total == 10
     bar.update(4)
     bar.refresh()
@@ -375,7 +378,7 @@ def test_stats_json_and_table(run, layer):
     body = json.loads(result.stdout)
     assert set(body["channels"]) == {"cli.s1", "cli.s2!"}
     for figures in list(body["channels"].values()) + [body["global"]]:
-        assert set(figures) == set(cli.statistics.KEYS)
+        assert set(figures) == set(statistics.KEYS)
 
     result = run("stats", "cli.s1")
     assert result.exit_code == 0

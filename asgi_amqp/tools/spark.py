@@ -20,14 +20,12 @@ Needs pyspark: ``pip install 'asgi-amqp-layer[spark]'``.
 
 import collections
 import functools
+import itertools
 import logging
 import os
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 from . import jsonbytes
-from .bulk import ON_FULL, send_one
+from .bulk import ON_FULL, BulkSender
 
 try:
     from pyspark.sql import Row
@@ -40,7 +38,6 @@ __all__ = ["send_dataframe", "SendResult"]
 
 logger = logging.getLogger(__name__)
 
-CONSECUTIVE_CONNECTION_ERRORS = 3
 LOGGED_ERRORS = 10  # per partition
 
 
@@ -173,63 +170,14 @@ def _message(row, columns, mode):
 
 # -- the executor side ---------------------------------------------------------------------
 
-class _Partition(object):
-    """Sends one partition's rows on one layer and counts the outcomes."""
+def _log_failure(counter=None):
+    """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS warnings."""
+    counter = counter or itertools.count(1)
 
-    def __init__(self, layer, kind, on_full, retries, sleep=time.sleep):
-        self.layer = layer
-        self.kind = kind
-        self.on_full = on_full
-        self.retries = retries
-        self.sent = self.full = self.failed = 0
-        self.stop = False
-        self._connection_errors = 0
-        self._logged = 0
-        self._lock = threading.Lock()
-        self._sleep = sleep
-
-    def _log(self, text, *args):
-        with self._lock:
-            self._logged += 1
-            if self._logged > LOGGED_ERRORS:
-                return
-        logger.warning(text, *args)
-
-    def fail(self, why, *args):
-        with self._lock:
-            self.failed += 1
-        self._log(why, *args)
-
-    def send(self, name, message):
-        from ..errors import AuthenticationError, BrokerConnectionError
-
-        if self.stop:
-            with self._lock:
-                self.failed += 1
-            return
-        try:
-            sent = send_one(self.layer, self.kind, name, message, self.on_full, self.retries,
-                            sleep=self._sleep)
-        except BrokerConnectionError as exc:
-            with self._lock:
-                self.failed += 1
-                self._connection_errors += 1
-                if (isinstance(exc, AuthenticationError)
-                        or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS):
-                    self.stop = True
-            self._log("asgi_amqp.spark: send to %s failed: %s", name, exc)
-            return
-        except Exception as exc:  # invalid message, too large, broker refused, ...
-            self.fail("asgi_amqp.spark: send to %s failed: %s", name, exc)
-            return
-        with self._lock:
-            if sent:
-                self.sent += 1
-                self._connection_errors = 0
-            else:
-                self.full += 1
-                if self.on_full == "fail":
-                    self.stop = True
+    def report(where, exc):
+        if next(counter) <= LOGGED_ERRORS:
+            logger.warning("asgi_amqp.spark: %s: %s", where, exc)
+    return report
 
 
 def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config,
@@ -237,21 +185,13 @@ def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs,
     from ..layer import AMQPChannelLayer
 
     layer = None
-    part = None
-    pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
-    window = threading.BoundedSemaphore(jobs * 4)
-
-    def send(name, message):
-        try:
-            part.send(name, message)
-        finally:
-            window.release()
-
+    sender = None
     try:
         for row in rows:
             if layer is None:
                 layer = AMQPChannelLayer(**layer_config)
-                part = _Partition(layer, kind, on_full, retries)
+                sender = BulkSender(layer, on_full=on_full, retries=retries, jobs=jobs,
+                                    report=_log_failure())
             name = row[name_col]
             try:
                 if not isinstance(name, str):
@@ -262,23 +202,21 @@ def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs,
                     layer.valid_group_name(name)
                 message = _message(row, columns, mode)
             except (TypeError, ValueError) as exc:
-                part.fail("asgi_amqp.spark: skipped a row: %s", exc)
+                sender.invalid("skipped a row", exc)
                 continue
-            window.acquire()
-            if pool is None:
-                send(name, message)
-            else:
-                pool.submit(send, name, message)
+            sender.submit(kind, name, message, "send to %s failed" % name)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if sender is not None:
+            sender.close()
         if layer is not None:
             layer.close()
-        if part is not None:
+        if sender is not None:
             sent, full, failed = accumulators
-            sent.add(part.sent)
-            full.add(part.full)
-            failed.add(part.failed)
+            sent.add(sender.sent)
+            full.add(sender.full)
+            failed.add(sender.failed)
+            if sender.fatal is not None:
+                logger.warning("asgi_amqp.spark: the partition stopped: %s", sender.fatal)
 
 
 # -- the driver side -----------------------------------------------------------------------

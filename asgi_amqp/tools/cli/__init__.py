@@ -1,0 +1,18 @@
+"""The ``asgi-amqp`` command: send, receive, groups, flush and statistics.
+
+Run ``asgi-amqp --help`` (or ``python -m asgi_amqp --help``). Needs click,
+and tqdm for the progress bar of bulk sends: ``pip install 'asgi-amqp-layer[cli]'``.
+
+One module per command family; ``base`` holds the group, the global options
+and the error handling they share.
+"""
+
+from . import groups, receive, send, stats  # noqa: F401  (each registers its commands)
+from .base import PROG, cli
+
+__all__ = ["cli", "main"]
+
+
+def main(argv=None):
+    """The ``asgi-amqp`` console script."""
+    return cli.main(args=argv, prog_name=PROG)

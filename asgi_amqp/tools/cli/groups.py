@@ -1,0 +1,81 @@
+"""``asgi-amqp new-channel``, ``group-add``, ``group-discard``, ``group-members``, ``flush``."""
+
+import json
+import sys
+
+try:
+    import click
+except ImportError:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+
+from .base import EPILOG, EXIT_PARTIAL, PROG, _LayerErrors, cli
+
+# -- channels and groups ------------------------------------------------------------------
+
+@cli.command("new-channel", epilog=EPILOG)
+@click.argument("pattern")
+@click.pass_obj
+def new_channel(settings, pattern):
+    """Print a new, unused channel name made from PATTERN (which ends with '?')."""
+    with _LayerErrors():
+        click.echo(settings.layer().new_channel(pattern))
+
+
+@cli.command("group-add", epilog=EPILOG)
+@click.argument("group")
+@click.argument("channel")
+@click.pass_obj
+def group_add(settings, group, channel):
+    """Add CHANNEL to GROUP (for the layer's group_expiry)."""
+    with _LayerErrors():
+        settings.layer().group_add(group, channel)
+
+
+@cli.command("group-discard", epilog=EPILOG)
+@click.argument("group")
+@click.argument("channel")
+@click.pass_obj
+def group_discard(settings, group, channel):
+    """Remove CHANNEL from GROUP."""
+    with _LayerErrors():
+        settings.layer().group_discard(group, channel)
+
+
+@cli.command("group-members", epilog=EPILOG)
+@click.argument("group")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.pass_obj
+def group_members(settings, group, as_json):
+    """Print the channels in GROUP, one a line (needs the management API)."""
+    with _LayerErrors():
+        members = sorted(settings.layer().group_channels(group))
+    if as_json:
+        click.echo(json.dumps(members))
+    else:
+        for member in members:
+            click.echo(member)
+
+
+@cli.command(epilog=EPILOG)
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def flush(settings, yes):
+    """Delete every channel, group and message under the prefix.
+
+    Asks for confirmation unless --yes is given (needs the management API).
+    """
+    layer = settings.layer()
+    if not yes:
+        question = "Delete every channel, group and message with prefix %r on %s?" % (
+            layer.topology.prefix, settings.where())
+        try:
+            confirmed = click.confirm(question, default=False, err=True)
+        except click.Abort:  # end of input or Ctrl-C
+            confirmed = False
+        if not confirmed:
+            click.echo("%s: nothing was flushed" % PROG, err=True)
+            sys.exit(EXIT_PARTIAL)
+    with _LayerErrors():
+        layer.flush()
+    click.echo("%s: flushed prefix %r" % (PROG, layer.topology.prefix), err=True)

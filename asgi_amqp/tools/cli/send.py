@@ -1,0 +1,241 @@
+"""``asgi-amqp send`` and ``send-group``: one message, or every line of a file.
+
+Bulk mode reads JSON Lines and hands each to ``tools.bulk.BulkSender``.
+"""
+
+import itertools
+import os
+import stat
+import sys
+import time
+
+try:
+    import click
+except ImportError:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+
+from ...errors import BrokerConnectionError
+from ...serialization import validate_message
+from .. import bulk
+from ..jsonbytes import loads
+from .base import (EPILOG, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, MAX_REPORTED_ERRORS, PROG,
+                   CLIError, _error_for, _LayerErrors, _message_argument, _mismatch_hint,
+                   _one_line, cli)
+
+# -- send -----------------------------------------------------------------------------
+
+ON_FULL = click.Choice(list(bulk.ON_FULL))
+
+
+def _reporter(write=None):
+    """report(where, exc) for a BulkSender: one line each, at most MAX_REPORTED_ERRORS."""
+    write = write or (lambda text: click.echo(text, err=True))
+    counter = itertools.count(1)
+
+    def report(where, exc):
+        count = next(counter)
+        if count <= MAX_REPORTED_ERRORS:
+            write("%s: %s" % (where, _describe(exc)))
+        elif count == MAX_REPORTED_ERRORS + 1:
+            write("(further errors are not shown)")
+    return report
+
+
+def _describe(exc):
+    if isinstance(exc, BrokerConnectionError):
+        return "cannot reach the broker: %s" % _one_line(exc)
+    return _one_line(exc) + _mismatch_hint(exc)
+
+
+def _summary(sender, elapsed):
+    rate = sender.sent / elapsed if elapsed > 0 else 0.0
+    return "sent %d, channel full %d, failed %d in %.2f s (%.0f msg/s)" % (
+        sender.sent, sender.full, sender.failed, elapsed, rate)
+
+
+def _exit_code(sender):
+    if sender.fatal is not None:
+        return EXIT_ERROR
+    if sender.full or sender.failed or sender.stopped is not None:
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+def _fatal_error(sender):
+    return _error_for(sender.fatal) or CLIError(_one_line(sender.fatal))
+
+
+def _parse_line(text, layer):
+    """(kind, name, message) of one JSON Lines record, or raise ValueError."""
+    try:
+        record = loads(text)
+    except ValueError as exc:
+        raise ValueError("invalid JSON: %s" % exc)
+    if not isinstance(record, dict):
+        raise ValueError("expected a JSON object with \"channel\" or \"group\" and \"message\"")
+    unknown = set(record) - {"channel", "group", "message"}
+    if unknown:
+        raise ValueError("unknown key(s): %s" % ", ".join(sorted(unknown)))
+    if ("channel" in record) == ("group" in record):
+        raise ValueError("give exactly one of \"channel\" and \"group\"")
+    kind = "channel" if "channel" in record else "group"
+    name = record[kind]
+    try:
+        if kind == "channel":
+            layer.valid_channel_name(name)
+        else:
+            layer.valid_group_name(name)
+    except TypeError as exc:
+        raise ValueError(_one_line(exc))
+    if "message" not in record:
+        raise ValueError("missing \"message\"")
+    message = record["message"]
+    if not isinstance(message, dict):
+        raise ValueError("\"message\" must be a JSON object")
+    try:
+        validate_message(message)
+    except TypeError as exc:
+        raise ValueError(_one_line(exc))
+    return kind, name, message
+
+
+def _count_lines(stream):
+    """Number of non-blank lines of a regular file (for the progress bar), else None."""
+    try:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        position = stream.tell()
+        count = sum(1 for line in stream if line.strip())
+        stream.seek(position)
+    except (AttributeError, OSError, ValueError):  # not a file, or not UTF-8
+        try:
+            stream.seek(0)
+        except (AttributeError, OSError, ValueError):
+            pass
+        return None
+    return count
+
+
+def _progress(total, stream=None):
+    """A tqdm bar when ``stream`` (stderr) is a terminal, else None."""
+    stream = stream or sys.stderr
+    try:
+        if not stream.isatty():
+            return None
+        from tqdm import tqdm
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return tqdm(total=total, unit="msg", file=stream, dynamic_ncols=True, leave=False)
+
+
+def _send_bulk(settings, stream, on_full, retries, jobs):
+    layer = settings.layer()
+    total = _count_lines(stream)
+    bar = _progress(total)
+    write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
+    sender = bulk.BulkSender(layer, on_full=on_full, retries=retries, jobs=jobs,
+                             report=_reporter(write))
+    started = time.monotonic()
+    try:
+        for number, line in enumerate(stream, 1):
+            if sender.done:
+                break
+            if not line.strip():
+                continue
+            where = "line %d" % number
+            try:
+                kind, name, message = _parse_line(line, layer)
+            except ValueError as exc:
+                sender.invalid(where, exc)
+            else:
+                sender.submit(kind, name, message, where)
+            if bar is not None:
+                bar.update(1)
+    except UnicodeDecodeError as exc:
+        sender.invalid("input", ValueError("not UTF-8 text: %s" % exc))
+    except KeyboardInterrupt:
+        sender.stopped = sender.stopped or "an interrupt"
+    finally:
+        sender.close()
+        if bar is not None:
+            bar.close()
+    elapsed = time.monotonic() - started
+    if sender.fatal is not None and sender.processed <= 1:
+        raise _fatal_error(sender)
+    if sender.fatal is not None:
+        click.echo("%s: error: %s" % (PROG, _fatal_error(sender).format_message()), err=True)
+    if sender.stopped:
+        click.echo("%s: stopped at %s" % (PROG, sender.stopped.replace(
+            "(on_full=fail)", "(--on-full=fail)")), err=True)
+    click.echo(_summary(sender, elapsed), err=True)
+    return _exit_code(sender)
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("channel", required=False)
+@click.argument("message_json", metavar="[MESSAGE_JSON]", required=False)
+@click.option("--from", "source", type=click.File("r", encoding="utf-8"), metavar="FILE",
+              help="Send every line of FILE ('-' for stdin), JSON Lines of "
+                   "{\"channel\": ..., \"message\": {...}} or "
+                   "{\"group\": ..., \"message\": {...}}.")
+@click.option("--on-full", type=ON_FULL, default="fail", show_default=True,
+              help="When a channel is full: fail (stop), skip (count it and go on), or "
+                   "retry with exponential backoff, then count it as full and go on.")
+@click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Attempts after the first with --on-full=retry (waits 0.1 s, 0.2 s, ... "
+                   "at most 2 s).")
+@click.option("--jobs", type=click.IntRange(min=1, max=64), default=1, show_default=True,
+              help="Bulk mode: messages in flight at once. More than 1 is faster but may "
+                   "reorder messages to one channel.")
+@click.pass_obj
+def send(settings, channel, message_json, source, on_full, retries, jobs):
+    """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
+
+    Bulk mode shows a progress bar on a terminal, reports bad lines with
+    their line number and goes on, and ends with a summary line: sent,
+    channel full, failed, and the rate.
+    """
+    if source is not None:
+        if channel is not None or message_json is not None:
+            raise click.UsageError("give either CHANNEL MESSAGE_JSON or --from FILE, not both")
+        sys.exit(_send_bulk(settings, source, on_full, retries, jobs))
+    if channel is None or message_json is None:
+        raise click.UsageError("give CHANNEL and MESSAGE_JSON, or --from FILE")
+    message = _message_argument(message_json)
+    _send_one(settings, "channel", channel, message, on_full, retries)
+
+
+@cli.command("send-group", epilog=EPILOG)
+@click.argument("group")
+@click.argument("message_json", metavar="MESSAGE_JSON")
+@click.pass_obj
+def send_group(settings, group, message_json):
+    """Send MESSAGE_JSON (a JSON object) to every channel in GROUP.
+
+    Members whose channel is full miss the message, as ASGI says.
+    """
+    message = _message_argument(message_json)
+    _send_one(settings, "group", group, message, "fail", 0)
+
+
+def _send_one(settings, kind, name, message, on_full, retries):
+    layer = settings.layer()
+    with _LayerErrors():
+        if kind == "channel":
+            layer.valid_channel_name(name)
+        else:
+            layer.valid_group_name(name)
+    try:
+        validate_message(message)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
+    sender = bulk.BulkSender(layer, on_full=on_full, retries=retries, report=_reporter())
+    sender.submit(kind, name, message, "%s %s" % (kind, name))
+    if sender.fatal is not None:
+        raise _fatal_error(sender)
+    if sender.full:
+        raise CLIError("channel %s is full (capacity %d)" % (name, layer.get_capacity(name)),
+                       EXIT_PARTIAL)
+    if sender.failed:
+        sys.exit(EXIT_PARTIAL)

@@ -40,11 +40,11 @@ BROKER_PY = $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test demo demo-basic bench \
-        bench-channels bench-echo faults-stack clean distclean
+        bench-channels bench-echo faults-stack docs lint clean distclean
 
 help:
 	@echo "targets: venv broker-deps e2e-deps redis-deps redis-venv test demo demo-basic bench"
-	@echo "         bench-channels bench-echo bench-report faults-stack clean distclean"
+	@echo "         bench-channels bench-echo bench-report faults-stack docs lint clean distclean"
 	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS=... BENCH_ARGS=... DEMO_ARGS=..."
 	@echo "           FAULTS_ARGS='$(FAULTS_ARGS)' (see tests/project/stackfaults.py --help)"
 	@echo "           CHANNELS_BENCH_ARGS=... ECHO_ARGS=... REDIS_VENV=$(REDIS_VENV)"
@@ -100,8 +100,15 @@ e2e-deps:
 	    exit 1; \
 	fi
 
-test: venv broker-deps e2e-deps
+test: venv broker-deps e2e-deps lint docs
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# ruff check, ruff format --check and mypy (ruff.toml, mypy.ini).
+LINT_PATHS := asgi_amqp tests conformance devtools examples conftest.py setup.py
+lint: venv
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy asgi_amqp
 
 # The chat example: daphne + two runworkers on the layer, a scripted room,
 # then http://127.0.0.1:8000/ until Ctrl-C (DEMO_ARGS=--once: exit after the
@@ -203,6 +210,17 @@ bench-echo: venv broker-deps redis-venv redis-deps
 # (tests/project/stackfaults.py; a short version runs in make test).
 faults-stack: venv broker-deps
 	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
+
+# The documentation (docs/), built with warnings as errors into docs/_build/html.
+# The docs extra (Sphinx, furo, sphinx-click) goes into the project venv.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(VPY) -m pip install -e '.[docs]'
+	touch $@
+
+docs: venv $(DOCS_STAMP)
+	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 clean:
 	rm -rf build dist .eggs .pytest_cache .hypothesis .mypy_cache .ruff_cache htmlcov .coverage .coverage.*

@@ -23,15 +23,19 @@ from devtools.rabbitmq import provide_broker
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "slow: takes seconds (starts extra broker nodes, waits for expiry, ...)")
+        "markers", "slow: takes seconds (starts extra broker nodes, waits for expiry, ...)"
+    )
     config.addinivalue_line(
-        "markers", "faults: injects broker faults (kill, stop_app, close connections); "
-                   "needs a private node")
+        "markers",
+        "faults: injects broker faults (kill, stop_app, close connections); needs a private node",
+    )
     # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture
     # teardown and leave the private broker node behind.  Turn it into a
     # KeyboardInterrupt, which pytest unwinds cleanly.
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    ):
         signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
 
 
@@ -57,4 +61,3 @@ def _announce(config, message):
     with suspended:
         reporter.ensure_newline()
         reporter.write_line(message, cyan=True)
-

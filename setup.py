@@ -24,6 +24,7 @@ setup(
     long_description_content_type="text/x-rst",
     license="BSD-3-Clause",
     packages=find_packages(include=["asgi_amqp", "asgi_amqp.*"]),
+    package_data={"asgi_amqp": ["py.typed"]},
     python_requires=">=3.8",
     install_requires=[
         "pika>=1.3,<2",
@@ -41,6 +42,11 @@ setup(
             "tqdm>=4",
             "websocket-client>=1.0",
             "selenium>=4.10",
+            # make lint (run by make test): pinned, so that a new release's
+            # rules cannot fail a clean checkout.
+            "ruff==0.17.6",
+            "mypy==2.4.1",
+            "types-pika==1.2.0b1",
         ],
         "cli": ["click>=8.0", "tqdm>=4"],
         "spark": ["pyspark>=3.4"],
@@ -53,8 +59,9 @@ setup(
             "autobahn",
         ],
         "bench": ["tqdm", "pyarrow", "matplotlib", "pyspark>=3.5"],
+        "docs": ["sphinx>=7", "furo", "sphinx-click>=5", "click>=8.0"],
     },
-    entry_points={"console_scripts": ["asgi-amqp=asgi_amqp.cli:main"]},
+    entry_points={"console_scripts": ["asgi-amqp=asgi_amqp.tools.cli:main"]},
     classifiers=[
         "Framework :: Django",
         "Programming Language :: Python :: 3",

@@ -2,9 +2,17 @@
 
 import logging
 
-from .errors import (AMQPLayerError, AuthenticationError, BrokerConnectionError,
-                     BrokerOperationError, ChannelFull, LayerClosed, ManagementAPIError,
-                     MessageTooLarge, OperationTimeout)
+from .errors import (
+    AMQPLayerError,
+    AuthenticationError,
+    BrokerConnectionError,
+    BrokerOperationError,
+    ChannelFull,
+    LayerClosed,
+    ManagementAPIError,
+    MessageTooLarge,
+    OperationTimeout,
+)
 from .layer import AMQPChannelLayer
 
 __version__ = "0.1.0"
@@ -12,7 +20,15 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
-    "AMQPChannelLayer", "ChannelFull", "MessageTooLarge", "AMQPLayerError",
-    "BrokerConnectionError", "AuthenticationError", "OperationTimeout",
-    "BrokerOperationError", "ManagementAPIError", "LayerClosed", "__version__",
+    "AMQPChannelLayer",
+    "ChannelFull",
+    "MessageTooLarge",
+    "AMQPLayerError",
+    "BrokerConnectionError",
+    "AuthenticationError",
+    "OperationTimeout",
+    "BrokerOperationError",
+    "ManagementAPIError",
+    "LayerClosed",
+    "__version__",
 ]

@@ -8,11 +8,22 @@ from asgiref.base_layer import BaseChannelLayer
 
 
 class ChannelFull(BaseChannelLayer.ChannelFull):
-    """The channel's queue holds ``capacity`` messages already."""
+    """The channel's queue holds ``capacity`` messages already.
+
+    Raised by ``send`` only; the message was not delivered. It is also
+    ``AMQPChannelLayer.ChannelFull`` and a subclass of asgiref's
+    ``BaseChannelLayer.ChannelFull``, so code written against asgiref
+    catches it.
+    """
 
 
 class MessageTooLarge(BaseChannelLayer.MessageTooLarge):
-    """The encoded message is larger than ``max_message_size``."""
+    """The encoded message is larger than ``max_message_size``.
+
+    Raised before anything is sent. It is also
+    ``AMQPChannelLayer.MessageTooLarge`` and a subclass of asgiref's
+    ``BaseChannelLayer.MessageTooLarge``.
+    """
 
 
 class AMQPLayerError(Exception):
@@ -35,7 +46,13 @@ class OperationTimeout(BrokerConnectionError):
 
 
 class BrokerOperationError(AMQPLayerError):
-    """The broker refused an operation (for example, mismatched queue arguments)."""
+    """The broker refused an operation (for example, mismatched queue arguments).
+
+    ``reply_code`` and ``reply_text`` hold the broker's reply (such as
+    ``406`` and its ``PRECONDITION_FAILED`` text); ``reply_code`` is
+    ``None`` when the error is not a broker reply (a client-side call that
+    failed).
+    """
 
     def __init__(self, reply_code, reply_text):
         if reply_code is None:

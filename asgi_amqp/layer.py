@@ -14,19 +14,23 @@ import math
 import os
 import secrets
 import string
+import threading
 import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pika
 from asgiref.base_layer import BaseChannelLayer
 
 from . import engine, naming, statistics, twisted_support
 from .engine import ACKED, NACKED, Engine
-from .errors import (BrokerConnectionError, BrokerOperationError, ChannelFull, MessageTooLarge)
+from .errors import BrokerConnectionError, BrokerOperationError, ChannelFull, MessageTooLarge
 from .management import ManagementClient
 from .serialization import Serializer, UndecodableMessage
 from .urls import management_url_for, parse_urls, redact, vhost_of
 
 logger = logging.getLogger(__name__)
+
+Message = Dict[str, Any]  # an ASGI message: a dict of msgpack-able values
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
@@ -73,20 +77,36 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     # "statistics" is added on an instance whose management API answers.
     extensions = statistics.Extensions(
-        ["groups", "flush"] + (["twisted"] if twisted_support.AVAILABLE else []))
+        ["groups", "flush"] + (["twisted"] if twisted_support.AVAILABLE else [])
+    )
 
     ChannelFull = ChannelFull
     MessageTooLarge = MessageTooLarge
 
-    def __init__(self, url=None, expiry=60, group_expiry=86400, capacity=100,
-                 channel_capacity=None, prefix="asgi", management_url=None,
-                 receive_timeout=5.0, operation_timeout=10.0,
-                 max_message_size=DEFAULT_MAX_MESSAGE_SIZE, symmetric_encryption_keys=None,
-                 linger=0.25, consumer_idle_timeout=30.0, dead_letter_worker=True,
-                 queue_type="classic"):
+    def __init__(
+        self,
+        url: Union[None, str, Sequence[str]] = None,
+        expiry: float = 60,
+        group_expiry: float = 86400,
+        capacity: int = 100,
+        channel_capacity: Optional[Mapping[Any, int]] = None,
+        prefix: str = "asgi",
+        management_url: Optional[str] = None,
+        receive_timeout: float = 5.0,
+        operation_timeout: float = 10.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        symmetric_encryption_keys: Optional[Sequence[Union[str, bytes]]] = None,
+        linger: float = 0.25,
+        consumer_idle_timeout: float = 30.0,
+        dead_letter_worker: bool = True,
+        queue_type: str = "classic",
+    ) -> None:
         super(AMQPChannelLayer, self).__init__(
-            expiry=expiry, group_expiry=group_expiry, capacity=capacity,
-            channel_capacity=channel_capacity)
+            expiry=expiry,
+            group_expiry=group_expiry,
+            capacity=capacity,
+            channel_capacity=channel_capacity,
+        )
         url = url or os.environ.get("AMQP_URL") or DEFAULT_URL
         self._urls = [url] if isinstance(url, str) else list(url)
         self._parameters = parse_urls(self._urls)
@@ -96,25 +116,34 @@ class AMQPChannelLayer(BaseChannelLayer):
         _positive("operation_timeout", operation_timeout)
         _positive("capacity", capacity)
         _positive("max_message_size", max_message_size)
-        for pattern, value in self.channel_capacity:
+        for _pattern, value in self.channel_capacity:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError("channel_capacity values must be positive integers, not %r"
-                                 % (value,))
+                raise ValueError(
+                    "channel_capacity values must be positive integers, not %r" % (value,)
+                )
         self.receive_timeout = receive_timeout
         self.operation_timeout = operation_timeout
-        self.topology = naming.Topology(prefix, expiry, group_expiry, self.get_capacity,
-                                        queue_type=queue_type)
+        self.topology = naming.Topology(
+            prefix, expiry, group_expiry, self.get_capacity, queue_type=queue_type
+        )
         self._serializer = Serializer(max_message_size, symmetric_encryption_keys)
-        self._management_url = (management_url or os.environ.get("AMQP_MANAGEMENT_URL")
-                                or management_url_for(self._urls[0]))
+        self._management_url = (
+            management_url
+            or os.environ.get("AMQP_MANAGEMENT_URL")
+            or management_url_for(self._urls[0])
+        )
         if not self._management_url.startswith(("http://", "https://")):
             raise ValueError("management_url must be an http:// or https:// URL")
         self._management = None
         self._engine = Engine(
-            self._parameters, self.topology, operation_timeout=operation_timeout,
-            linger=linger, idle_timeout=consumer_idle_timeout,
+            self._parameters,
+            self.topology,
+            operation_timeout=operation_timeout,
+            linger=linger,
+            idle_timeout=consumer_idle_timeout,
             settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
-            dead_letter_worker=dead_letter_worker)
+            dead_letter_worker=dead_letter_worker,
+        )
         self._infrastructure_pid = None
         self._queues_for_receive = naming.ReceiveTargets(self.topology)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
@@ -124,23 +153,34 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     def __repr__(self):
         return "<%s %s prefix=%r>" % (
-            type(self).__name__, ", ".join(redact(u) for u in self._urls), self.topology.prefix)
+            type(self).__name__,
+            ", ".join(redact(u) for u in self._urls),
+            self.topology.prefix,
+        )
 
     # -- lifecycle ------------------------------------------------------------
 
-    def threads(self):
+    def threads(self) -> List[threading.Thread]:
         """The threads this layer runs in this process (for monitoring)."""
         return self._engine.threads()
 
-    def close(self):
+    def close(self) -> None:
         """Stop the I/O thread and the dead-letter worker; the layer is unusable afterwards."""
         self._engine.close()
 
     # -- primitives ---------------------------------------------------------
 
     def _publish(self, exchange, routing_key, body, properties, mandatory, what, marked=False):
-        return self._engine.publish(exchange, routing_key, body, properties, mandatory, what,
-                                    marked=marked, fans_out=exchange == self.topology.group_router)
+        return self._engine.publish(
+            exchange,
+            routing_key,
+            body,
+            properties,
+            mandatory,
+            what,
+            marked=marked,
+            fans_out=exchange == self.topology.group_router,
+        )
 
     def _admin(self, steps, what):
         return self._engine.declare(steps, what)
@@ -156,13 +196,16 @@ class AMQPChannelLayer(BaseChannelLayer):
         # Ids only need to be unique per process and cheap: a random
         # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
-            delivery_mode=1, content_type="application/x-msgpack",
-            message_id="%s.%d" % (self._process_token(), next(self._id_counter)), headers=headers,
-            timestamp=int(time.time()))  # the broker's messages_max_age reads it
+            delivery_mode=1,
+            content_type="application/x-msgpack",
+            message_id="%s.%d" % (self._process_token(), next(self._id_counter)),
+            headers=headers,
+            timestamp=int(time.time()),
+        )  # the broker's messages_max_age reads it
 
     # -- ASGI API -------------------------------------------------------------
 
-    def send(self, channel, message):
+    def send(self, channel: str, message: Message) -> None:
         self._check_channel_name(channel)
         body = self._serializer.dumps(message)
         queue = self.topology.channel_queue(channel)
@@ -184,7 +227,9 @@ class AMQPChannelLayer(BaseChannelLayer):
                 attempts.returned()
                 self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
 
-    def receive(self, channels, block=False):
+    def receive(
+        self, channels: Iterable[str], block: bool = False
+    ) -> Tuple[Optional[str], Optional[Message]]:
         queues = self._queues_for_receive(channels)
         if not queues:
             return None, None  # as asgiref's in-memory layer and asgi_redis do
@@ -210,30 +255,33 @@ class AMQPChannelLayer(BaseChannelLayer):
         """A nack means full, unless the queue is not: a queue on a node that
         is going down, or a quorum queue between leaders, refuses messages
         too, and that is not ChannelFull."""
-        depth = self._admin([engine.queue_declare(queue, None, passive=True)],
-                            "check %s" % queue).message_count
+        depth = self._admin(
+            [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
+        ).message_count
         if depth >= self.get_capacity(channel):
             self._stats.count_full(channel)
             raise self.ChannelFull("channel %s is full" % channel)
 
-    def new_channel(self, pattern):
+    def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
             raise TypeError("new_channel pattern must end with '?', not %r" % (pattern,))
         self._check_group_name(pattern[:-1])  # the part before '?' has the group alphabet
         suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
         name = pattern + suffix
         if len(name) > naming.MAX_NAME_LENGTH:
-            raise TypeError("new_channel pattern %r is too long: the name must stay under "
-                            "100 characters with its 12-character suffix" % pattern)
+            raise TypeError(
+                "new_channel pattern %r is too long: the name must stay under "
+                "100 characters with its 12-character suffix" % pattern
+            )
         return name
 
-    def receive_twisted(self, channels):
+    def receive_twisted(self, channels: Iterable[str]) -> Any:
         """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
         return twisted_support.receive_twisted(self, channels)
 
     # -- groups ---------------------------------------------------------------
 
-    def group_add(self, group, channel):
+    def group_add(self, group: str, channel: str) -> None:
         self._check_group_name(group)
         self._check_channel_name(channel)
         self._ensure_infrastructure()
@@ -245,7 +293,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         steps = [self._declare_channel_queue(channel)]
         if naming.is_process_local(channel):
             target = topology.local_member_queue(channel)
-            steps.append(engine.queue_declare(target, topology.local_member_queue_arguments(channel)))
+            steps.append(
+                engine.queue_declare(target, topology.local_member_queue_arguments(channel))
+            )
         else:
             target = topology.channel_queue(channel)
         marker = topology.marker_queue(group, channel)
@@ -269,50 +319,64 @@ class AMQPChannelLayer(BaseChannelLayer):
         self._renew_marker(group, channel, marker)
 
     def _renew_marker(self, group, channel, marker):
-        properties = self._properties({
-            naming.KIND_HEADER: naming.MARKER_KIND,
-            naming.GROUP_HEADER: group,
-            naming.CHANNEL_HEADER: channel,
-        })
+        properties = self._properties(
+            {
+                naming.KIND_HEADER: naming.MARKER_KIND,
+                naming.GROUP_HEADER: group,
+                naming.CHANNEL_HEADER: channel,
+            }
+        )
         outcome = self._publish("", marker, b"", properties, True, "group marker")
         if outcome != ACKED:
             raise BrokerOperationError(312, "membership marker for %s was not accepted" % channel)
 
-    def group_discard(self, group, channel):
+    def group_discard(self, group: str, channel: str) -> None:
         self._check_group_name(group)
         self._check_channel_name(channel)
         topology = self.topology
-        self._admin([
-            engine.exchange_unbind(topology.member_exchange(channel), topology.group_exchange(group)),
-            engine.queue_delete(topology.marker_queue(group, channel)),
-        ], "group_discard %s %s" % (group, channel))
+        self._admin(
+            [
+                engine.exchange_unbind(
+                    topology.member_exchange(channel), topology.group_exchange(group)
+                ),
+                engine.queue_delete(topology.marker_queue(group, channel)),
+            ],
+            "group_discard %s %s" % (group, channel),
+        )
 
-    def group_channels(self, group):
+    def group_channels(self, group: str) -> List[str]:
         self._check_group_name(group)
         destinations = self._management_client().exchange_destinations(
-            self.topology.group_exchange(group))
+            self.topology.group_exchange(group)
+        )
         channels = (self.topology.channel_of_member_exchange(d) for d in destinations)
         return [c for c in channels if c]
 
-    def send_group(self, group, message):
+    def send_group(self, group: str, message: Message) -> None:
         self._check_group_name(group)
         body = self._serializer.dumps(message)
         self._ensure_infrastructure()
         # Full members drop the message (the broker nacks); that is the spec.
-        self._publish(self.topology.group_router, group, body, self._properties(), False,
-                      "send to group %s" % group)
+        self._publish(
+            self.topology.group_router,
+            group,
+            body,
+            self._properties(),
+            False,
+            "send to group %s" % group,
+        )
 
     # -- statistics extension -------------------------------------------------
 
-    def global_statistics(self):
+    def global_statistics(self) -> Dict[str, Any]:
         """ASGI ``statistics`` extension: figures for all channels of the prefix."""
         return statistics.global_statistics(self)
 
-    def channel_statistics(self, channel):
+    def channel_statistics(self, channel: str) -> Dict[str, Any]:
         """ASGI ``statistics`` extension: figures for one channel (its queue)."""
         return statistics.channel_statistics(self, channel)
 
-    def connection_statistics(self):
+    def connection_statistics(self) -> Dict[str, Any]:
         """This process's view of its broker connection; asks the broker nothing.
 
         ``connected``
@@ -334,7 +398,7 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     # -- flush ------------------------------------------------------------------
 
-    def flush(self):
+    def flush(self) -> None:
         """Delete every queue and exchange under this layer's prefix.
 
         The shared dead-letter queue and exchange and the group router stay
@@ -358,21 +422,29 @@ class AMQPChannelLayer(BaseChannelLayer):
         topology = self.topology
         # Senders need only the exchanges. The dead-letter queue is the
         # workers' business; its node being down must not stop group_add.
-        self._admin([
-            engine.exchange_declare(topology.dead_letter_exchange),
-            engine.exchange_declare(topology.group_router, exchange_type="direct"),
-            engine.queue_declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments(),
-                                not_found_ok=True),
-            engine.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange,
-                             not_found_ok=True),
-        ], "declare the layer's shared objects")
+        self._admin(
+            [
+                engine.exchange_declare(topology.dead_letter_exchange),
+                engine.exchange_declare(topology.group_router, exchange_type="direct"),
+                engine.queue_declare(
+                    topology.dead_letter_queue,
+                    topology.dead_letter_queue_arguments(),
+                    not_found_ok=True,
+                ),
+                engine.queue_bind(
+                    topology.dead_letter_queue, topology.dead_letter_exchange, not_found_ok=True
+                ),
+            ],
+            "declare the layer's shared objects",
+        )
         self._infrastructure_pid = os.getpid()
 
     # -- helpers ----------------------------------------------------------------
 
     def _declare_channel_queue(self, channel):
-        return engine.queue_declare(self.topology.channel_queue(channel),
-                                   self.topology.channel_queue_arguments(channel))
+        return engine.queue_declare(
+            self.topology.channel_queue(channel), self.topology.channel_queue_arguments(channel)
+        )
 
     def _decode(self, delivery):
         """(channel, message) for a delivery, or None for one that is skipped."""
@@ -388,19 +460,20 @@ class AMQPChannelLayer(BaseChannelLayer):
     def _management_client(self):
         if self._management is None:
             self._management = ManagementClient(
-                self._management_url, vhost_of(self._urls[0]), timeout=self.operation_timeout)
+                self._management_url, vhost_of(self._urls[0]), timeout=self.operation_timeout
+            )
         return self._management
 
     # The base class's checks use loose regexes, and assert in valid_channel_names.
-    def valid_channel_name(self, name, receive=False):
+    def valid_channel_name(self, name: str, receive: bool = False) -> bool:
         naming.check_channel_name(name, receive=receive)
         return True
 
-    def valid_group_name(self, name):
+    def valid_group_name(self, name: str) -> bool:
         naming.check_group_name(name)
         return True
 
-    def valid_channel_names(self, names, receive=False):
+    def valid_channel_names(self, names: Iterable[str], receive: bool = False) -> bool:
         if isinstance(names, (str, bytes, dict)) or not hasattr(names, "__iter__"):
             raise TypeError("names must be a non-empty list")
         names = list(names)
@@ -440,7 +513,8 @@ class _SendAttempts(object):
             raise BrokerConnectionError(
                 "the broker kept refusing the message for %s for %.1f s although its queue "
                 "is not full (its node may be going down); it was not delivered"
-                % (self.channel, self.timeout))
+                % (self.channel, self.timeout)
+            )
         time.sleep(min(0.5, self.refused_until - now, 0.02 * 2 ** min(self.refusals, 4)))
         self.refusals += 1
 
@@ -448,10 +522,15 @@ class _SendAttempts(object):
         self.declares += 1
         if self.declares > 3:
             raise BrokerOperationError(
-                312, "queue %s disappears as soon as it is declared" % self.queue)
+                312, "queue %s disappears as soon as it is declared" % self.queue
+            )
 
 
 def _positive(name, value):
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value <= 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError("%s must be a positive number, not %r" % (name, value))

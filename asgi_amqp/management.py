@@ -29,7 +29,10 @@ class ManagementClient(object):
         if parts.scheme not in ("http", "https"):
             raise ValueError("management_url must be an http:// or https:// URL")
         self._base = "%s://%s%s" % (
-            parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"))
+            parts.scheme,
+            parts.netloc.rpartition("@")[2],
+            parts.path.rstrip("/"),
+        )
         user = unquote(parts.username or "guest")
         password = unquote(parts.password or "guest")
         token = base64.b64encode(("%s:%s" % (user, password)).encode("utf8")).decode("ascii")
@@ -52,21 +55,32 @@ class ManagementClient(object):
             if exc.code == 404:
                 return None
             if exc.code == 401:
-                raise ManagementAPIError("the management API at %s refused the credentials" % self._base)
-            raise ManagementAPIError("the management API at %s answered HTTP %d" % (self._base, exc.code))
+                raise ManagementAPIError(
+                    "the management API at %s refused the credentials" % self._base
+                )
+            raise ManagementAPIError(
+                "the management API at %s answered HTTP %d" % (self._base, exc.code)
+            )
         except (urllib.error.URLError, socket.timeout, ConnectionError, ValueError) as exc:
             raise ManagementAPIError(
                 "the RabbitMQ management API is not reachable at %s (%s); %s"
-                % (self._base, getattr(exc, "reason", exc), ENABLE_HINT))
+                % (self._base, getattr(exc, "reason", exc), ENABLE_HINT)
+            )
 
     def _paged(self, path, name_prefix):
         """All items under ``path`` whose name starts with ``name_prefix``."""
         items, page = [], 1
         while True:
-            body = self._get(path, {
-                "page": page, "page_size": 500, "name": "^" + _regex_escape(name_prefix),
-                "use_regex": "true", "columns": "name",
-            })
+            body = self._get(
+                path,
+                {
+                    "page": page,
+                    "page_size": 500,
+                    "name": "^" + _regex_escape(name_prefix),
+                    "use_regex": "true",
+                    "columns": "name",
+                },
+            )
             if body is None:
                 return items
             items.extend(item["name"] for item in body.get("items", []))
@@ -85,7 +99,9 @@ class ManagementClient(object):
 
     def exchange_destinations(self, exchange):
         """Names of the exchanges bound from ``exchange`` (its bindings as source)."""
-        body = self._get("exchanges/%s/%s/bindings/source" % (self._vhost, quote(exchange, safe="")))
+        body = self._get(
+            "exchanges/%s/%s/bindings/source" % (self._vhost, quote(exchange, safe=""))
+        )
         return [b["destination"] for b in body or [] if b.get("destination_type") == "exchange"]
 
     def queue(self, name):
@@ -95,9 +111,15 @@ class ManagementClient(object):
         """Full queue records (depth, rates) for the layer's queues."""
         items, page = [], 1
         while True:
-            body = self._get("queues/%s" % self._vhost, {
-                "page": page, "page_size": 500, "name": "^" + _regex_escape(prefix),
-                "use_regex": "true"})
+            body = self._get(
+                "queues/%s" % self._vhost,
+                {
+                    "page": page,
+                    "page_size": 500,
+                    "name": "^" + _regex_escape(prefix),
+                    "use_regex": "true",
+                },
+            )
             if body is None:
                 return items
             items.extend(body.get("items", []))

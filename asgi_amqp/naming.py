@@ -91,11 +91,11 @@ class Topology(object):
 
     def __init__(self, prefix, expiry, group_expiry, capacity_for, queue_type="classic"):
         if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-            raise ValueError(
-                "prefix must be 1-40 characters of letters, digits, '-', '_' or '.'"
-            )
+            raise ValueError("prefix must be 1-40 characters of letters, digits, '-', '_' or '.'")
         if queue_type not in QUEUE_TYPES:
-            raise ValueError("queue_type must be one of %s, not %r" % (", ".join(QUEUE_TYPES), queue_type))
+            raise ValueError(
+                "queue_type must be one of %s, not %r" % (", ".join(QUEUE_TYPES), queue_type)
+            )
         self.queue_type = queue_type
         self.prefix = prefix
         self.expiry = expiry
@@ -144,7 +144,7 @@ class Topology(object):
     def _strip(self, kind, name):
         head = self._name(kind) + SEPARATOR
         if name.startswith(head):
-            return name[len(head):]
+            return name[len(head) :]
         return None
 
     def channel_of_queue(self, queue):
@@ -245,8 +245,9 @@ class ReceiveTargets(object):
         # Any collection of names: Channels 1.x's worker passes a set. A bare
         # string is refused rather than read as a list of one-letter names.
         if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
-            raise TypeError("channels must be a list of channel names, not %s"
-                            % type(channels).__name__)
+            raise TypeError(
+                "channels must be a list of channel names, not %s" % type(channels).__name__
+            )
         channels = list(channels)
         try:
             key = frozenset(channels)
@@ -279,8 +280,10 @@ class ReceiveTargets(object):
         except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
             pass
         check_channel_name(channel, receive=True)
-        target = (self._topology.channel_queue(channel),
-                  self._topology.channel_queue_arguments(channel))
+        target = (
+            self._topology.channel_queue(channel),
+            self._topology.channel_queue_arguments(channel),
+        )
         if len(self._targets) >= 10000:
             self._targets.clear()
         self._targets[channel] = target
@@ -289,11 +292,13 @@ class ReceiveTargets(object):
 
 def check_channel_name(name, receive=False):
     """Raise TypeError unless ``name`` is a valid ASGI channel name."""
-    if not (isinstance(name, str) and len(name) <= MAX_NAME_LENGTH
-            and CHANNEL_NAME_RE.fullmatch(name)):
+    if not (
+        isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and CHANNEL_NAME_RE.fullmatch(name)
+    ):
         raise TypeError(
             "channel name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
-            "or '.', with at most one '?' or '!' part; got %r" % (name,))
+            "or '.', with at most one '?' or '!' part; got %r" % (name,)
+        )
     if "?" in name and name.endswith("?"):
         raise TypeError("single-reader channel names must not end with '?': %r" % name)
     if receive and "!" in name and not name.endswith("!"):
@@ -302,11 +307,13 @@ def check_channel_name(name, receive=False):
 
 def check_group_name(name):
     """Raise TypeError unless ``name`` is a valid ASGI group name."""
-    if not (isinstance(name, str) and len(name) <= MAX_NAME_LENGTH
-            and GROUP_NAME_RE.fullmatch(name)):
+    if not (
+        isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and GROUP_NAME_RE.fullmatch(name)
+    ):
         raise TypeError(
             "group name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
-            "or '.'; got %r" % (name,))
+            "or '.'; got %r" % (name,)
+        )
 
 
 def non_local_name(channel):

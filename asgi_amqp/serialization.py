@@ -13,8 +13,8 @@ from .errors import MessageTooLarge
 
 logger = logging.getLogger(__name__)
 
-INT_MIN = -(2 ** 63)
-INT_MAX = 2 ** 64 - 1
+INT_MIN = -(2**63)
+INT_MAX = 2**64 - 1
 MAX_DEPTH = 64
 _SCALARS = (str, bytes, bool, float, type(None))
 
@@ -111,8 +111,10 @@ class Serializer(object):
         try:
             body = msgpack.packb(message, use_bin_type=True)
         except UnicodeEncodeError as exc:
-            raise ValueError("message holds a string that is not valid Unicode text "
-                             "(a lone surrogate?): %s" % exc) from None
+            raise ValueError(
+                "message holds a string that is not valid Unicode text "
+                "(a lone surrogate?): %s" % exc
+            ) from None
         if self._crypter is not None:
             body = self._crypter.encrypt(body)
         if len(body) > self.max_message_size:

@@ -38,13 +38,19 @@ import collections
 import threading
 import time
 import weakref
+from typing import Any
 
 from . import naming
 from .errors import ManagementAPIError
 
 __all__ = [
-    "KEYS", "Counters", "Extensions", "global_statistics", "channel_statistics",
-    "all_channel_statistics", "is_available",
+    "KEYS",
+    "Counters",
+    "Extensions",
+    "global_statistics",
+    "channel_statistics",
+    "all_channel_statistics",
+    "is_available",
 ]
 
 KEYS = (
@@ -56,7 +62,7 @@ KEYS = (
     "channel_full_count_per_second",
 )
 
-_AVAILABLE_FOR = 300.0   # seconds a "the management API answers" is trusted
+_AVAILABLE_FOR = 300.0  # seconds a "the management API answers" is trusted
 _UNAVAILABLE_FOR = 30.0  # seconds before an unanswered probe is tried again
 
 
@@ -152,6 +158,7 @@ class _Series(object):
 
 # -- the extension ------------------------------------------------------------
 
+
 def _empty():
     return {
         "messages_count": 0,
@@ -171,7 +178,8 @@ def _from_queue(record, now):
     stats = record.get("message_stats") or {}
     figures["messages_count"] = int(stats.get("publish") or 0)
     figures["messages_count_per_second"] = float(
-        (stats.get("publish_details") or {}).get("rate") or 0.0)
+        (stats.get("publish_details") or {}).get("rate") or 0.0
+    )
     pending = int(record.get("messages_ready") or 0)
     figures["messages_pending"] = pending
     head = record.get("head_message_timestamp")
@@ -245,7 +253,9 @@ def summarize(per_channel, counters=None):
 # -- is the extension available? --------------------------------------------------
 
 _probe_lock = threading.Lock()
-_probes = weakref.WeakKeyDictionary()  # layer -> (answer, valid until)
+_probes: "weakref.WeakKeyDictionary[Any, Any]" = (
+    weakref.WeakKeyDictionary()
+)  # layer -> (answer, valid until)
 
 
 def is_available(layer):

@@ -17,7 +17,7 @@ import collections.abc
 try:
     from twisted.internet import defer, threads
 except ImportError:  # pragma: no cover - exercised by installs without Twisted
-    defer = threads = None
+    defer = threads = None  # type: ignore[assignment]
 
 AVAILABLE = threads is not None
 

@@ -37,8 +37,8 @@ def _parameters(url, client_name):
         # percent-encoded), and it must not ride along as __context__.
         raise ValueError(
             "invalid AMQP URL %s: check the host, port and query keys, and that "
-            "special characters in the user name and password are percent-encoded"
-            % redact(url))
+            "special characters in the user name and password are percent-encoded" % redact(url)
+        )
     if "heartbeat" not in given:
         parameters.heartbeat = DEFAULT_HEARTBEAT
     if "blocked_connection_timeout" not in given:

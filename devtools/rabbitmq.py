@@ -97,8 +97,9 @@ _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 class RabbitNodeError(RuntimeError):
     """A private node failed to start or stop, or a ``rabbitmqctl`` call failed."""
 
-    def __init__(self, message: str, *, returncode: Optional[int] = None,
-                 stdout: str = "", stderr: str = "") -> None:
+    def __init__(
+        self, message: str, *, returncode: Optional[int] = None, stdout: str = "", stderr: str = ""
+    ) -> None:
         super().__init__(message)
         self.returncode = returncode
         self.stdout = stdout
@@ -155,7 +156,8 @@ def find_rabbitmq_scripts() -> "tuple[str, str]":
         raise RabbitMQNotInstalled(
             "rabbitmq-server is not installed (looked in $PATH and %s). Install it "
             "(as root: `make broker-deps`, i.e. apt-get install rabbitmq-server), "
-            "or point AMQP_URL at a broker." % ", ".join(SCRIPT_DIRS))
+            "or point AMQP_URL at a broker." % ", ".join(SCRIPT_DIRS)
+        )
     real_dir = os.path.dirname(os.path.realpath(exe))
     server = os.path.join(real_dir, "rabbitmq-server")
     ctl = os.path.join(real_dir, "rabbitmqctl")
@@ -176,7 +178,7 @@ def _proc_start_time(pid: int) -> Optional[str]:
         return None
     except OSError:
         return ""
-    fields = data[data.rfind(")") + 2:].split()
+    fields = data[data.rfind(")") + 2 :].split()
     if not fields or fields[0] in ("Z", "X"):
         return None
     return fields[19] if len(fields) > 19 else ""
@@ -224,8 +226,9 @@ def management_api_ready(management_url: str, timeout: float = 2.0) -> bool:
     netloc = parts.hostname or "127.0.0.1"
     if parts.port:
         netloc = "%s:%d" % (netloc, parts.port)
-    url = urllib.parse.urlunsplit((parts.scheme or "http", netloc,
-                                   parts.path.rstrip("/") + "/api/overview", "", ""))
+    url = urllib.parse.urlunsplit(
+        (parts.scheme or "http", netloc, parts.path.rstrip("/") + "/api/overview", "", "")
+    )
     req = urllib.request.Request(url)
     token = base64.b64encode(("%s:%s" % (user, password)).encode()).decode()
     req.add_header("Authorization", "Basic " + token)
@@ -292,13 +295,19 @@ class RabbitNode:
     and data (durable queues and persistent messages survive).
     """
 
-    def __init__(self, name: Optional[str] = None, base_dir: Optional[str] = None, *,
-                 amqp_port: Optional[int] = None, management_port: Optional[int] = None,
-                 dist_port: Optional[int] = None,
-                 extra_config: Union[str, Iterable[str], None] = None,
-                 advanced_config: Optional[str] = None,
-                 env: Optional[Mapping[str, str]] = None,
-                 plugins: Sequence[str] = ("rabbitmq_management",)) -> None:
+    def __init__(
+        self,
+        name: Optional[str] = None,
+        base_dir: Optional[str] = None,
+        *,
+        amqp_port: Optional[int] = None,
+        management_port: Optional[int] = None,
+        dist_port: Optional[int] = None,
+        extra_config: Union[str, Iterable[str], None] = None,
+        advanced_config: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        plugins: Sequence[str] = ("rabbitmq_management",),
+    ) -> None:
         if name is None:
             name = "%s-%s" % (NODE_NAME_PREFIX, secrets.token_hex(4))
         self._nodename = name if "@" in name else name + "@localhost"
@@ -374,7 +383,11 @@ class RabbitNode:
 
     def __repr__(self) -> str:
         return "<RabbitNode %s amqp=%s mgmt=%s pid=%s>" % (
-            self._nodename, self._amqp_port, self._management_port, self._pid)
+            self._nodename,
+            self._amqp_port,
+            self._management_port,
+            self._pid,
+        )
 
     # ------------------------------------------------------------- identity
     @staticmethod
@@ -383,13 +396,19 @@ class RabbitNode:
         if os.geteuid() != 0:
             return None
         import pwd  # noqa: PLC0415  (POSIX only)
+
         try:
             pw = pwd.getpwnam(RABBITMQ_USER)
         except KeyError:
             return None  # e.g. a generic-unix install run by root: run as root
         groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
-        return {"uid": pw.pw_uid, "gid": pw.pw_gid, "groups": groups,
-                "home": pw.pw_dir, "name": pw.pw_name}
+        return {
+            "uid": pw.pw_uid,
+            "gid": pw.pw_gid,
+            "groups": groups,
+            "home": pw.pw_dir,
+            "name": pw.pw_name,
+        }
 
     def _popen_kwargs(self) -> Dict[str, Any]:
         if self._identity is None:
@@ -462,7 +481,8 @@ class RabbitNode:
             if not ok:
                 raise RabbitNodeError(
                     "user %s cannot enter %s, so it cannot use a node directory under it; "
-                    "pass another base_dir" % (self._identity["name"], parent))
+                    "pass another base_dir" % (self._identity["name"], parent)
+                )
             if parent == os.path.dirname(parent):
                 return
             parent = os.path.dirname(parent)
@@ -473,8 +493,9 @@ class RabbitNode:
         if self._dir is None:
             if self._base_dir is not None:
                 os.makedirs(self._base_dir, exist_ok=True)
-            self._dir = os.path.abspath(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX,
-                                                         dir=self._base_dir))
+            self._dir = os.path.abspath(
+                tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=self._base_dir)
+            )
             self._check_traversable(self._dir)
         d = self._dir
         for sub in ("mnesia", "log", "plugins-expand"):
@@ -485,7 +506,7 @@ class RabbitNode:
             "enabled_plugins": "[%s].\n" % ",".join(self.plugins),
             # Our own (empty) env file: /etc/rabbitmq/rabbitmq-env.conf must not apply.
             "rabbitmq-env.conf": "# private node %s: everything is set in the environment\n"
-                                 % self._nodename,
+            % self._nodename,
         }
         for fname, text in files.items():
             with open(os.path.join(d, fname), "w") as f:
@@ -493,7 +514,7 @@ class RabbitNode:
         self._write_state()
         if self._identity is not None:
             uid, gid = self._identity["uid"], self._identity["gid"]
-            for root, dirs, fnames in os.walk(d):
+            for root, _dirs, fnames in os.walk(d):
                 os.chown(root, uid, gid)
                 for n in fnames:
                     os.chown(os.path.join(root, n), uid, gid)
@@ -533,11 +554,16 @@ class RabbitNode:
         """Re-attach to a node started elsewhere (e.g. by ``python -m devtools.rabbitmq start``)."""
         with open(os.path.join(node_dir, STATE_FILE)) as f:
             state = json.load(f)
-        node = cls(state["nodename"], amqp_port=state["amqp_port"],
-                   management_port=state["management_port"], dist_port=state["dist_port"],
-                   extra_config=state.get("extra_config"),
-                   advanced_config=state.get("advanced_config"),
-                   env=state.get("env"), plugins=state.get("plugins", ("rabbitmq_management",)))
+        node = cls(
+            state["nodename"],
+            amqp_port=state["amqp_port"],
+            management_port=state["management_port"],
+            dist_port=state["dist_port"],
+            extra_config=state.get("extra_config"),
+            advanced_config=state.get("advanced_config"),
+            env=state.get("env"),
+            plugins=state.get("plugins", ("rabbitmq_management",)),
+        )
         node._dir = os.path.abspath(node_dir)
         node._read_pid()
         return node
@@ -547,26 +573,31 @@ class RabbitNode:
         d = self._require_dir()
         env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
         if self._identity is not None:
-            env.update(HOME=self._identity["home"], USER=self._identity["name"],
-                       LOGNAME=self._identity["name"])
+            env.update(
+                HOME=self._identity["home"],
+                USER=self._identity["name"],
+                LOGNAME=self._identity["name"],
+            )
         loopback_dist = "-kernel inet_dist_use_interface {127,0,0,1}"
-        env.update({
-            "RABBITMQ_NODENAME": self._nodename,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.amqp_port),
-            "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "RABBITMQ_CONF_ENV_FILE": os.path.join(d, "rabbitmq-env.conf"),
-            "RABBITMQ_CONFIG_FILE": os.path.join(d, "rabbitmq.conf"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": os.path.join(d, "advanced.config"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(d, "enabled_plugins"),
-            "RABBITMQ_PLUGINS_EXPAND_DIR": os.path.join(d, "plugins-expand"),
-            "RABBITMQ_MNESIA_BASE": os.path.join(d, "mnesia"),
-            "RABBITMQ_LOG_BASE": os.path.join(d, "log"),
-            "RABBITMQ_PID_FILE": os.path.join(d, "rabbitmq.pid"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": loopback_dist,
-            "RABBITMQ_CTL_ERL_ARGS": loopback_dist,
-            "ERL_CRASH_DUMP": os.path.join(d, "log", "erl_crash.dump"),
-        })
+        env.update(
+            {
+                "RABBITMQ_NODENAME": self._nodename,
+                "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                "RABBITMQ_NODE_PORT": str(self.amqp_port),
+                "RABBITMQ_DIST_PORT": str(self.dist_port),
+                "RABBITMQ_CONF_ENV_FILE": os.path.join(d, "rabbitmq-env.conf"),
+                "RABBITMQ_CONFIG_FILE": os.path.join(d, "rabbitmq.conf"),
+                "RABBITMQ_ADVANCED_CONFIG_FILE": os.path.join(d, "advanced.config"),
+                "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(d, "enabled_plugins"),
+                "RABBITMQ_PLUGINS_EXPAND_DIR": os.path.join(d, "plugins-expand"),
+                "RABBITMQ_MNESIA_BASE": os.path.join(d, "mnesia"),
+                "RABBITMQ_LOG_BASE": os.path.join(d, "log"),
+                "RABBITMQ_PID_FILE": os.path.join(d, "rabbitmq.pid"),
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": loopback_dist,
+                "RABBITMQ_CTL_ERL_ARGS": loopback_dist,
+                "ERL_CRASH_DUMP": os.path.join(d, "log", "erl_crash.dump"),
+            }
+        )
         env.setdefault("ERL_EPMD_ADDRESS", "127.0.0.1")  # only used if epmd is not running yet
         env.update(self.env_overrides)
         return env
@@ -580,15 +611,26 @@ class RabbitNode:
         cmd = [self._ctl, "-n", self._nodename, *[str(a) for a in args]]
         shown = "rabbitmqctl -n %s %s" % (self._nodename, " ".join(str(a) for a in args))
         try:
-            cp = subprocess.run(cmd, env=self.environ(), cwd=self._require_dir(),
-                                stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                timeout=timeout, **self._popen_kwargs())
+            cp = subprocess.run(
+                cmd,
+                env=self.environ(),
+                cwd=self._require_dir(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                **self._popen_kwargs(),
+            )
         except subprocess.TimeoutExpired as exc:
             raise RabbitNodeError("%s timed out after %.0f s" % (shown, timeout)) from exc
         if cp.returncode != 0:
-            detail = (cp.stderr.strip() or cp.stdout.strip())
-            raise RabbitNodeError("%s failed (rc %d): %s" % (shown, cp.returncode, detail),
-                                  returncode=cp.returncode, stdout=cp.stdout, stderr=cp.stderr)
+            detail = cp.stderr.strip() or cp.stdout.strip()
+            raise RabbitNodeError(
+                "%s failed (rc %d): %s" % (shown, cp.returncode, detail),
+                returncode=cp.returncode,
+                stdout=cp.stdout,
+                stderr=cp.stderr,
+            )
         return cp.stdout
 
     # ------------------------------------------------------------ lifecycle
@@ -605,8 +647,9 @@ class RabbitNode:
                 env = f.read().split(b"\0")
         except OSError:
             return False
-        return (("RABBITMQ_NODENAME=%s" % self._nodename).encode() in env
-                and ("RABBITMQ_PID_FILE=%s" % self.pid_file).encode() in env)
+        return ("RABBITMQ_NODENAME=%s" % self._nodename).encode() in env and (
+            "RABBITMQ_PID_FILE=%s" % self.pid_file
+        ).encode() in env
 
     def _read_pid(self) -> Optional[int]:
         """Adopt the pid in the pid file if it is this node's running beam."""
@@ -651,10 +694,12 @@ class RabbitNode:
         """Did the failed start fail because a port was taken?"""
         texts = [str(exc)]
         if self._dir:
-            for fname in ("startup.log", os.path.join("log", self._nodename + ".log"),
-                          os.path.join("log", "erl_crash.dump")):
-                with contextlib.suppress(OSError), open(os.path.join(self._dir, fname),
-                                                        "rb") as f:
+            for fname in (
+                "startup.log",
+                os.path.join("log", self._nodename + ".log"),
+                os.path.join("log", "erl_crash.dump"),
+            ):
+                with contextlib.suppress(OSError), open(os.path.join(self._dir, fname), "rb") as f:
                     texts.append(f.read().decode("utf-8", "replace"))
         text = "\n".join(texts).lower()
         return any(m in text for m in ("eaddrinuse", "dist_port_already_used", "duplicate_name"))
@@ -700,10 +745,16 @@ class RabbitNode:
         env = self.environ()
         with open(os.path.join(self._dir, "startup.log"), "ab") as out:  # type: ignore[arg-type]
             try:
-                proc = subprocess.Popen([self._server, "-detached"], env=env, cwd=self._dir,
-                                        stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        **self._popen_kwargs())
+                proc = subprocess.Popen(
+                    [self._server, "-detached"],
+                    env=env,
+                    cwd=self._dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    **self._popen_kwargs(),
+                )
             except OSError as exc:
                 raise RabbitNodeError("cannot run %s: %s" % (self._server, exc)) from exc
             try:
@@ -713,22 +764,27 @@ class RabbitNode:
                     os.killpg(proc.pid, signal.SIGKILL)  # its own session (see above)
                 proc.wait()
                 if isinstance(exc, subprocess.TimeoutExpired):
-                    raise RabbitNodeError("rabbitmq-server -detached did not return"
-                                          + self._diagnostics()) from None
+                    raise RabbitNodeError(
+                        "rabbitmq-server -detached did not return" + self._diagnostics()
+                    ) from None
                 raise
         if rc != 0:
-            raise RabbitNodeError("rabbitmq-server -detached failed (rc %d)%s"
-                                  % (rc, self._diagnostics()))
+            raise RabbitNodeError(
+                "rabbitmq-server -detached failed (rc %d)%s" % (rc, self._diagnostics())
+            )
         self._wait_booted(deadline)
         if self._read_pid() is None:
             raise RabbitNodeError("node %s started but wrote no pid file" % self._nodename)
         while not management_api_ready(self.management_url, timeout=2.0):
             if not self.is_running():
-                raise RabbitNodeError("node %s died during start%s"
-                                      % (self._nodename, self._diagnostics()))
+                raise RabbitNodeError(
+                    "node %s died during start%s" % (self._nodename, self._diagnostics())
+                )
             if time.monotonic() > deadline:
-                raise RabbitNodeError("management API of %s did not answer within %.0f s%s"
-                                      % (self._nodename, timeout, self._diagnostics()))
+                raise RabbitNodeError(
+                    "management API of %s did not answer within %.0f s%s"
+                    % (self._nodename, timeout, self._diagnostics())
+                )
             time.sleep(0.05)
         return self
 
@@ -739,9 +795,16 @@ class RabbitNode:
         only leaves an erl_crash.dump, so watch for that meanwhile."""
         remaining = max(1, int(deadline - time.monotonic()))
         cmd = [self._ctl, "-n", self._nodename, "wait", self.pid_file, "--timeout", str(remaining)]
-        waiter = subprocess.Popen(cmd, env=self.environ(), cwd=self._dir,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, **self._popen_kwargs())
+        waiter = subprocess.Popen(
+            cmd,
+            env=self.environ(),
+            cwd=self._dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **self._popen_kwargs(),
+        )
         problem = None
         try:
             while True:
@@ -763,10 +826,13 @@ class RabbitNode:
                 waiter.communicate()
         if problem is None and waiter.returncode != 0:
             problem = "rabbitmqctl wait failed (rc %d): %s" % (
-                waiter.returncode, (err.strip() or out.strip()))
+                waiter.returncode,
+                (err.strip() or out.strip()),
+            )
         if problem is not None:
-            raise RabbitNodeError("node %s did not start: %s%s"
-                                  % (self._nodename, problem, self._diagnostics()))
+            raise RabbitNodeError(
+                "node %s did not start: %s%s" % (self._nodename, problem, self._diagnostics())
+            )
 
     @property
     def _crash_dump(self) -> str:
@@ -776,7 +842,7 @@ class RabbitNode:
         with contextlib.suppress(OSError), open(self._crash_dump, "rb") as f:
             for line in f.read(8192).decode("utf-8", "replace").splitlines():
                 if line.startswith("Slogan:"):
-                    return line[len("Slogan:"):].strip()
+                    return line[len("Slogan:") :].strip()
         return "(see %s)" % self._crash_dump
 
     def _wait_gone(self, timeout: float) -> bool:
@@ -915,18 +981,27 @@ def _docker_client(timeout: float = 2.0) -> Any:
 
 
 @contextlib.contextmanager
-def _docker_broker(client: Any, image: str = DOCKER_IMAGE,
-                   timeout: float = 120.0) -> Iterator[Broker]:
+def _docker_broker(
+    client: Any, image: str = DOCKER_IMAGE, timeout: float = 120.0
+) -> Iterator[Broker]:
     base_url = str(getattr(getattr(client, "api", None), "base_url", "") or "")
     parts = urllib.parse.urlsplit(base_url)
     remote = parts.scheme in ("http", "https", "tcp") and parts.hostname not in (
-        None, "localhost", "127.0.0.1", "::1")
+        None,
+        "localhost",
+        "127.0.0.1",
+        "::1",
+    )
     host = parts.hostname if remote else "127.0.0.1"
     bind: Any = None if remote else ("127.0.0.1", None)  # None host port: docker picks
     name = "%s-%s" % (NODE_NAME_PREFIX, secrets.token_hex(4))
     container = client.containers.run(
-        image, detach=True, name=name, labels={"devtools.rabbitmq": "1"},
-        ports={"5672/tcp": bind, "15672/tcp": bind})
+        image,
+        detach=True,
+        name=name,
+        labels={"devtools.rabbitmq": "1"},
+        ports={"5672/tcp": bind, "15672/tcp": bind},
+    )
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -944,13 +1019,14 @@ def _docker_broker(client: Any, image: str = DOCKER_IMAGE,
         while not (amqp_ready(host, amqp_port) and management_api_ready(mgmt_url)):
             container.reload()
             if container.status == "exited":
-                raise RabbitNodeError("container %s exited:\n%s" % (
-                    name, container.logs(tail=30).decode("utf-8", "replace")))
+                raise RabbitNodeError(
+                    "container %s exited:\n%s"
+                    % (name, container.logs(tail=30).decode("utf-8", "replace"))
+                )
             if time.monotonic() > deadline:
                 raise RabbitNodeError("container %s not ready within %.0f s" % (name, timeout))
             time.sleep(0.2)
-        yield Broker(amqp_url, mgmt_url, None, "docker",
-                     "docker container %s (%s)" % (name, image))
+        yield Broker(amqp_url, mgmt_url, None, "docker", "docker container %s (%s)" % (name, image))
     finally:
         with contextlib.suppress(Exception):
             container.remove(force=True)
@@ -959,8 +1035,13 @@ def _docker_broker(client: Any, image: str = DOCKER_IMAGE,
 
 
 @contextlib.contextmanager
-def provide_broker(*, allow_docker: bool = True, start_timeout: float = 60.0,
-                   graceful_stop: bool = False, **node_kwargs: Any) -> Iterator[Broker]:
+def provide_broker(
+    *,
+    allow_docker: bool = True,
+    start_timeout: float = 60.0,
+    graceful_stop: bool = False,
+    **node_kwargs: Any,
+) -> Iterator[Broker]:
     """Yield a :class:`Broker`, and dispose of it afterwards.
 
     1. ``$AMQP_URL`` if set (management URL from ``$AMQP_MANAGEMENT_URL``, or None);
@@ -978,8 +1059,13 @@ def provide_broker(*, allow_docker: bool = True, start_timeout: float = 60.0,
     """
     url = os.environ.get("AMQP_URL")
     if url:
-        yield Broker(url, os.environ.get("AMQP_MANAGEMENT_URL") or None, None, "env",
-                     "AMQP_URL from the environment")
+        yield Broker(
+            url,
+            os.environ.get("AMQP_MANAGEMENT_URL") or None,
+            None,
+            "env",
+            "AMQP_URL from the environment",
+        )
         return
     client = _docker_client() if allow_docker else None
     if client is not None:
@@ -989,9 +1075,14 @@ def provide_broker(*, allow_docker: bool = True, start_timeout: float = 60.0,
     node = RabbitNode(**node_kwargs)
     try:
         node.start(timeout=start_timeout)
-        yield Broker(node.amqp_url, node.management_url, node, "node",
-                     "private RabbitMQ node %s (amqp port %d, management port %d, dir %s)"
-                     % (node.nodename, node.amqp_port, node.management_port, node.dir))
+        yield Broker(
+            node.amqp_url,
+            node.management_url,
+            node,
+            "node",
+            "private RabbitMQ node %s (amqp port %d, management port %d, dir %s)"
+            % (node.nodename, node.amqp_port, node.management_port, node.dir),
+        )
     finally:
         node.cleanup(graceful=graceful_stop)
 
@@ -1027,8 +1118,10 @@ def _run_child(cmd: Sequence[str], env: Mapping[str, str]) -> int:
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     try:
         proc = subprocess.Popen(
-            list(cmd), env=dict(env),
-            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old_mask))
+            list(cmd),
+            env=dict(env),
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old_mask),
+        )
         while True:
             info = signal.sigtimedwait(watched, 0.5)
             rc = proc.poll()
@@ -1097,9 +1190,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
     print("AMQP_URL=%s" % node.amqp_url)
     print("AMQP_MANAGEMENT_URL=%s" % node.management_url)
     print("# node %s, pid %s, files in %s" % (node.nodename, node.pid, node.dir))
-    print("# stop it with: %s -m devtools.rabbitmq stop %s" % (sys.executable or "python3",
-                                                               node.dir))
-    print("# (in a shell: set -a; eval \"$(python3 -m devtools.rabbitmq start)\"; set +a)")
+    print(
+        "# stop it with: %s -m devtools.rabbitmq stop %s" % (sys.executable or "python3", node.dir)
+    )
+    print('# (in a shell: set -a; eval "$(python3 -m devtools.rabbitmq start)"; set +a)')
     return 0
 
 
@@ -1114,12 +1208,14 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.rabbitmq",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.rabbitmq", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="provide a broker for CMD (AMQP_URL, AMQP_MANAGEMENT_URL)")
-    p_run.add_argument("--no-docker", action="store_true",
-                       help="do not use a Docker engine even if one answers")
+    p_run.add_argument(
+        "--no-docker", action="store_true", help="do not use a Docker engine even if one answers"
+    )
     p_run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     p_run.set_defaults(func=_cmd_run)
     p_start = sub.add_parser("start", help="start a private node and leave it running")
@@ -1129,8 +1225,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p_start.set_defaults(func=_cmd_start)
     p_stop = sub.add_parser("stop", help="stop a node started with `start` and remove its files")
     p_stop.add_argument("node_dir", help="the node's directory (printed by `start`)")
-    p_stop.add_argument("nodename", nargs="?", default=None,
-                        help="optional: check that the directory holds this node")
+    p_stop.add_argument(
+        "nodename",
+        nargs="?",
+        default=None,
+        help="optional: check that the directory holds this node",
+    )
     p_stop.set_defaults(func=_cmd_stop)
     args = parser.parse_args(argv)
     try:

@@ -88,7 +88,8 @@ class User(object):
         self._timeout_error = websocket.WebSocketTimeoutException
         started = time.perf_counter()
         self.ws = websocket.create_connection(
-            stack.ws_url("/chat/%s/?name=%s" % (ROOM, name)), timeout=STEP_SECONDS)
+            stack.ws_url("/chat/%s/?name=%s" % (ROOM, name)), timeout=STEP_SECONDS
+        )
         welcome = self.wait(lambda f: f["type"] == "welcome", "the welcome")
         self.elapsed = time.perf_counter() - started
         self.channel = welcome["channel"]
@@ -102,8 +103,9 @@ class User(object):
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise DemoFailure("%s did not receive %s within %.0f s" % (
-                    self.name, what, STEP_SECONDS))
+                raise DemoFailure(
+                    "%s did not receive %s within %.0f s" % (self.name, what, STEP_SECONDS)
+                )
             self.ws.settimeout(remaining)
             try:
                 frame = json.loads(self.ws.recv())
@@ -126,32 +128,43 @@ def _members(layer):
 
 
 def scripted(stack, layer):
-    say('Scripted users in room "%s" (http://%s:%d/room/%s/):' % (
-        ROOM, stack.host, stack.port, ROOM))
+    say(
+        'Scripted users in room "%s" (http://%s:%d/room/%s/):'
+        % (ROOM, stack.host, stack.port, ROOM)
+    )
 
     started = time.perf_counter()
     status, body = chatstack.http_get(stack.base_url + "/hello/")
     if status != 200:
         raise DemoFailure("GET /hello/ answered %d" % status)
-    say("  GET /hello/ -> %d, served by worker pid %d  (%s)" % (
-        status, json.loads(body.decode("utf-8"))["worker"], ms(time.perf_counter() - started)))
+    say(
+        "  GET /hello/ -> %d, served by worker pid %d  (%s)"
+        % (status, json.loads(body.decode("utf-8"))["worker"], ms(time.perf_counter() - started))
+    )
 
     users = []
     try:
         for name in ("alice", "bob"):
             user = User(stack, name)
             users.append(user)
-            say("  %-5s connected: accepted by worker pid %d, reply channel %s  (%s)" % (
-                name, user.accepted_by, user.channel, ms(user.elapsed)))
+            say(
+                "  %-5s connected: accepted by worker pid %d, reply channel %s  (%s)"
+                % (name, user.accepted_by, user.channel, ms(user.elapsed))
+            )
         alice, bob = users
         alice.wait(lambda f: f["type"] == "join" and f["name"] == "bob", "bob's join")
         members = _members(layer)
         if members is not None:
             say("  group room-%s has %d members: %s" % (ROOM, len(members), ", ".join(members)))
 
-        lines = [(alice, "hi bob"), (bob, "hi alice, which worker are you on?"),
-                 (alice, "either: both workers serve the room"), (bob, "nice"),
-                 (alice, "one more"), (bob, "and the last one")]
+        lines = [
+            (alice, "hi bob"),
+            (bob, "hi alice, which worker are you on?"),
+            (alice, "either: both workers serve the room"),
+            (bob, "nice"),
+            (alice, "one more"),
+            (bob, "and the last one"),
+        ]
         workers = {}
         latencies = []
         for n, (speaker, text) in enumerate(lines):
@@ -160,16 +173,24 @@ def scripted(stack, layer):
             speaker.send(text, message_id)
             seen = []
             for user in users:
-                frame = user.wait(lambda f: f.get("id") == message_id, "message %d" % n)
+                frame = user.wait(lambda f, i=message_id: f.get("id") == i, "message %d" % n)
                 seen.append(time.perf_counter() - sent)
                 worker = frame["worker"]
             workers[worker] = workers.get(worker, 0) + 1
             latencies.extend(seen)
-            say('  %-5s says %-40s worker %d -> alice %s, bob %s' % (
-                speaker.name, '"%s"' % text, worker, ms(seen[0]), ms(seen[1])))
-        say("  %d messages, handled by %s; send -> seen by every member: median %s, max %s" % (
-            len(lines), ", ".join("pid %d: %d" % item for item in sorted(workers.items())),
-            ms(statistics.median(latencies)), ms(max(latencies))))
+            say(
+                "  %-5s says %-40s worker %d -> alice %s, bob %s"
+                % (speaker.name, '"%s"' % text, worker, ms(seen[0]), ms(seen[1]))
+            )
+        say(
+            "  %d messages, handled by %s; send -> seen by every member: median %s, max %s"
+            % (
+                len(lines),
+                ", ".join("pid %d: %d" % item for item in sorted(workers.items())),
+                ms(statistics.median(latencies)),
+                ms(max(latencies)),
+            )
+        )
 
         bob.close()
         users.remove(bob)
@@ -190,9 +211,12 @@ def scripted(stack, layer):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--once", action="store_true",
-                        default=os.environ.get("CHAT_DEMO_ONCE", "") not in ("", "0"),
-                        help="exit after the scripted part (env CHAT_DEMO_ONCE=1)")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        default=os.environ.get("CHAT_DEMO_ONCE", "") not in ("", "0"),
+        help="exit after the scripted part (env CHAT_DEMO_ONCE=1)",
+    )
     parser.add_argument("--port", type=int, default=int(os.environ.get("CHAT_DEMO_PORT", 8000)))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--workers", type=int, default=2)
@@ -212,50 +236,78 @@ def main(argv=None):
         say("Port %d is busy; using %d instead (--port N to choose)." % (port, fallback))
         port = fallback
     prefix = "chat-demo-%s" % uuid.uuid4().hex[:6]
-    stack = chatstack.ChatStack(url, management_url, prefix=prefix, workers=args.workers,
-                                host=args.host, port=port or None)
+    stack = chatstack.ChatStack(
+        url, management_url, prefix=prefix, workers=args.workers, host=args.host, port=port or None
+    )
     layer = None
     if management_url:
-        layer = AMQPChannelLayer(url=url, management_url=management_url, prefix=prefix,
-                                 dead_letter_worker=False)
+        layer = AMQPChannelLayer(
+            url=url, management_url=management_url, prefix=prefix, dead_letter_worker=False
+        )
 
     status = 0
     try:
-        say("Broker: %s%s" % (redact(url), " (management %s)" % redact(management_url)
-                              if management_url else " (no management API: group listings off)"))
-        say("Starting daphne on %s:%d and %d runworker processes (layer prefix %s) ..." % (
-            stack.host, stack.port, args.workers, prefix))
+        say(
+            "Broker: %s%s"
+            % (
+                redact(url),
+                " (management %s)" % redact(management_url)
+                if management_url
+                else " (no management API: group listings off)",
+            )
+        )
+        say(
+            "Starting daphne on %s:%d and %d runworker processes (layer prefix %s) ..."
+            % (stack.host, stack.port, args.workers, prefix)
+        )
         started = time.perf_counter()
         stack.start(timeout=90)
-        say("  daphne     pid %-7d %s" % (stack.daphne.pid, {
-            "twisted": "native Twisted mode on the channel layer (receive_twisted)",
-            "busy-loop": "busy-loop mode (the layer lacks the twisted extension)"}[stack.mode]))
+        say(
+            "  daphne     pid %-7d %s"
+            % (
+                stack.daphne.pid,
+                {
+                    "twisted": "native Twisted mode on the channel layer (receive_twisted)",
+                    "busy-loop": "busy-loop mode (the layer lacks the twisted extension)",
+                }[stack.mode],
+            )
+        )
         for worker in stack.workers:
             say("  %-10s pid %-7d runworker" % (worker.name, worker.pid))
         say("Ready in %.1f s. Logs: %s" % (time.perf_counter() - started, stack.log_dir))
         say()
-        say("Open http://%s:%d/ in a browser (two windows to chat with yourself;" % (
-            stack.host, stack.port))
-        say("other rooms: http://%s:%d/room/<name>/, your name: ?name=you)." % (
-            stack.host, stack.port))
+        say(
+            "Open http://%s:%d/ in a browser (two windows to chat with yourself;"
+            % (stack.host, stack.port)
+        )
+        say(
+            "other rooms: http://%s:%d/room/<name>/, your name: ?name=you)."
+            % (stack.host, stack.port)
+        )
         say()
         scripted(stack, layer)
         say()
         if args.once:
             say("Scripted part done (--once): stopping.")
         else:
-            say("Scripted part done. The chat stays up at http://%s:%d/ ; Ctrl-C stops it." % (
-                stack.host, stack.port))
-            say("Another worker, by hand: cd tests/project && AMQP_URL=... CHAT_LAYER_PREFIX=%s "
-                "CHAT_STATE_DIR=%s python manage.py runworker" % (prefix, stack.state_dir))
+            say(
+                "Scripted part done. The chat stays up at http://%s:%d/ ; Ctrl-C stops it."
+                % (stack.host, stack.port)
+            )
+            say(
+                "Another worker, by hand: cd tests/project && AMQP_URL=... CHAT_LAYER_PREFIX=%s "
+                "CHAT_STATE_DIR=%s python manage.py runworker" % (prefix, stack.state_dir)
+            )
             say("Process output from here on:")
             for proc in stack.processes():
                 proc.echo = True
             while True:
                 for proc in stack.processes():
                     if not proc.alive():
-                        raise DemoFailure("%s (pid %d) exited with %s:\n%s" % (
-                            proc.name, proc.pid, proc.popen.returncode, proc.tail()))
+                        raise DemoFailure(
+                            "%s (pid %d) exited with %s:\n%s"
+                            % (proc.name, proc.pid, proc.popen.returncode, proc.tail())
+                        )
                 time.sleep(0.5)
     except KeyboardInterrupt:
         say()
@@ -272,10 +324,18 @@ def main(argv=None):
         for proc in stack.processes():
             proc.echo = False
         codes = stack.stop()
-        say("Stopped: %s" % ", ".join(
-            "%s (pid %d) %s" % (proc.name, proc.pid,
-                                "exit 0" if codes.get(proc.name) == 0 else codes.get(proc.name))
-            for proc in stack.processes()))
+        say(
+            "Stopped: %s"
+            % ", ".join(
+                "%s (pid %d) %s"
+                % (
+                    proc.name,
+                    proc.pid,
+                    "exit 0" if codes.get(proc.name) == 0 else codes.get(proc.name),
+                )
+                for proc in stack.processes()
+            )
+        )
         if layer is not None:
             layer.close()
             try:

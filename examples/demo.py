@@ -41,8 +41,8 @@ if ROOT not in sys.path:
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 PING_CHANNEL = "demo.ping"
 GROUP = "demo.room"
-WAIT_SECONDS = 10.0     # the longest any one message may take to arrive
-START_SECONDS = 30.0    # the longest process B may take to start
+WAIT_SECONDS = 10.0  # the longest any one message may take to arrive
+START_SECONDS = 30.0  # the longest process B may take to start
 
 
 class DemoFailure(Exception):
@@ -51,10 +51,17 @@ class DemoFailure(Exception):
 
 def make_layer(url, prefix, management_url):
     from asgi_amqp import AMQPChannelLayer
+
     # A short receive_timeout lets the loops below check their own deadlines.
-    return AMQPChannelLayer(url=url, prefix=prefix, management_url=management_url,
-                            expiry=30, group_expiry=120, receive_timeout=1.0,
-                            operation_timeout=10.0)
+    return AMQPChannelLayer(
+        url=url,
+        prefix=prefix,
+        management_url=management_url,
+        expiry=30,
+        group_expiry=120,
+        receive_timeout=1.0,
+        operation_timeout=10.0,
+    )
 
 
 class Printer(object):
@@ -99,29 +106,44 @@ def process_b(url, prefix, management_url, me, t0, ready):
 
         # (i) normal channel: the ping from A.
         channel, ping, got_at = receive_until(
-            layer, [PING_CHANNEL], lambda c, m: m.get("type") == "ping", "the ping from A")
+            layer, [PING_CHANNEL], lambda c, m: m.get("type") == "ping", "the ping from A"
+        )
         hop = ms(got_at - ping["sent_at"])
         say("<- %-24s %-28s hop %6.2f ms" % (channel, "'%s' from A" % ping["text"], hop))
 
         # (ii) process-local channel: the reply, to A's demo.reply!<id>.
         reply_to = ping["reply_channel"]
         sent_at = time.time()
-        layer.send(reply_to, {"type": "pong", "text": "pong", "sent_at": sent_at,
-                              "ping_hop_ms": hop, "ping_sent_at": ping["sent_at"],
-                              "b_channel": me})
-        say("-> %-24s %-28s send confirmed in %.2f ms" % (
-            reply_to, "'pong'", ms(time.time() - sent_at)))
+        layer.send(
+            reply_to,
+            {
+                "type": "pong",
+                "text": "pong",
+                "sent_at": sent_at,
+                "ping_hop_ms": hop,
+                "ping_sent_at": ping["sent_at"],
+                "b_channel": me,
+            },
+        )
+        say(
+            "-> %-24s %-28s send confirmed in %.2f ms"
+            % (reply_to, "'pong'", ms(time.time() - sent_at))
+        )
 
         # (iii) group: the room message arrives on B's own process-local channel.
         channel, room, got_at = receive_until(
-            layer, ["demo.b!"], lambda c, m: m.get("type") == "room", "the group message")
+            layer, ["demo.b!"], lambda c, m: m.get("type") == "room", "the group message"
+        )
         hop = ms(got_at - room["sent_at"])
-        say("<- %-24s %-28s hop %6.2f ms (group %s)" % (
-            channel, "'%s' from A" % room["text"], hop, GROUP))
+        say(
+            "<- %-24s %-28s hop %6.2f ms (group %s)"
+            % (channel, "'%s' from A" % room["text"], hop, GROUP)
+        )
         if channel != me:
             raise DemoFailure("the group message came on %s, not %s" % (channel, me))
-        layer.send(reply_to, {"type": "room-ack", "hop_ms": hop, "b_channel": me,
-                              "sent_at": time.time()})
+        layer.send(
+            reply_to, {"type": "room-ack", "hop_ms": hop, "b_channel": me, "sent_at": time.time()}
+        )
         say("-> %-24s %-28s" % (reply_to, "'got the room message'"))
         layer.group_discard(GROUP, me)
     except DemoFailure as exc:
@@ -141,8 +163,9 @@ def process_b(url, prefix, management_url, me, t0, ready):
 def run_a(layer, url, prefix, management_url, me, b_channel, t0, say, hops):
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
-    b = ctx.Process(target=process_b, name="demo-B",
-                    args=(url, prefix, management_url, b_channel, t0, ready))
+    b = ctx.Process(
+        target=process_b, name="demo-B", args=(url, prefix, management_url, b_channel, t0, ready)
+    )
     b.start()
     say("started process B (pid %d), my process-local channel is %s" % (b.pid, me))
     try:
@@ -152,19 +175,25 @@ def run_a(layer, url, prefix, management_url, me, b_channel, t0, say, hops):
 
         # (i) normal channel.
         sent_at = time.time()
-        layer.send(PING_CHANNEL, {"type": "ping", "text": "ping", "reply_channel": me,
-                                  "sent_at": sent_at})
-        say("-> %-24s %-28s send confirmed in %.2f ms" % (
-            PING_CHANNEL, "'ping'", ms(time.time() - sent_at)))
+        layer.send(
+            PING_CHANNEL, {"type": "ping", "text": "ping", "reply_channel": me, "sent_at": sent_at}
+        )
+        say(
+            "-> %-24s %-28s send confirmed in %.2f ms"
+            % (PING_CHANNEL, "'ping'", ms(time.time() - sent_at))
+        )
 
         # (ii) process-local channel: any demo.reply!* message lands in our queue.
         channel, pong, got_at = receive_until(
-            layer, ["demo.reply!"], lambda c, m: m.get("type") == "pong", "the pong from B")
+            layer, ["demo.reply!"], lambda c, m: m.get("type") == "pong", "the pong from B"
+        )
         if channel != me:
             raise DemoFailure("the pong came on %s, not %s" % (channel, me))
         hop = ms(got_at - pong["sent_at"])
-        say("<- %-24s %-28s hop %6.2f ms, ping->pong round trip %.2f ms" % (
-            channel, "'pong' from B", hop, ms(got_at - pong["ping_sent_at"])))
+        say(
+            "<- %-24s %-28s hop %6.2f ms, ping->pong round trip %.2f ms"
+            % (channel, "'pong' from B", hop, ms(got_at - pong["ping_sent_at"]))
+        )
         hops.append(("(i)   normal channel", "A -> B", PING_CHANNEL, pong["ping_hop_ms"]))
         hops.append(("(ii)  process-local channel", "B -> A", channel, hop))
 
@@ -178,27 +207,37 @@ def run_a(layer, url, prefix, management_url, me, b_channel, t0, say, hops):
                 say("group_channels needs the management API: %s" % exc)
         sent_at = time.time()
         layer.send_group(GROUP, {"type": "room", "text": "hello room", "sent_at": sent_at})
-        say("=> group %-18s %-28s send_group confirmed in %.2f ms" % (
-            GROUP, "'hello room'", ms(time.time() - sent_at)))
+        say(
+            "=> group %-18s %-28s send_group confirmed in %.2f ms"
+            % (GROUP, "'hello room'", ms(time.time() - sent_at))
+        )
 
         seen = {}
         deadline = time.monotonic() + WAIT_SECONDS
         while len(seen) < 2:
             left = deadline - time.monotonic()
             channel, message, got_at = receive_until(
-                layer, ["demo.reply!"], lambda c, m: m.get("type") in ("room", "room-ack"),
-                "the room message and B's confirmation of it", timeout=max(left, 0.01))
+                layer,
+                ["demo.reply!"],
+                lambda c, m: m.get("type") in ("room", "room-ack"),
+                "the room message and B's confirmation of it",
+                timeout=max(left, 0.01),
+            )
             seen[message["type"]] = (channel, message, got_at)
             if message["type"] == "room":
                 hop = ms(got_at - message["sent_at"])
-                say("<- %-24s %-28s hop %6.2f ms (group %s)" % (
-                    channel, "'%s' (own copy)" % message["text"], hop, GROUP))
+                say(
+                    "<- %-24s %-28s hop %6.2f ms (group %s)"
+                    % (channel, "'%s' (own copy)" % message["text"], hop, GROUP)
+                )
                 if channel != me:
                     raise DemoFailure("the group message came on %s, not %s" % (channel, me))
                 hops.append(("(iii) group " + GROUP, "A -> A", channel, hop))
             else:
-                say("<- %-24s %-28s B had it after %.2f ms" % (
-                    channel, "'got the room message'", message["hop_ms"]))
+                say(
+                    "<- %-24s %-28s B had it after %.2f ms"
+                    % (channel, "'got the room message'", message["hop_ms"])
+                )
                 hops.append(("(iii) group " + GROUP, "A -> B", b_channel, message["hop_ms"]))
         layer.group_discard(GROUP, me)
 
@@ -230,8 +269,11 @@ def cleanup(layer, url, management_url, members):
     layer.close()
     queues = [topology.channel_queue(c) for c in (PING_CHANNEL, "demo.reply!", "demo.b!")]
     queues.append(topology.dead_letter_queue)
-    exchanges = [topology.group_exchange(GROUP), topology.dead_letter_exchange,
-                 topology.group_router]
+    exchanges = [
+        topology.group_exchange(GROUP),
+        topology.dead_letter_exchange,
+        topology.group_router,
+    ]
     for channel in members:
         queues += [topology.local_member_queue(channel), topology.marker_queue(GROUP, channel)]
         exchanges.append(topology.member_exchange(channel))
@@ -248,7 +290,11 @@ def cleanup(layer, url, management_url, members):
     finally:
         connection.close()
     return "%sdeleted %d queues and %d exchanges under %s" % (
-        flushed, len(queues), len(exchanges), topology.prefix)
+        flushed,
+        len(queues),
+        len(exchanges),
+        topology.prefix,
+    )
 
 
 def main():
@@ -257,17 +303,21 @@ def main():
     prefix = "demo-%s-%d" % (secrets.token_hex(3), os.getpid())
     t0 = time.time()
     say = Printer("A", t0)
-    me = "demo.reply!" + secrets.token_hex(4)      # A's process-local channel
-    b_channel = "demo.b!" + secrets.token_hex(4)   # B's, chosen here so A can clean up
+    me = "demo.reply!" + secrets.token_hex(4)  # A's process-local channel
+    b_channel = "demo.b!" + secrets.token_hex(4)  # B's, chosen here so A can clean up
     try:
         layer = make_layer(url, prefix, management_url)
         layer.receive([PING_CHANNEL])  # connects: fails within seconds without a broker
     except Exception as exc:
-        print("demo: cannot use the broker at %s: %s: %s" % (
-            _redact(url), type(exc).__name__, exc), file=sys.stderr)
+        print(
+            "demo: cannot use the broker at %s: %s: %s" % (_redact(url), type(exc).__name__, exc),
+            file=sys.stderr,
+        )
         return 1
-    print("asgi_amqp demo: broker %s, prefix %s%s" % (
-        _redact(url), prefix, "" if management_url else " (no management API given)"))
+    print(
+        "asgi_amqp demo: broker %s, prefix %s%s"
+        % (_redact(url), prefix, "" if management_url else " (no management API given)")
+    )
     hops, failure = [], None
     try:
         run_a(layer, url, prefix, management_url, me, b_channel, t0, say, hops)
@@ -295,11 +345,13 @@ def main():
 
 def _redact(url):
     from urllib.parse import urlsplit
+
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    return parts._replace(netloc="%s:***@%s" % (
-        parts.username or "", parts.netloc.rpartition("@")[2])).geturl()
+    return parts._replace(
+        netloc="%s:***@%s" % (parts.username or "", parts.netloc.rpartition("@")[2])
+    ).geturl()
 
 
 if __name__ == "__main__":

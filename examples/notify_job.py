@@ -34,32 +34,51 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Send the rows of a Parquet or CSV file as ASGI messages via asgi_amqp.",
         epilog="Exit status: 0 all sent, 1 some rows channel full or failed, "
-               "2 usage, input or connection error.")
-    parser.add_argument("input",
-                        help="Parquet or CSV file or directory (local, hdfs://, s3a://...)")
-    parser.add_argument("--format", choices=["auto", "parquet", "csv"], default="auto",
-                        help="input format; auto: by extension, Parquet otherwise")
-    parser.add_argument("--url", default=os.environ.get("AMQP_URL"),
-                        help="AMQP URL (default: $AMQP_URL; prefer the variable for passwords)")
+        "2 usage, input or connection error.",
+    )
+    parser.add_argument(
+        "input", help="Parquet or CSV file or directory (local, hdfs://, s3a://...)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=["auto", "parquet", "csv"],
+        default="auto",
+        help="input format; auto: by extension, Parquet otherwise",
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("AMQP_URL"),
+        help="AMQP URL (default: $AMQP_URL; prefer the variable for passwords)",
+    )
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--channel-col", help="column with each row's channel (default: channel)")
     target.add_argument("--group-col", help="column with each row's group")
     message = parser.add_mutually_exclusive_group()
-    message.add_argument("--message-col",
-                         help="column with the message: JSON text, struct or map "
-                              "(default: message)")
-    message.add_argument("--message-cols",
-                         help="comma-separated columns that become the message's keys")
+    message.add_argument(
+        "--message-col", help="column with the message: JSON text, struct or map (default: message)"
+    )
+    message.add_argument(
+        "--message-cols", help="comma-separated columns that become the message's keys"
+    )
     parser.add_argument("--prefix", default="asgi", help="the layer's prefix (default: asgi)")
     parser.add_argument("--capacity", type=int, help="the application's capacity setting")
     parser.add_argument("--expiry", type=float, help="the application's expiry setting (s)")
-    parser.add_argument("--on-full", choices=["fail", "skip", "retry"], default="retry",
-                        help="when a channel is full (default: retry)")
+    parser.add_argument(
+        "--on-full",
+        choices=["fail", "skip", "retry"],
+        default="retry",
+        help="when a channel is full (default: retry)",
+    )
     parser.add_argument("--retries", type=int, default=5, help="retries with --on-full retry")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="sends in flight per partition (>1 may reorder a channel's rows)")
-    parser.add_argument("--partitions", type=int,
-                        help="repartition the input to this many partitions (connections)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="sends in flight per partition (>1 may reorder a channel's rows)",
+    )
+    parser.add_argument(
+        "--partitions", type=int, help="repartition the input to this many partitions (connections)"
+    )
     parser.add_argument("--master", help="Spark master when not set by spark-submit")
     args = parser.parse_args(argv)
     if not args.group_col and not args.channel_col:
@@ -80,8 +99,9 @@ def read(spark, path, fmt):
 def main(argv=None, spark=None):
     args = parse_args(argv)
     try:
-        from pyspark.sql import SparkSession
         from pyspark.errors import PySparkException
+        from pyspark.sql import SparkSession
+
         from asgi_amqp.spark import send_dataframe
     except ImportError as exc:
         print("notify_job: %s" % exc, file=sys.stderr)
@@ -98,8 +118,10 @@ def main(argv=None, spark=None):
         try:
             df = read(spark, args.input, args.format)
         except PySparkException as exc:
-            print("notify_job: cannot read %s: %s" % (args.input, str(exc).splitlines()[0]),
-                  file=sys.stderr)
+            print(
+                "notify_job: cannot read %s: %s" % (args.input, str(exc).splitlines()[0]),
+                file=sys.stderr,
+            )
             return 2
         if args.partitions:
             df = df.repartition(args.partitions)
@@ -111,19 +133,37 @@ def main(argv=None, spark=None):
         started = time.monotonic()
         try:
             result = send_dataframe(
-                df, url=args.url, channel_col=args.channel_col, group_col=args.group_col,
+                df,
+                url=args.url,
+                channel_col=args.channel_col,
+                group_col=args.group_col,
                 message_col=args.message_col,
                 message_cols=args.message_cols.split(",") if args.message_cols else None,
-                on_full=args.on_full, retries=args.retries, jobs=args.jobs, **config)
+                on_full=args.on_full,
+                retries=args.retries,
+                jobs=args.jobs,
+                **config,
+            )
         except (TypeError, ValueError) as exc:
             print("notify_job: %s" % exc, file=sys.stderr)
             return 2
         elapsed = time.monotonic() - started
-        print("notify_job: %s -> %s prefix %r" % (args.input, redact(args.url or "(default)"),
-                                                   args.prefix), file=sys.stderr)
-        print("sent %d, channel full %d, failed %d in %.2f s (%.0f rows/s)" % (
-            result.sent, result.channel_full, result.failed, elapsed,
-            result.sent / elapsed if elapsed else 0.0), file=sys.stderr)
+        print(
+            "notify_job: %s -> %s prefix %r"
+            % (args.input, redact(args.url or "(default)"), args.prefix),
+            file=sys.stderr,
+        )
+        print(
+            "sent %d, channel full %d, failed %d in %.2f s (%.0f rows/s)"
+            % (
+                result.sent,
+                result.channel_full,
+                result.failed,
+                elapsed,
+                result.sent / elapsed if elapsed else 0.0,
+            ),
+            file=sys.stderr,
+        )
         if result.rows and result.failed == result.rows:
             return 2  # nothing got through: most likely the broker is unreachable
         return 0 if result.channel_full == 0 and result.failed == 0 else 1

@@ -40,7 +40,9 @@ PROMPT = 0.5  # seconds: a refusal that took longer than this waited for somethi
 
 # Broker objects the valid calls of this module may create under PREFIX.
 ALLOWED = {
-    PREFIX + ":dlx", PREFIX + ":dead-letters", PREFIX + ":groups",
+    PREFIX + ":dlx",
+    PREFIX + ":dead-letters",
+    PREFIX + ":groups",
     PREFIX + ":q:" + OK_CHANNEL,
 }
 
@@ -83,10 +85,14 @@ def free_port():
 def management_get(broker, path):
     parts = urlsplit(broker.management_url)
     base = "%s://%s:%d%s" % (parts.scheme, parts.hostname, parts.port, parts.path.rstrip("/"))
-    token = base64.b64encode(("%s:%s" % (unquote(parts.username or "guest"),
-                                         unquote(parts.password or "guest"))).encode("utf8"))
-    request = urllib.request.Request("%s/api/%s" % (base, path),
-                                     headers={"Authorization": "Basic " + token.decode("ascii")})
+    token = base64.b64encode(
+        ("%s:%s" % (unquote(parts.username or "guest"), unquote(parts.password or "guest"))).encode(
+            "utf8"
+        )
+    )
+    request = urllib.request.Request(
+        "%s/api/%s" % (base, path), headers={"Authorization": "Basic " + token.decode("ascii")}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read().decode("utf8"))
 
@@ -99,11 +105,14 @@ def broker_objects(broker, prefix=PREFIX):
     for kind in ("queues", "exchanges"):
         page, pages = 1, 1
         while page <= pages:
-            body = management_get(broker, "%s/%s?page=%d&page_size=500&columns=name&use_regex=true"
-                                  "&name=%s" % (kind, vhost, page,
-                                                quote("^" + re.escape(prefix + ":"), safe="")))
-            names.update(item["name"] for item in body["items"]
-                         if item["name"].startswith(prefix + ":"))
+            body = management_get(
+                broker,
+                "%s/%s?page=%d&page_size=500&columns=name&use_regex=true"
+                "&name=%s" % (kind, vhost, page, quote("^" + re.escape(prefix + ":"), safe="")),
+            )
+            names.update(
+                item["name"] for item in body["items"] if item["name"].startswith(prefix + ":")
+            )
             page, pages = page + 1, body.get("page_count", 1)
     return names
 
@@ -142,8 +151,14 @@ def refuse(call, exc=TypeError):
 
 @pytest.fixture(scope="module")
 def layer(broker):
-    layer = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                             prefix=PREFIX, expiry=30, receive_timeout=1, operation_timeout=5)
+    layer = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix=PREFIX,
+        expiry=30,
+        receive_timeout=1,
+        operation_timeout=5,
+    )
     roundtrip(layer)  # connected, infrastructure declared
     yield layer
     layer.flush()
@@ -159,8 +174,12 @@ def sink():
 
 @pytest.fixture(scope="module")
 def offline(sink):
-    layer = AMQPChannelLayer(url=sink.url, management_url=sink.management_url,
-                             prefix=PREFIX + "-off", operation_timeout=1)
+    layer = AMQPChannelLayer(
+        url=sink.url,
+        management_url=sink.management_url,
+        prefix=PREFIX + "-off",
+        operation_timeout=1,
+    )
     yield layer
     layer.close()
 
@@ -224,11 +243,14 @@ def test_invalid_channel_name_is_a_type_error(target, call, name):
     check()
 
 
-@pytest.mark.parametrize("channels", [
-    pytest.param(["foo!bar"], id="local-with-suffix"),
-    pytest.param([OK_CHANNEL, "foo!bar"], id="local-with-suffix-among-valid"),
-    pytest.param(["foo?"], id="single-reader-without-suffix"),
-])
+@pytest.mark.parametrize(
+    "channels",
+    [
+        pytest.param(["foo!bar"], id="local-with-suffix"),
+        pytest.param([OK_CHANNEL, "foo!bar"], id="local-with-suffix-among-valid"),
+        pytest.param(["foo?"], id="single-reader-without-suffix"),
+    ],
+)
 @pytest.mark.parametrize("block", [False, True])
 def test_receive_needs_process_local_names_to_end_at_the_bang(target, channels, block):
     layer, check = target
@@ -238,13 +260,16 @@ def test_receive_needs_process_local_names_to_end_at_the_bang(target, channels, 
     check()
 
 
-@pytest.mark.parametrize("channels", [
-    pytest.param(OK_CHANNEL, id="str"),
-    pytest.param(None, id="None"),
-    pytest.param(5, id="int"),
-    pytest.param({OK_CHANNEL: 1}, id="dict"),
-    pytest.param(b"roundtrip.ok", id="bytes"),
-])
+@pytest.mark.parametrize(
+    "channels",
+    [
+        pytest.param(OK_CHANNEL, id="str"),
+        pytest.param(None, id="None"),
+        pytest.param(5, id="int"),
+        pytest.param({OK_CHANNEL: 1}, id="dict"),
+        pytest.param(b"roundtrip.ok", id="bytes"),
+    ],
+)
 @pytest.mark.parametrize("block", [False, True])
 def test_receive_needs_a_collection_of_names(target, channels, block):
     layer, check = target
@@ -252,12 +277,15 @@ def test_receive_needs_a_collection_of_names(target, channels, block):
     check()
 
 
-@pytest.mark.parametrize("channels", [
-    pytest.param([], id="empty-list"),
-    pytest.param((), id="empty-tuple"),
-    pytest.param(set(), id="empty-set"),
-    pytest.param(iter(()), id="empty-iterator"),
-])
+@pytest.mark.parametrize(
+    "channels",
+    [
+        pytest.param([], id="empty-list"),
+        pytest.param((), id="empty-tuple"),
+        pytest.param(set(), id="empty-set"),
+        pytest.param(iter(()), id="empty-iterator"),
+    ],
+)
 @pytest.mark.parametrize("block", [False, True])
 def test_receive_from_no_channels_is_nothing_at_once(target, channels, block):
     """As in asgiref's in-memory layer and asgi_redis: (None, None), no wait, no broker."""
@@ -277,20 +305,23 @@ def test_longest_valid_name_works(layer, broker):
         layer.send(name + "n", {})
 
 
-@pytest.mark.parametrize("pattern", [
-    pytest.param("foo", id="no-question-mark"),
-    pytest.param("foo!?", id="bang"),
-    pytest.param("foo!bar?", id="bang-suffix"),
-    pytest.param("foo!", id="bang-only"),
-    pytest.param("?", id="nothing-before"),
-    pytest.param("foo??", id="two-questions"),
-    pytest.param("foo bar?", id="space"),
-    pytest.param("caf\u00e9?", id="unicode"),
-    pytest.param("a" * 100 + "?", id="too-long"),
-    pytest.param(b"foo?", id="bytes"),
-    pytest.param(None, id="None"),
-    pytest.param(5, id="int"),
-])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        pytest.param("foo", id="no-question-mark"),
+        pytest.param("foo!?", id="bang"),
+        pytest.param("foo!bar?", id="bang-suffix"),
+        pytest.param("foo!", id="bang-only"),
+        pytest.param("?", id="nothing-before"),
+        pytest.param("foo??", id="two-questions"),
+        pytest.param("foo bar?", id="space"),
+        pytest.param("caf\u00e9?", id="unicode"),
+        pytest.param("a" * 100 + "?", id="too-long"),
+        pytest.param(b"foo?", id="bytes"),
+        pytest.param(None, id="None"),
+        pytest.param(5, id="int"),
+    ],
+)
 def test_new_channel_refuses_bad_patterns(target, pattern):
     layer, check = target
     refuse(lambda: layer.new_channel(pattern))
@@ -307,10 +338,13 @@ def test_new_channel_names_are_valid_and_unique(target):
     check()
 
 
-@pytest.mark.parametrize("pattern", [
-    pytest.param("a?b?", id="question-inside"),
-    pytest.param("a" * 90 + "?", id="result-too-long"),
-])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        pytest.param("a?b?", id="question-inside"),
+        pytest.param("a" * 90 + "?", id="result-too-long"),
+    ],
+)
 def test_new_channel_never_returns_a_name_the_layer_refuses(offline, sink, pattern):
     try:
         name = offline.new_channel(pattern)
@@ -385,9 +419,13 @@ _CALLS = {
 @pytest.fixture
 def throwaway_offline():
     sink = SilentBroker()
-    layer = AMQPChannelLayer(url=sink.url, management_url=sink.management_url,
-                             prefix=PREFIX + "-off2", operation_timeout=0.5,
-                             dead_letter_worker=False)
+    layer = AMQPChannelLayer(
+        url=sink.url,
+        management_url=sink.management_url,
+        prefix=PREFIX + "-off2",
+        operation_timeout=0.5,
+        dead_letter_worker=False,
+    )
     yield layer, sink
     layer.close()
     sink.close()
@@ -402,20 +440,28 @@ def test_names_the_broker_cannot_take_are_refused(throwaway_offline, call, name)
 
 @pytest.mark.slow
 def test_a_trailing_newline_group_does_not_wedge_the_layer(broker):
-    layer = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                             prefix="t-bad-nl-%s" % uuid.uuid4().hex[:6], operation_timeout=1)
+    layer = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix="t-bad-nl-%s" % uuid.uuid4().hex[:6],
+        operation_timeout=1,
+    )
     try:
         roundtrip(layer)
         try:
             layer.group_add("room\n", "member")
         except (TypeError, asgi_amqp.OperationTimeout):
             pass
-        layer.group_add("room", "member")        # times out today
+        layer.group_add("room", "member")  # times out today
         roundtrip(layer, "a.brand.new.channel")  # so does the declare of a new queue
     finally:
         layer.close()  # takes 10 s today: pika cannot close the stuck channel
-        cleaner = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                                   prefix=layer.topology.prefix, dead_letter_worker=False)
+        cleaner = AMQPChannelLayer(
+            url=broker.amqp_url,
+            management_url=broker.management_url,
+            prefix=layer.topology.prefix,
+            dead_letter_worker=False,
+        )
         cleaner.flush()
         cleaner.close()
 
@@ -427,16 +473,19 @@ def _fresh_channel():
     return "badmsg.%s" % uuid.uuid4().hex[:12]
 
 
-@pytest.mark.parametrize("message", [
-    pytest.param([], id="list"),
-    pytest.param([("a", 1)], id="list-of-pairs"),
-    pytest.param((("a", 1),), id="tuple-of-pairs"),
-    pytest.param("text", id="str"),
-    pytest.param(b"bytes", id="bytes"),
-    pytest.param(None, id="None"),
-    pytest.param(5, id="int"),
-    pytest.param({"a"}, id="set"),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param([], id="list"),
+        pytest.param([("a", 1)], id="list-of-pairs"),
+        pytest.param((("a", 1),), id="tuple-of-pairs"),
+        pytest.param("text", id="str"),
+        pytest.param(b"bytes", id="bytes"),
+        pytest.param(None, id="None"),
+        pytest.param(5, id="int"),
+        pytest.param({"a"}, id="set"),
+    ],
+)
 @pytest.mark.parametrize("via", ["send", "send_group"])
 def test_message_must_be_a_dict(target, message, via):
     layer, check = target
@@ -448,16 +497,20 @@ def test_message_must_be_a_dict(target, message, via):
     check()
 
 
-@pytest.mark.parametrize("message, where, type_name", [
-    pytest.param({1: "x"}, "message", "int", id="int-key"),
-    pytest.param({b"k": "x"}, "message", "bytes", id="bytes-key"),
-    pytest.param({(1, 2): "x"}, "message", "tuple", id="tuple-key"),
-    pytest.param({None: "x"}, "message", "NoneType", id="None-key"),
-    pytest.param({"ok": 1, 2.5: "x"}, "message", "float", id="float-key-after-valid"),
-    pytest.param({"a": {"b": {3: 1}}}, "message['a']['b']", "int", id="nested-int-key"),
-    pytest.param({"a": [{"ok": 1}, {b"k": 1}]}, "message['a'][1]", "bytes",
-                 id="bytes-key-in-list"),
-])
+@pytest.mark.parametrize(
+    "message, where, type_name",
+    [
+        pytest.param({1: "x"}, "message", "int", id="int-key"),
+        pytest.param({b"k": "x"}, "message", "bytes", id="bytes-key"),
+        pytest.param({(1, 2): "x"}, "message", "tuple", id="tuple-key"),
+        pytest.param({None: "x"}, "message", "NoneType", id="None-key"),
+        pytest.param({"ok": 1, 2.5: "x"}, "message", "float", id="float-key-after-valid"),
+        pytest.param({"a": {"b": {3: 1}}}, "message['a']['b']", "int", id="nested-int-key"),
+        pytest.param(
+            {"a": [{"ok": 1}, {b"k": 1}]}, "message['a'][1]", "bytes", id="bytes-key-in-list"
+        ),
+    ],
+)
 def test_non_str_keys_are_a_type_error_naming_the_path(target, message, where, type_name):
     layer, check = target
     text = str(refuse(lambda: layer.send(_fresh_channel(), message)).value)
@@ -469,24 +522,28 @@ class _Thing(object):
     pass
 
 
-@pytest.mark.parametrize("value, type_name", [
-    pytest.param({1, 2}, "set", id="set"),
-    pytest.param(frozenset([1]), "frozenset", id="frozenset"),
-    pytest.param(_Thing(), "_Thing", id="object"),
-    pytest.param(object(), "object", id="bare-object"),
-    pytest.param(1 + 2j, "complex", id="complex"),
-    pytest.param(datetime.datetime(2017, 1, 1), "datetime", id="datetime"),
-    pytest.param(datetime.date(2017, 1, 1), "date", id="date"),
-    pytest.param(decimal.Decimal("1.5"), "Decimal", id="Decimal"),
-    pytest.param(bytearray(b"x"), "bytearray", id="bytearray"),
-    pytest.param(memoryview(b"x"), "memoryview", id="memoryview"),
-    pytest.param(uuid.UUID(int=1), "UUID", id="UUID"),
-    pytest.param(len, "builtin_function_or_method", id="function"),
-    pytest.param(ValueError("x"), "ValueError", id="exception"),
-])
+@pytest.mark.parametrize(
+    "value, type_name",
+    [
+        pytest.param({1, 2}, "set", id="set"),
+        pytest.param(frozenset([1]), "frozenset", id="frozenset"),
+        pytest.param(_Thing(), "_Thing", id="object"),
+        pytest.param(object(), "object", id="bare-object"),
+        pytest.param(1 + 2j, "complex", id="complex"),
+        pytest.param(datetime.datetime(2017, 1, 1), "datetime", id="datetime"),
+        pytest.param(datetime.date(2017, 1, 1), "date", id="date"),
+        pytest.param(decimal.Decimal("1.5"), "Decimal", id="Decimal"),
+        pytest.param(bytearray(b"x"), "bytearray", id="bytearray"),
+        pytest.param(memoryview(b"x"), "memoryview", id="memoryview"),
+        pytest.param(uuid.UUID(int=1), "UUID", id="UUID"),
+        pytest.param(len, "builtin_function_or_method", id="function"),
+        pytest.param(ValueError("x"), "ValueError", id="exception"),
+    ],
+)
 @pytest.mark.parametrize("shape", ["top", "deep"])
-def test_values_outside_asgi_types_are_a_type_error_naming_key_and_type(target, value,
-                                                                       type_name, shape):
+def test_values_outside_asgi_types_are_a_type_error_naming_key_and_type(
+    target, value, type_name, shape
+):
     layer, check = target
     if shape == "top":
         message, where = {"ok": 1, "bad": value}, "message['bad']"
@@ -498,12 +555,15 @@ def test_values_outside_asgi_types_are_a_type_error_naming_key_and_type(target, 
     check()
 
 
-@pytest.mark.parametrize("message", [
-    pytest.param({"n": 2 ** 64}, id="2**64"),
-    pytest.param({"n": -(2 ** 63) - 1}, id="-2**63-1"),
-    pytest.param({"n": 10 ** 30}, id="10**30"),
-    pytest.param({"a": [0, {"n": -(10 ** 30)}]}, id="nested"),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param({"n": 2**64}, id="2**64"),
+        pytest.param({"n": -(2**63) - 1}, id="-2**63-1"),
+        pytest.param({"n": 10**30}, id="10**30"),
+        pytest.param({"a": [0, {"n": -(10**30)}]}, id="nested"),
+    ],
+)
 def test_integers_msgpack_cannot_carry_are_a_value_error(target, message):
     layer, check = target
     refuse(lambda: layer.send(_fresh_channel(), message), exc=ValueError)
@@ -511,7 +571,7 @@ def test_integers_msgpack_cannot_carry_are_a_value_error(target, message):
 
 
 def test_integer_edges_round_trip(layer, broker):
-    message = {"min": -(2 ** 63), "max": 2 ** 64 - 1, "list": [2 ** 63, -1, 0]}
+    message = {"min": -(2**63), "max": 2**64 - 1, "list": [2**63, -1, 0]}
     layer.send(OK_CHANNEL, message)
     assert layer.receive([OK_CHANNEL]) == (OK_CHANNEL, message)
     assert_live_intact(layer, broker)
@@ -535,10 +595,13 @@ def test_reasonable_nesting_round_trips(layer, broker):
     assert_live_intact(layer, broker)
 
 
-@pytest.mark.parametrize("message", [
-    pytest.param({"s": "a\ud800b"}, id="value"),
-    pytest.param({"\udfff": 1}, id="key"),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param({"s": "a\ud800b"}, id="value"),
+        pytest.param({"\udfff": 1}, id="key"),
+    ],
+)
 def test_lone_surrogates_are_refused_before_the_broker(target, message):
     """Text that has no UTF-8 encoding cannot be a msgpack str."""
     layer, check = target
@@ -586,11 +649,17 @@ def test_the_limit_is_exact(broker, sink):
     """A body of exactly max_message_size bytes is accepted; one byte more is not."""
     message = {"bytes": b"x" * 1000, "text": "y"}
     size = len(msgpack.packb(message, use_bin_type=True))
-    exact = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                             prefix=PREFIX, expiry=30, max_message_size=size,
-                             dead_letter_worker=False)
-    short = AMQPChannelLayer(url=sink.url, prefix=PREFIX + "-off3",
-                             max_message_size=size - 1, dead_letter_worker=False)
+    exact = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix=PREFIX,
+        expiry=30,
+        max_message_size=size,
+        dead_letter_worker=False,
+    )
+    short = AMQPChannelLayer(
+        url=sink.url, prefix=PREFIX + "-off3", max_message_size=size - 1, dead_letter_worker=False
+    )
     try:
         exact.send(OK_CHANNEL, message)
         assert exact.receive([OK_CHANNEL]) == (OK_CHANNEL, message)
@@ -603,9 +672,14 @@ def test_the_limit_is_exact(broker, sink):
 
 
 def test_a_raised_limit_carries_twenty_megabytes(broker):
-    big = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                           prefix=PREFIX, expiry=30, max_message_size=30 * MB,
-                           dead_letter_worker=False)
+    big = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix=PREFIX,
+        expiry=30,
+        max_message_size=30 * MB,
+        dead_letter_worker=False,
+    )
     try:
         payload = bytes(range(256)) * (20 * MB // 256)
         message = {"bytes": payload, "text": "\u00e9" * 1000}
@@ -619,12 +693,17 @@ def test_a_raised_limit_carries_twenty_megabytes(broker):
 
 # -- constructor ---------------------------------------------------------------------------
 
-NUMERIC_SETTINGS = ["expiry", "group_expiry", "capacity", "receive_timeout",
-                    "operation_timeout", "max_message_size"]
+NUMERIC_SETTINGS = [
+    "expiry",
+    "group_expiry",
+    "capacity",
+    "receive_timeout",
+    "operation_timeout",
+    "max_message_size",
+]
 
 
-@pytest.mark.parametrize("value", [0, 0.0, -1, -0.001, "10", True, None, [5]],
-                         ids=repr)
+@pytest.mark.parametrize("value", [0, 0.0, -1, -0.001, "10", True, None, [5]], ids=repr)
 @pytest.mark.parametrize("setting", NUMERIC_SETTINGS)
 def test_bad_numeric_settings_are_a_value_error(sink, setting, value):
     with pytest.raises(ValueError) as info:
@@ -634,21 +713,25 @@ def test_bad_numeric_settings_are_a_value_error(sink, setting, value):
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=repr)
-@pytest.mark.parametrize("setting", ["expiry", "group_expiry", "capacity", "receive_timeout",
-                                     "operation_timeout"])
+@pytest.mark.parametrize(
+    "setting", ["expiry", "group_expiry", "capacity", "receive_timeout", "operation_timeout"]
+)
 def test_nan_and_infinite_settings_are_a_value_error(sink, setting, value):
     with pytest.raises(ValueError):
         AMQPChannelLayer(url=sink.url, **{setting: value})
 
 
-@pytest.mark.parametrize("url", [
-    "http://guest:guest@127.0.0.1:5672/",
-    "https://127.0.0.1/",
-    "redis://localhost:6379/0",
-    "127.0.0.1:5672",
-    "localhost",
-    "amqp+tls://127.0.0.1/",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://guest:guest@127.0.0.1:5672/",
+        "https://127.0.0.1/",
+        "redis://localhost:6379/0",
+        "127.0.0.1:5672",
+        "localhost",
+        "amqp+tls://127.0.0.1/",
+    ],
+)
 def test_bad_url_scheme_is_a_value_error(url):
     with pytest.raises(ValueError):
         AMQPChannelLayer(url=url)
@@ -661,19 +744,25 @@ def test_one_bad_url_in_a_list_is_a_value_error(broker):
         AMQPChannelLayer(url=[broker.amqp_url, ""])
 
 
-@pytest.mark.parametrize("url", [
-    "amqp://guest:guest@127.0.0.1:notaport/%2F",
-    "amqp://guest:guest@127.0.0.1:99999/%2F",
-    "amqp://guest:guest@127.0.0.1/%2F?heartbeat=often",
-    "amqp://guest:guest@127.0.0.1/%2F?no_such_option=1",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:guest@127.0.0.1:notaport/%2F",
+        "amqp://guest:guest@127.0.0.1:99999/%2F",
+        "amqp://guest:guest@127.0.0.1/%2F?heartbeat=often",
+        "amqp://guest:guest@127.0.0.1/%2F?no_such_option=1",
+    ],
+)
 def test_malformed_amqp_url_is_a_value_error(url):
     with pytest.raises(ValueError):
         AMQPChannelLayer(url=url)
 
 
-@pytest.mark.parametrize("prefix", ["", "a" * 41, "has space", "has:colon", "has/slash",
-                                    "caf\u00e9", "a*", None, 5, b"asgi"], ids=repr)
+@pytest.mark.parametrize(
+    "prefix",
+    ["", "a" * 41, "has space", "has:colon", "has/slash", "caf\u00e9", "a*", None, 5, b"asgi"],
+    ids=repr,
+)
 def test_bad_prefix_is_a_value_error(sink, prefix):
     with pytest.raises(ValueError):
         AMQPChannelLayer(url=sink.url, prefix=prefix)
@@ -713,8 +802,11 @@ def _exception_texts(exc):
 @pytest.fixture
 def unreachable():
     port = free_port()
-    layer = AMQPChannelLayer(url="amqp://guest:%s@127.0.0.1:%d/%%2F" % (SECRET, port),
-                             prefix=PREFIX + "-unr", operation_timeout=5)
+    layer = AMQPChannelLayer(
+        url="amqp://guest:%s@127.0.0.1:%d/%%2F" % (SECRET, port),
+        prefix=PREFIX + "-unr",
+        operation_timeout=5,
+    )
     yield layer
     layer.close()
 
@@ -742,8 +834,10 @@ def test_wrong_password_is_a_prompt_authentication_error(broker, layer):
     url = parts._replace(netloc="guest:%s@%s:%d" % (SECRET, parts.hostname, parts.port)).geturl()
     wrong = AMQPChannelLayer(url=url, prefix=PREFIX + "-auth", operation_timeout=5)
     try:
-        for attempt in (lambda: wrong.send("some.channel", {"a": 1}),
-                        lambda: wrong.send("some.channel", {"a": 1})):
+        for attempt in (
+            lambda: wrong.send("some.channel", {"a": 1}),
+            lambda: wrong.send("some.channel", {"a": 1}),
+        ):
             started = time.monotonic()
             with pytest.raises(asgi_amqp.AuthenticationError) as info:
                 attempt()
@@ -757,13 +851,17 @@ def test_wrong_password_is_a_prompt_authentication_error(broker, layer):
 
 
 def test_closing_a_layer_that_never_connected_logs_no_error(caplog):
-    layer = AMQPChannelLayer(url="amqp://guest:guest@127.0.0.1:%d/%%2F" % free_port(),
-                             prefix=PREFIX + "-cls", operation_timeout=5)
+    layer = AMQPChannelLayer(
+        url="amqp://guest:guest@127.0.0.1:%d/%%2F" % free_port(),
+        prefix=PREFIX + "-cls",
+        operation_timeout=5,
+    )
     with pytest.raises(asgi_amqp.BrokerConnectionError):
         layer.send("some.channel", {"a": 1})
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="asgi_amqp"):
         layer.close()
-    errors = [r for r in caplog.records
-              if r.name.startswith("asgi_amqp") and r.levelno >= logging.ERROR]
+    errors = [
+        r for r in caplog.records if r.name.startswith("asgi_amqp") and r.levelno >= logging.ERROR
+    ]
     assert errors == [], [r.getMessage() for r in errors]

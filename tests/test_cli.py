@@ -15,8 +15,6 @@ import time
 import uuid
 
 import pytest
-
-import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from asgi_amqp import statistics  # noqa: E402
@@ -27,7 +25,8 @@ from helpers import drain, make_layer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_RE = re.compile(
-    r"^sent (\d+), channel full (\d+), failed (\d+) in [\d.]+ s \((\d+) msg/s\)$", re.M)
+    r"^sent (\d+), channel full (\d+), failed (\d+) in [\d.]+ s \((\d+) msg/s\)$", re.M
+)
 
 
 def _runner():
@@ -59,11 +58,14 @@ def layer(broker, prefix):
 @pytest.fixture
 def run(env, prefix):
     """run(*args, input=None, capacity=1000) -> click Result, on the test's prefix."""
+
     def run(*args, **kwargs):
         options = ["--prefix", prefix, "--capacity", str(kwargs.pop("capacity", 1000))]
-        result = _runner().invoke(cli.cli, options + list(args), env=env,
-                                  catch_exceptions=False, **kwargs)
+        result = _runner().invoke(
+            cli.cli, options + list(args), env=env, catch_exceptions=False, **kwargs
+        )
         return result
+
     return run
 
 
@@ -79,6 +81,7 @@ def _summary(result):
 
 # -- JSON with bytes ----------------------------------------------------------------
 
+
 def test_bytes_round_trip_through_json():
     message = {"b": b"\x00\xff", "nested": [{"x": b"abc"}], "s": "text"}
     line = dumps(message)
@@ -93,6 +96,7 @@ def test_invalid_bytes_representation_is_an_error(text):
 
 
 # -- send and receive ------------------------------------------------------------------
+
 
 def test_send_then_receive_prints_json_lines(run, layer):
     result = run("send", "cli.a", '{"text": "hi", "raw": {"__bytes__": "AAEC"}, "n": 3}')
@@ -137,8 +141,10 @@ def test_receive_timeout_0_drains_what_is_waiting(run, layer):
     layer.send("cli.e", {"i": 2})
     result = run("receive", "cli.d", "cli.e", "--timeout", "0")
     assert result.exit_code == 0
-    got = sorted((json.loads(x)["channel"], json.loads(x)["message"]["i"])
-                 for x in result.stdout.splitlines())
+    got = sorted(
+        (json.loads(x)["channel"], json.loads(x)["message"]["i"])
+        for x in result.stdout.splitlines()
+    )
     assert got == [("cli.d", 1), ("cli.e", 2)]
 
 
@@ -150,9 +156,9 @@ def test_receive_process_local_channel(run, layer):
 
 
 def test_send_to_full_channel_exits_1(run, layer):
-    for i in range(2):
-        assert run("send", "cli.f", '{}', capacity=2).exit_code == 0
-    result = run("send", "cli.f", '{}', capacity=2)
+    for _ in range(2):
+        assert run("send", "cli.f", "{}", capacity=2).exit_code == 0
+    result = run("send", "cli.f", "{}", capacity=2)
     assert result.exit_code == 1
     assert result.stderr.strip() == "asgi-amqp: error: channel cli.f is full (capacity 2)"
 
@@ -168,12 +174,16 @@ def test_new_channel(run):
 
 # -- invalid input --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [
-    ("send", "bad name", "{}"),
-    ("send-group", "bad/group", "{}"),
-    ("receive", "cli.x!y"),
-    ("group-add", "g", "bad name"),
-])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("send", "bad name", "{}"),
+        ("send-group", "bad/group", "{}"),
+        ("receive", "cli.x!y"),
+        ("group-add", "g", "bad name"),
+    ],
+)
 def test_invalid_names_are_one_line_and_exit_2(run, args):
     result = run(*args)
     assert result.exit_code == 2
@@ -198,6 +208,7 @@ def test_send_needs_channel_and_message_or_from(run, tmp_path):
 
 # -- bulk mode ------------------------------------------------------------------------------
 
+
 def test_bulk_send_reports_bad_lines_and_goes_on(run, layer, tmp_path):
     layer.group_add("cli.room", "cli.member")
     lines = [json.dumps({"channel": "cli.bulk", "message": {"i": i}}) for i in range(10)]
@@ -213,7 +224,7 @@ def test_bulk_send_reports_bad_lines_and_goes_on(run, layer, tmp_path):
     result = run("send", "--from", str(path))
     assert result.exit_code == 1
     assert _summary(result) == (11, 0, 4)
-    errors = [l for l in result.stderr.splitlines() if l.startswith("line ")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("line ")]
     assert [e.split(":")[0] for e in errors] == ["line 4", "line 6", "line 8", "line 16"]
     assert "invalid JSON" in errors[0]
     assert "channel name" in errors[1].lower()
@@ -226,8 +237,10 @@ def test_bulk_send_reports_bad_lines_and_goes_on(run, layer, tmp_path):
 
 
 def test_bulk_send_from_stdin_all_good_exits_0(run, layer):
-    records = [{"channel": "cli.in%d" % (i % 3), "message": {"i": i, "b": {"__bytes__": "AA=="}}}
-               for i in range(300)]
+    records = [
+        {"channel": "cli.in%d" % (i % 3), "message": {"i": i, "b": {"__bytes__": "AA=="}}}
+        for i in range(300)
+    ]
     result = run("send", "--from", "-", input=_jsonl(records))
     assert result.exit_code == 0, result.stderr
     assert _summary(result) == (300, 0, 0)
@@ -270,8 +283,9 @@ def test_on_full_skip_counts_and_goes_on(run, layer, broker, prefix):
 
 def test_on_full_retry_gives_up_after_bounded_backoff(run, layer):
     started = time.monotonic()
-    result = run("send", "--on-full", "retry", "--retries", "2", "--from", "-",
-                 input=_six(), capacity=4)
+    result = run(
+        "send", "--on-full", "retry", "--retries", "2", "--from", "-", input=_six(), capacity=4
+    )
     elapsed = time.monotonic() - started
     assert result.exit_code == 1
     assert _summary(result) == (4, 2, 0)
@@ -292,8 +306,9 @@ def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix):
     thread = threading.Thread(target=read)
     thread.start()
     try:
-        result = run("send", "--on-full", "retry", "--from", "-",
-                     input=_six("cli.slow"), capacity=2)
+        result = run(
+            "send", "--on-full", "retry", "--from", "-", input=_six("cli.slow"), capacity=2
+        )
         assert result.exit_code == 0, result.stderr
         assert _summary(result) == (6, 0, 0)
         deadline = time.monotonic() + 10
@@ -328,6 +343,7 @@ def test_progress_bar_on_a_terminal():
 
 # -- groups ----------------------------------------------------------------------------------
 
+
 def test_group_commands(run, layer):
     assert run("group-add", "cli.g", "cli.one").exit_code == 0
     assert run("group-add", "cli.g", "cli.two").exit_code == 0
@@ -338,7 +354,9 @@ def test_group_commands(run, layer):
     assert run("send-group", "cli.g", '{"hello": 1}').exit_code == 0
     result = run("receive", "cli.one", "cli.two", "-n", "2")
     assert sorted(json.loads(x)["channel"] for x in result.stdout.splitlines()) == [
-        "cli.one", "cli.two"]
+        "cli.one",
+        "cli.two",
+    ]
 
     assert run("group-discard", "cli.g", "cli.two").exit_code == 0
     result = run("group-members", "--json", "cli.g")
@@ -346,6 +364,7 @@ def test_group_commands(run, layer):
 
 
 # -- flush --------------------------------------------------------------------------------------
+
 
 def test_flush_asks_and_a_no_keeps_everything(run, layer):
     layer.send("cli.keep", {"i": 1})
@@ -370,6 +389,7 @@ def test_flush_with_confirmation_or_yes(run, layer):
 
 # -- stats --------------------------------------------------------------------------------------
 
+
 def test_stats_json_and_table(run, layer):
     layer.send("cli.s1", {"i": 1})
     layer.send("cli.s2!x", {"i": 1})
@@ -383,8 +403,16 @@ def test_stats_json_and_table(run, layer):
     result = run("stats", "cli.s1")
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["channel", "pending", "count", "count/s", "max", "age",
-                                "full", "full/s"]
+    assert lines[0].split() == [
+        "channel",
+        "pending",
+        "count",
+        "count/s",
+        "max",
+        "age",
+        "full",
+        "full/s",
+    ]
     assert lines[1].split()[0] == "cli.s1"
     assert lines[-1].startswith("(all channels)")
 
@@ -393,8 +421,9 @@ def test_stats_json_and_table(run, layer):
 
 
 def test_management_api_unreachable_is_one_line(run, env):
-    result = _runner().invoke(cli.cli, ["--management-url", "http://127.0.0.1:1/",
-                                        "group-members", "g"], env=env)
+    result = _runner().invoke(
+        cli.cli, ["--management-url", "http://127.0.0.1:1/", "group-members", "g"], env=env
+    )
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1
     assert "management API is not reachable" in result.stderr
@@ -402,15 +431,21 @@ def test_management_api_unreachable_is_one_line(run, env):
 
 # -- credentials and unreachable brokers (real subprocesses) ---------------------------------------
 
+
 def _python_m(*args, env=None, input=None):
     full_env = dict(os.environ)
     full_env.pop("AMQP_URL", None)
     full_env.pop("AMQP_MANAGEMENT_URL", None)
     full_env.update(env or {})
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [ROOT, full_env.get("PYTHONPATH", "")] if p)
-    return subprocess.run([sys.executable, "-m", "asgi_amqp"] + list(args), input=input,
-                          capture_output=True, text=True, env=full_env, timeout=60)
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, full_env.get("PYTHONPATH", "")] if p)
+    return subprocess.run(
+        [sys.executable, "-m", "asgi_amqp"] + list(args),
+        input=input,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
 
 
 def test_python_m_help_documents_exit_codes():
@@ -421,8 +456,7 @@ def test_python_m_help_documents_exit_codes():
 
 
 def test_unreachable_broker_is_one_line_exit_2_without_password():
-    result = _python_m("--url", "amqp://someone:s3cr3t-pw@127.0.0.1:1/%2F",
-                       "send", "cli.a", "{}")
+    result = _python_m("--url", "amqp://someone:s3cr3t-pw@127.0.0.1:1/%2F", "send", "cli.a", "{}")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 2, result.stderr
@@ -434,8 +468,13 @@ def test_unreachable_broker_is_one_line_exit_2_without_password():
 
 def test_refused_credentials_from_environment_no_note_no_password(broker):
     url = re.sub(r"//[^@/]*@", "//guest:wr0ng-pw@", broker.amqp_url)
-    result = _python_m("send", "--from", "-", env={"AMQP_URL": url},
-                       input=_jsonl([{"channel": "cli.a", "message": {}}]))
+    result = _python_m(
+        "send",
+        "--from",
+        "-",
+        env={"AMQP_URL": url},
+        input=_jsonl([{"channel": "cli.a", "message": {}}]),
+    )
     assert result.returncode == 2
     assert "note:" not in result.stderr
     assert "wr0ng-pw" not in result.stderr + result.stdout
@@ -447,29 +486,42 @@ def test_bulk_subprocess_summary_without_progress_bar(broker, prefix):
     records = [{"channel": "cli.sub", "message": {"i": i}} for i in range(200)]
     env = {"AMQP_URL": broker.amqp_url, "AMQP_MANAGEMENT_URL": broker.management_url}
     try:
-        result = _python_m("--prefix", prefix, "--capacity", "1000", "send", "--from", "-",
-                           env=env, input=_jsonl(records))
+        result = _python_m(
+            "--prefix",
+            prefix,
+            "--capacity",
+            "1000",
+            "send",
+            "--from",
+            "-",
+            env=env,
+            input=_jsonl(records),
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout == ""
         # stderr is a pipe: the summary line only, no progress bar.
         assert SUMMARY_RE.fullmatch(result.stderr.strip()), result.stderr
         assert "\r" not in result.stderr
-        result = _python_m("--prefix", prefix, "--capacity", "1000", "receive", "cli.sub",
-                           "-n", "200", env=env)
+        result = _python_m(
+            "--prefix", prefix, "--capacity", "1000", "receive", "cli.sub", "-n", "200", env=env
+        )
         assert result.returncode == 0
         assert len(result.stdout.splitlines()) == 200
     finally:
         _python_m("--prefix", prefix, "flush", "--yes", env=env)
 
 
-@pytest.mark.parametrize("option, url", [
-    ("--url", "amqp://u:SECRETPW@127.0.0.1:1/%2F?heartbeat_interval=3"),
-    ("--url", "amqp://u:SECRETPW@127.0.0.1:notaport/"),
-    ("--url", "http://u:SECRETPW@127.0.0.1/"),
-    ("--url", "amqps://u:SECRETPW@127.0.0.1:1/"),
-    ("--management-url", "http://u:SECRETPW@127.0.0.1:1/"),
-    ("--management-url", "ftp://u:SECRETPW@127.0.0.1:1/"),
-])
+@pytest.mark.parametrize(
+    "option, url",
+    [
+        ("--url", "amqp://u:SECRETPW@127.0.0.1:1/%2F?heartbeat_interval=3"),
+        ("--url", "amqp://u:SECRETPW@127.0.0.1:notaport/"),
+        ("--url", "http://u:SECRETPW@127.0.0.1/"),
+        ("--url", "amqps://u:SECRETPW@127.0.0.1:1/"),
+        ("--management-url", "http://u:SECRETPW@127.0.0.1:1/"),
+        ("--management-url", "ftp://u:SECRETPW@127.0.0.1:1/"),
+    ],
+)
 def test_bad_urls_never_print_the_password(env, option, url):
     command = ["stats"] if option == "--management-url" else ["send", "cli.a", "{}"]
     result = _runner().invoke(cli.cli, [option, url, "--prefix", "cli-never"] + command, env=env)

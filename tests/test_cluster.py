@@ -92,7 +92,9 @@ def _url(node, vhost="/"):
 
 
 def _raw_channel(node, vhost="/"):
-    connection = pika.BlockingConnection(pika.URLParameters(_url(node, vhost) + "?socket_timeout=5"))
+    connection = pika.BlockingConnection(
+        pika.URLParameters(_url(node, vhost) + "?socket_timeout=5")
+    )
     channel = connection.channel()
     channel.confirm_delivery()
     return connection, channel
@@ -125,10 +127,14 @@ class Traffic(object):
         self.received_at = []
         self.longest = 0.0
         self.threads = [threading.Thread(target=self._send, daemon=True)]
-        self.threads += [threading.Thread(target=self._receive, args=(True,), daemon=True)
-                         for _ in range(blocking_receivers)]
-        self.threads += [threading.Thread(target=self._receive, args=(False,), daemon=True)
-                         for _ in range(polling_receivers)]
+        self.threads += [
+            threading.Thread(target=self._receive, args=(True,), daemon=True)
+            for _ in range(blocking_receivers)
+        ]
+        self.threads += [
+            threading.Thread(target=self._receive, args=(False,), daemon=True)
+            for _ in range(polling_receivers)
+        ]
 
     def start(self):
         for thread in self.threads:
@@ -178,7 +184,8 @@ class Traffic(object):
                 self.received_at.append(time.monotonic())
 
     def finish(self, settle=3.0, deadline=20.0):
-        """Stop sending; receive until everything confirmed arrived or nothing came for ``settle`` s."""
+        """Stop sending; receive until everything confirmed arrived, or nothing
+        came for ``settle`` s."""
         self.stop_sending.set()
         self.threads[0].join(OPERATION_TIMEOUT * 6 + 5)
         self.stopped_sending_at = time.monotonic()
@@ -214,9 +221,15 @@ class Traffic(object):
 
 
 def _layer(urls, prefix, **config):
-    return AMQPChannelLayer(url=urls, prefix=prefix, expiry=60, capacity=100000,
-                            operation_timeout=OPERATION_TIMEOUT, receive_timeout=RECEIVE_TIMEOUT,
-                            **config)
+    return AMQPChannelLayer(
+        url=urls,
+        prefix=prefix,
+        expiry=60,
+        capacity=100000,
+        operation_timeout=OPERATION_TIMEOUT,
+        receive_timeout=RECEIVE_TIMEOUT,
+        **config,
+    )
 
 
 def test_traffic_through_the_loss_of_a_node(cluster):
@@ -231,30 +244,49 @@ def test_traffic_through_the_loss_of_a_node(cluster):
     n1, n2, n3 = cluster
     prefix = "cl-%s" % uuid.uuid4().hex[:6]
     urls = [n1.amqp_url, n2.amqp_url, n3.amqp_url]
-    n1.ctl("set_policy", "%s-ha" % prefix, "^%s:q:mirrored$" % prefix,
-           '{"ha-mode":"all","ha-sync-mode":"automatic"}', "--apply-to", "queues")
+    n1.ctl(
+        "set_policy",
+        "%s-ha" % prefix,
+        "^%s:q:mirrored$" % prefix,
+        '{"ha-mode":"all","ha-sync-mode":"automatic"}',
+        "--apply-to",
+        "queues",
+    )
     layer = _layer(urls, prefix, management_url=n2.management_url)
-    quorum_layer = _layer([_url(n, QUORUM_VHOST) for n in cluster], prefix,
-                          management_url=n2.management_url)
-    option_layer = _layer(urls, prefix + "-qq", management_url=n2.management_url,
-                          queue_type="quorum")
+    quorum_layer = _layer(
+        [_url(n, QUORUM_VHOST) for n in cluster], prefix, management_url=n2.management_url
+    )
+    option_layer = _layer(
+        urls, prefix + "-qq", management_url=n2.management_url, queue_type="quorum"
+    )
     # The survivor's queue lives on node 2 (the shared dead-letter queue, declared by
     # the dead-letter worker through the first URL, lives on node 1).
     connection, raw = _raw_channel(n2)
     topology = layer.topology
-    raw.queue_declare(topology.channel_queue("survivor"), durable=True,
-                      arguments=topology.channel_queue_arguments("survivor"))
+    raw.queue_declare(
+        topology.channel_queue("survivor"),
+        durable=True,
+        arguments=topology.channel_queue_arguments("survivor"),
+    )
     connection.close()
     try:
-        for lay, channel in ((layer, "classic"), (layer, "mirrored"), (quorum_layer, "quorum"),
-                             (option_layer, "option")):
+        for lay, channel in (
+            (layer, "classic"),
+            (layer, "mirrored"),
+            (quorum_layer, "quorum"),
+            (option_layer, "option"),
+        ):
             lay.send(channel, {"n": 0})  # declared through node 1: homed / led there
             assert lay.receive([channel], block=True) == (channel, {"n": 0})
-        wait_until(lambda: _connections_by_node(n2).get(n1.nodename, 0) >= 3, timeout=10,
-                   message="the layers' connections listed on node 1")
+        wait_until(
+            lambda: _connections_by_node(n2).get(n1.nodename, 0) >= 3,
+            timeout=10,
+            message="the layers' connections listed on node 1",
+        )
         assert not (set(_connections_by_node(n2)) - {n1.nodename}), "a layer is not on node 1"
-        queues = {q["name"]: q for q in ManagementClient(n2.management_url, "/")
-                  .queues(prefix + ":q:")}
+        queues = {
+            q["name"]: q for q in ManagementClient(n2.management_url, "/").queues(prefix + ":q:")
+        }
         assert queues[topology.channel_queue("classic")]["node"] == n1.nodename
         assert queues[topology.channel_queue("survivor")]["node"] == n2.nodename
 
@@ -267,19 +299,25 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         }
         for t in traffic.values():
             t.start()
-        wait_until(lambda: all(len(t.received) >= 20 for t in traffic.values()), timeout=20,
-                   message="traffic on every channel")
+        wait_until(
+            lambda: all(len(t.received) >= 20 for t in traffic.values()),
+            timeout=20,
+            message="traffic on every channel",
+        )
         stopping = time.monotonic()
         n1.stop_app()
         stopped = time.monotonic()
         # A process that starts while node 1 is down.
-        fresh = _layer(urls[1:] + urls[:1], prefix, management_url=n2.management_url,
-                       dead_letter_worker=False)
+        fresh = _layer(
+            urls[1:] + urls[:1], prefix, management_url=n2.management_url, dead_letter_worker=False
+        )
         try:
             fresh_outcomes = {}
-            for what, call in (("send", lambda: fresh.send("survivor", {"n": -1})),
-                               ("group_add", lambda: fresh.group_add("grp", "survivor")),
-                               ("send_group", lambda: fresh.send_group("grp", {"n": -2}))):
+            for what, call in (
+                ("send", lambda: fresh.send("survivor", {"n": -1})),
+                ("group_add", lambda: fresh.group_add("grp", "survivor")),
+                ("send_group", lambda: fresh.send_group("grp", {"n": -2})),
+            ):
                 try:
                     call()
                     fresh_outcomes[what] = "ok"
@@ -287,15 +325,20 @@ def test_traffic_through_the_loss_of_a_node(cluster):
                     fresh_outcomes[what] = "%s: %s" % (type(exc).__name__, exc)
         finally:
             fresh.close()
-        wait_until(lambda: any(when > stopped for when in traffic["survivor"].confirmed.values()),
-                   timeout=RESUME_WITHIN, message="survivor sends confirmed after stop_app")
+        wait_until(
+            lambda: any(when > stopped for when in traffic["survivor"].confirmed.values()),
+            timeout=RESUME_WITHIN,
+            message="survivor sends confirmed after stop_app",
+        )
         time.sleep(2.0)  # traffic through nodes 2 and 3 only (the threads keep working)
         worker_ready_while_down = layer._engine._worker.ready.is_set()
         starting = time.monotonic()
         n1.start_app()
         started = time.monotonic()
-        _wait_quietly(lambda: any(when > started for when in traffic["classic"].confirmed.values()),
-                      timeout=RESUME_WITHIN + 5)
+        _wait_quietly(
+            lambda: any(when > started for when in traffic["classic"].confirmed.values()),
+            timeout=RESUME_WITHIN + 5,
+        )
         time.sleep(1.0)
         for t in traffic.values():
             t.finish()
@@ -311,24 +354,30 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         except Exception:
             pass
 
-    print("\ncluster: stop_app of node 1 took %.1f s, start_app %.1f s (began %.1f s after)"
-          % (stopped - stopping, started - starting, starting - stopping))
+    print(
+        "\ncluster: stop_app of node 1 took %.1f s, start_app %.1f s (began %.1f s after)"
+        % (stopped - stopping, started - starting, starting - stopping)
+    )
     print("cluster: a process started while node 1 was down: %s" % fresh_outcomes)
-    print("cluster: dead-letter worker connected while node 1 was down: %s"
-          % worker_ready_while_down)
+    print(
+        "cluster: dead-letter worker connected while node 1 was down: %s" % worker_ready_while_down
+    )
     for name, t in traffic.items():
         counts = t.counts()
         send_gap = t.longest_gap(t.confirmed.values(), stopping, starting)
         counts["longest send gap while node 1 down"] = round(send_gap, 2)
         counts["longest send gap after start_app"] = round(
-            t.longest_gap(t.confirmed.values(), starting, starting + RESUME_WITHIN), 2)
+            t.longest_gap(t.confirmed.values(), starting, starting + RESUME_WITHIN), 2
+        )
         print("cluster: %-9s %s" % (name, counts))
         errors = collections.defaultdict(list)
         for when, exc, what in t.raised_at:
             errors["%s %s: %s" % (what, type(exc).__name__, str(exc)[:120])].append(when - stopping)
         for text, times in sorted(errors.items(), key=lambda item: -len(item[1]))[:4]:
-            print("cluster: %-9s   %4d x (%.1f..%.1f s after stop_app began) %s"
-                  % ("", len(times), min(times), max(times), text))
+            print(
+                "cluster: %-9s   %4d x (%.1f..%.1f s after stop_app began) %s"
+                % ("", len(times), min(times), max(times), text)
+            )
 
     bound = RECEIVE_TIMEOUT + OPERATION_TIMEOUT + 1.0
     for name, t in traffic.items():
@@ -349,22 +398,30 @@ def test_traffic_through_the_loss_of_a_node(cluster):
     # confirmed within 0.7 s of stop_app returning. A loss outside that
     # moment, or a bigger one, is the layer's.
     mirrored = traffic["mirrored"]
-    lost = {n: mirrored.confirmed[n] - stopped
-            for n in set(mirrored.confirmed) - set(mirrored.received)}
+    lost = {
+        n: mirrored.confirmed[n] - stopped for n in set(mirrored.confirmed) - set(mirrored.received)
+    }
     print("cluster: mirrored lost %s (s after stop_app returned)" % lost)
     assert len(lost) <= 10 and all(-2.0 <= when <= 1.5 for when in lost.values()), (
-        "mirrored", lost, mirrored.counts())
+        "mirrored",
+        lost,
+        mirrored.counts(),
+    )
 
     classic = traffic["classic"]
     # While its node is down, a classic queue's sends fail at once with the
     # broker's 404, never hang; they succeed again after start_app.
-    down = [exc for when, exc, what in classic.raised_at
-            if what == "send" and stopped < when < starting]
+    down = [
+        exc for when, exc, what in classic.raised_at if what == "send" and stopped < when < starting
+    ]
     assert down, classic.counts()
-    assert all(isinstance(exc, BrokerOperationError) and exc.reply_code == 404
-               for exc in down), down[:3]
-    assert classic.longest_gap(classic.confirmed.values(), started, started + RESUME_WITHIN) \
+    assert all(isinstance(exc, BrokerOperationError) and exc.reply_code == 404 for exc in down), (
+        down[:3]
+    )
+    assert (
+        classic.longest_gap(classic.confirmed.values(), started, started + RESUME_WITHIN)
         < RESUME_WITHIN
+    )
     # Its transient messages do not come back with the node: whatever was lost
     # had been confirmed before node 1 stopped.
     lost = set(classic.confirmed) - set(classic.received)
@@ -372,8 +429,11 @@ def test_traffic_through_the_loss_of_a_node(cluster):
     # Every error is a connection or broker error: a channel that is not full
     # must not raise ChannelFull (capacity is 100000 here).
     for name, t in traffic.items():
-        unexpected = [exc for _, exc, _ in t.raised_at
-                      if not isinstance(exc, (BrokerConnectionError, BrokerOperationError))]
+        unexpected = [
+            exc
+            for _, exc, _ in t.raised_at
+            if not isinstance(exc, (BrokerConnectionError, BrokerOperationError))
+        ]
         assert not unexpected, (name, unexpected[:3])
 
 
@@ -385,8 +445,11 @@ def test_blocking_receive_over_a_down_queue_and_a_live_one(cluster):
     layer = _layer([n2.amqp_url, n3.amqp_url], prefix, management_url=n2.management_url)
     try:
         connection, raw = _raw_channel(n3)
-        raw.queue_declare(layer.topology.channel_queue("down"), durable=True,
-                          arguments=layer.topology.channel_queue_arguments("down"))
+        raw.queue_declare(
+            layer.topology.channel_queue("down"),
+            durable=True,
+            arguments=layer.topology.channel_queue_arguments("down"),
+        )
         connection.close()
         layer.send("down", {"n": 0})
         for i in range(20):
@@ -412,8 +475,10 @@ def test_blocking_receive_over_a_down_queue_and_a_live_one(cluster):
                 calls += 1
                 if channel is not None:
                     got.append(message["n"])
-            print("\ncluster: blocking receive over [down, live]: %d of 10 live messages "
-                  "in %d calls, longest call %.2f s" % (len(got), calls, longest))
+            print(
+                "\ncluster: blocking receive over [down, live]: %d of 10 live messages "
+                "in %d calls, longest call %.2f s" % (len(got), calls, longest)
+            )
             assert longest <= RECEIVE_TIMEOUT + OPERATION_TIMEOUT + 1
             assert sorted(got) == list(range(10, 20))
             # A worker whose channels are all fine but one must not spin: an
@@ -421,8 +486,12 @@ def test_blocking_receive_over_a_down_queue_and_a_live_one(cluster):
             assert calls <= 10 + 10 / RECEIVE_TIMEOUT + 5, calls
         finally:
             n3.start_app()
-        wait_until(lambda: _sends(layer, "down"), timeout=RESUME_WITHIN, interval=0.2,
-                   message="down channel usable after start_app")
+        wait_until(
+            lambda: _sends(layer, "down"),
+            timeout=RESUME_WITHIN,
+            interval=0.2,
+            message="down channel usable after start_app",
+        )
         # The transient message that waited in the queue is gone.
         assert [m for c, m in _drain(layer, ["down"])] == [{"n": "again"}]
     finally:
@@ -460,22 +529,45 @@ QUORUM = {"x-queue-type": "quorum"}
 # (label, arguments, queue_declare keywords, expected: "accepted" or a refusal text)
 DECLARE_MATRIX = [
     ("channel queue (all five arguments)", _LAYER.channel_queue_arguments("c"), {}, "accepted"),
-    ("x-max-length + x-overflow reject-publish",
-     {"x-max-length": 3, "x-overflow": "reject-publish"}, {}, "accepted"),
-    ("x-overflow reject-publish-dlx", {"x-max-length": 3, "x-overflow": "reject-publish-dlx"},
-     {}, "accepted"),
+    (
+        "x-max-length + x-overflow reject-publish",
+        {"x-max-length": 3, "x-overflow": "reject-publish"},
+        {},
+        "accepted",
+    ),
+    (
+        "x-overflow reject-publish-dlx",
+        {"x-max-length": 3, "x-overflow": "reject-publish-dlx"},
+        {},
+        "accepted",
+    ),
     ("x-overflow drop-head", {"x-max-length": 3, "x-overflow": "drop-head"}, {}, "accepted"),
     ("x-message-ttl", {"x-message-ttl": 2000}, {}, "accepted"),
     ("x-expires", {"x-expires": 120000}, {}, "accepted"),
     ("x-dead-letter-exchange", {"x-dead-letter-exchange": "qq:dlx"}, {}, "accepted"),
-    ("local member queue (max-length 0, DLX '', DLRK, x-expires)",
-     _LAYER.local_member_queue_arguments("c!x"), {}, "accepted"),
-    ("marker queue (max-length 1, TTL, x-expires, DLX)", _LAYER.marker_queue_arguments(), {},
-     "accepted"),
+    (
+        "local member queue (max-length 0, DLX '', DLRK, x-expires)",
+        _LAYER.local_member_queue_arguments("c!x"),
+        {},
+        "accepted",
+    ),
+    (
+        "marker queue (max-length 1, TTL, x-expires, DLX)",
+        _LAYER.marker_queue_arguments(),
+        {},
+        "accepted",
+    ),
     ("x-delivery-limit", {"x-delivery-limit": 5}, {}, "accepted"),
-    ("x-dead-letter-strategy at-least-once",
-     {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
-      "x-dead-letter-exchange": "qq:dlx"}, {}, "accepted"),
+    (
+        "x-dead-letter-strategy at-least-once",
+        {
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+            "x-dead-letter-exchange": "qq:dlx",
+        },
+        {},
+        "accepted",
+    ),
     ("x-queue-mode lazy", {"x-queue-mode": "lazy"}, {}, "invalid arg 'x-queue-mode'"),
     ("x-max-priority", {"x-max-priority": 5}, {}, "invalid arg 'x-max-priority'"),
     ("durable=False", {}, {"durable": False}, "invalid property 'non-durable'"),
@@ -502,8 +594,9 @@ def _fresh(raw):
     return raw["channel"]
 
 
-@pytest.mark.parametrize("label,arguments,keywords,expected", DECLARE_MATRIX,
-                         ids=[row[0] for row in DECLARE_MATRIX])
+@pytest.mark.parametrize(
+    "label,arguments,keywords,expected", DECLARE_MATRIX, ids=[row[0] for row in DECLARE_MATRIX]
+)
 def test_quorum_queue_arguments(raw, label, arguments, keywords, expected):
     channel = _fresh(raw)
     name = "qq:matrix:%s" % uuid.uuid4().hex[:8]
@@ -521,8 +614,9 @@ def test_quorum_queue_arguments(raw, label, arguments, keywords, expected):
 
 def _publish(channel, queue, body=b"x", **properties):
     try:
-        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=1, **properties),
-                              mandatory=True)
+        channel.basic_publish(
+            "", queue, body, pika.BasicProperties(delivery_mode=1, **properties), mandatory=True
+        )
         return "ack"
     except pika.exceptions.NackError:
         return "nack"
@@ -564,11 +658,17 @@ def test_quorum_queue_behaviour(raw):
         # x-max-length 0 + reject-publish still takes one: capacity C needs x-max-length C-1.
         q = declare({"x-max-length": 0, "x-overflow": "reject-publish"})
         results["reject-publish x-max-length=0: acked"] = [
-            _publish(channel, q) for _ in range(3)].count("ack")
+            _publish(channel, q) for _ in range(3)
+        ].count("ack")
         assert results["reject-publish x-max-length=0: acked"] == 1
         # reject-publish-dlx is accepted but never nacks: not a ChannelFull signal.
-        q = declare({"x-max-length": 1, "x-overflow": "reject-publish-dlx",
-                     "x-dead-letter-exchange": "qq:dlx"})
+        q = declare(
+            {
+                "x-max-length": 1,
+                "x-overflow": "reject-publish-dlx",
+                "x-dead-letter-exchange": "qq:dlx",
+            }
+        )
         outcomes = [_publish(channel, q) for _ in range(3)]
         results["reject-publish-dlx x-max-length=1: outcomes"] = outcomes
         assert outcomes == ["ack"] * 3
@@ -591,11 +691,16 @@ def test_quorum_queue_behaviour(raw):
         assert results["marker pushed out -> dead letter"] == (b"first", "maxlen")
         # Local member queue: max-length 0 dead-letters straight into the target.
         target = declare({})
-        q = declare({"x-max-length": 0, "x-dead-letter-exchange": "",
-                     "x-dead-letter-routing-key": target})
+        q = declare(
+            {"x-max-length": 0, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
+        )
         _publish(channel, q, b"fan-out")
-        got = wait_until(lambda: channel.basic_get(target, auto_ack=True)[0] is not None
-                         or None, timeout=5, interval=0.01, message="dead-lettered into target")
+        got = wait_until(
+            lambda: channel.basic_get(target, auto_ack=True)[0] is not None or None,
+            timeout=5,
+            interval=0.01,
+            message="dead-lettered into target",
+        )
         results["max-length 0 -> target queue"] = got
         # nack + requeue counts deliveries (RabbitMQ 4 drops a message after 20 by default).
         q = declare({})
@@ -605,7 +710,8 @@ def test_quorum_queue_behaviour(raw):
             channel.basic_nack(method.delivery_tag, requeue=True)
         method, properties, _ = channel.basic_get(q, auto_ack=True)
         results["after 3 requeues: x-delivery-count"] = (properties.headers or {}).get(
-            "x-delivery-count")
+            "x-delivery-count"
+        )
         assert results["after 3 requeues: x-delivery-count"] == 3
         # A classic queue cannot be re-declared as quorum (or the other way round).
         classic = "qq:classic:%s" % uuid.uuid4().hex[:8]
@@ -614,7 +720,9 @@ def test_quorum_queue_behaviour(raw):
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
             channel.queue_declare(classic, durable=True, arguments=QUORUM)
         results["classic re-declared as quorum"] = "%s %s" % (
-            caught.value.reply_code, caught.value.reply_text.split(" - ")[0])
+            caught.value.reply_code,
+            caught.value.reply_text.split(" - ")[0],
+        )
         assert caught.value.reply_code == 406
         channel = _fresh(raw)
     finally:
@@ -644,8 +752,9 @@ def test_quorum_queue_lease_is_not_renewed_by_a_redeclare(raw):
     gone = {"redeclare": None, "basic_get": None}
     while time.monotonic() - started < 7.0:
         if gone["redeclare"] is None:
-            count = channel.queue_declare(redeclared, durable=True,
-                                          arguments=arguments).method.message_count
+            count = channel.queue_declare(
+                redeclared, durable=True, arguments=arguments
+            ).method.message_count
             if count == 0:
                 gone["redeclare"] = round(time.monotonic() - started, 1)
         if gone["basic_get"] is None:

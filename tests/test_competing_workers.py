@@ -72,8 +72,12 @@ def workers(broker):
     def start(channels, count=2):
         for n in range(count):
             started.append(Worker(broker, prefix, channels, "worker-%d" % n).start())
-        wait_until(lambda: all(w.empty_receives for w in started), 10, interval=0.01,
-                   message="every worker waiting on its consumers")
+        wait_until(
+            lambda: all(w.empty_receives for w in started),
+            10,
+            interval=0.01,
+            message="every worker waiting on its consumers",
+        )
         return started
 
     sender = make_layer(broker, prefix=prefix, expiry=30)
@@ -87,8 +91,12 @@ def workers(broker):
 def _make_one_busy(sender, workers, channel):
     """Send a slow message and return (busy worker, idle worker) once it is taken."""
     sender.send(channel, {"busy": BUSY_FOR})
-    busy = wait_until(lambda: next((w for w in workers if w.busy.is_set()), None), 10,
-                      interval=0.005, message="a worker taking the slow message")
+    busy = wait_until(
+        lambda: next((w for w in workers if w.busy.is_set()), None),
+        10,
+        interval=0.005,
+        message="a worker taking the slow message",
+    )
     idle = next(w for w in workers if w is not busy)
     return busy, idle
 
@@ -96,7 +104,7 @@ def _make_one_busy(sender, workers, channel):
 def _waits(sent_at, workers):
     taken = {}
     for worker in workers:
-        for at, channel, message in worker.taken:
+        for at, _channel, message in worker.taken:
             if "n" in message:
                 taken[message["n"]] = (at - sent_at[message["n"]], worker)
     return taken
@@ -104,9 +112,16 @@ def _waits(sent_at, workers):
 
 def _report(label, waits):
     ordered = sorted(waits)
-    print("\n%s: %d messages, wait p50 %.1f ms, max %.1f ms, over 50 ms: %d" % (
-        label, len(ordered), ordered[len(ordered) // 2] * 1000, ordered[-1] * 1000,
-        sum(1 for w in ordered if w > 0.05)))
+    print(
+        "\n%s: %d messages, wait p50 %.1f ms, max %.1f ms, over 50 ms: %d"
+        % (
+            label,
+            len(ordered),
+            ordered[len(ordered) // 2] * 1000,
+            ordered[-1] * 1000,
+            sum(1 for w in ordered if w > 0.05),
+        )
+    )
 
 
 def test_a_busy_worker_gives_its_pushed_message_to_the_idle_one(workers):
@@ -120,8 +135,9 @@ def test_a_busy_worker_gives_its_pushed_message_to_the_idle_one(workers):
         sent_at[n] = time.monotonic()
         sender.send(channel, {"n": n})
         time.sleep(0.04)
-    wait_until(lambda: len(_waits(sent_at, pool)) == 20, 10, interval=0.01,
-               message="all 20 messages taken")
+    wait_until(
+        lambda: len(_waits(sent_at, pool)) == 20, 10, interval=0.01, message="all 20 messages taken"
+    )
     taken = _waits(sent_at, pool)
     assert not busy.errors and not idle.errors, (busy.errors, idle.errors)
     # The busy worker is still busy: every message went to the idle one.
@@ -145,8 +161,9 @@ def test_a_busy_worker_holds_nothing_back_on_any_of_its_channels(workers):
         sent_at[n] = time.monotonic()
         sender.send(channels[n % len(channels)], {"n": n})
         time.sleep(0.01)
-    wait_until(lambda: len(_waits(sent_at, pool)) == 60, 10, interval=0.01,
-               message="all 60 messages taken")
+    wait_until(
+        lambda: len(_waits(sent_at, pool)) == 60, 10, interval=0.01, message="all 60 messages taken"
+    )
     taken = _waits(sent_at, pool)
     assert busy.busy.is_set()
     assert all(worker is idle for _, worker in taken.values())
@@ -163,12 +180,17 @@ def test_when_both_are_busy_the_held_message_is_handled_by_whoever_frees_up(work
     pool = start([channel])
     for _ in pool:
         sender.send(channel, {"busy": 1.0})
-    wait_until(lambda: all(w.busy.is_set() for w in pool), 10, interval=0.005,
-               message="both workers busy")
+    wait_until(
+        lambda: all(w.busy.is_set() for w in pool), 10, interval=0.005, message="both workers busy"
+    )
     sent_at = {0: time.monotonic()}
     sender.send(channel, {"n": 0})
-    wait_until(lambda: 0 in _waits(sent_at, pool), 10, interval=0.005,
-               message="the message taken once a worker is free")
+    wait_until(
+        lambda: 0 in _waits(sent_at, pool),
+        10,
+        interval=0.005,
+        message="the message taken once a worker is free",
+    )
     wait, _ = _waits(sent_at, pool)[0]
     # Nobody could take it for ~1 s; it must go as soon as one worker is free.
     assert 0.8 < wait < 1.0 + WORST_WAIT, wait
@@ -204,4 +226,3 @@ def test_a_held_message_is_the_only_slack_in_capacity(broker):
         sender.flush()
         sender.close()
         worker.close()
-

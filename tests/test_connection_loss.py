@@ -79,11 +79,17 @@ def test_blocking_receive_in_flight_rides_through_a_kill(node):
 
         thread = threading.Thread(target=receive)
         thread.start()
-        wait_until(lambda: _consumers(node, layer, "loss.in-flight") > 0, 10,
-                   message="the blocking receive's consumer")
+        wait_until(
+            lambda: _consumers(node, layer, "loss.in-flight") > 0,
+            10,
+            message="the blocking receive's consumer",
+        )
         node.close_all_connections("in-flight receive test")
-        wait_until(lambda: layer.connection_statistics()["connection_losses"] >= 1, 10,
-                   message="the layer saw the loss")
+        wait_until(
+            lambda: layer.connection_statistics()["connection_losses"] >= 1,
+            10,
+            message="the layer saw the loss",
+        )
         sender = _layer(node, prefix=layer.topology.prefix, dead_letter_worker=False)
         sender.send("loss.in-flight", {"after": "the kill"})
         thread.join(25)
@@ -107,8 +113,7 @@ def test_sends_and_receives_ride_through_repeated_kills(node, queue_type):
     channels = ["loss.a", "loss.b!x"]
     receive_names = ["loss.a", "loss.b!"]
     sender = _layer(node, queue_type=queue_type)
-    reader = _layer(node, queue_type=queue_type, prefix=sender.topology.prefix,
-                    receive_timeout=0.5)
+    reader = _layer(node, queue_type=queue_type, prefix=sender.topology.prefix, receive_timeout=0.5)
     errors = Errors()
     sent, received = [], []
     lock = threading.Lock()
@@ -139,7 +144,7 @@ def test_sends_and_receives_ride_through_repeated_kills(node, queue_type):
             thread.start()
         for kill in range(4):
             floor = len(sent) + 300
-            wait_until(lambda: len(sent) >= floor, 30, message="300 more sends")
+            wait_until(lambda floor=floor: len(sent) >= floor, 30, message="300 more sends")
             node.close_all_connections("kill %d" % kill)
         floor = len(sent) + 300
         wait_until(lambda: len(sent) >= floor, 30, message="sends after the last kill")
@@ -154,10 +159,20 @@ def test_sends_and_receives_ride_through_repeated_kills(node, queue_type):
         duplicates = sum(n - 1 for n in counts.values())
         lost = set(sent) - set(counts)
         stats = sender.connection_statistics()
-        print("\n%s: sent=%d received=%d lost=%d duplicates=%d losses=%d retried=%d "
-              "republished=%d" % (queue_type, len(sent), len(received), len(lost), duplicates,
-                                  stats["connection_losses"], stats["retried_operations"],
-                                  stats["republished"]))
+        print(
+            "\n%s: sent=%d received=%d lost=%d duplicates=%d losses=%d retried=%d "
+            "republished=%d"
+            % (
+                queue_type,
+                len(sent),
+                len(received),
+                len(lost),
+                duplicates,
+                stats["connection_losses"],
+                stats["retried_operations"],
+                stats["republished"],
+            )
+        )
         assert not errors.seen, errors.seen
         assert stats["connection_losses"] >= 4 and stats["connected"]
         # One reading process: it tells every copy, on both kinds of channel.
@@ -197,7 +212,9 @@ def test_group_calls_ride_through_kills(node):
             thread.start()
         for kill in range(3):
             floor = sum(done.values()) + 20
-            wait_until(lambda: sum(done.values()) >= floor, 30, message="20 more rounds")
+            wait_until(
+                lambda floor=floor: sum(done.values()) >= floor, 30, message="20 more rounds"
+            )
             node.close_all_connections("group kill %d" % kill)
         floor = sum(done.values()) + 20
         wait_until(lambda: sum(done.values()) >= floor, 30, message="rounds after the kills")
@@ -218,8 +235,11 @@ def test_an_outage_longer_than_operation_timeout_raises_and_names_it(node):
         layer.send("loss.outage", {"before": 1})
         node.stop_app()
         try:
-            wait_until(lambda: not layer.connection_statistics()["connected"], 10,
-                       message="the layer saw the loss")
+            wait_until(
+                lambda: not layer.connection_statistics()["connected"],
+                10,
+                message="the layer saw the loss",
+            )
             started = time.monotonic()
             with pytest.raises(OperationTimeout) as raised:
                 layer.send("loss.outage", {"during": 1})
@@ -233,12 +253,12 @@ def test_an_outage_longer_than_operation_timeout_raises_and_names_it(node):
                 layer.receive(["loss.outage"])
         finally:
             node.start_app()
-        wait_until(lambda: layer.connection_statistics()["connected"], 20,
-                   message="reconnected")
+        wait_until(lambda: layer.connection_statistics()["connected"], 20, message="reconnected")
         layer.send("loss.outage", {"after": 1})
         # The call that raised was abandoned: it is not sent late.
-        wait_until(lambda: layer.receive(["loss.outage"])[1] == {"after": 1}, 10,
-                   message="served again")
+        wait_until(
+            lambda: layer.receive(["loss.outage"])[1] == {"after": 1}, 10, message="served again"
+        )
         assert layer.receive(["loss.outage"]) == (None, None)
     finally:
         layer.close()
@@ -257,8 +277,9 @@ def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
     """
     members = ["loss.local!m%d" % i for i in range(30)]
     sender = _layer(node, queue_type="quorum", operation_timeout=60.0)
-    receiver = _layer(node, prefix=sender.topology.prefix, queue_type="quorum",
-                      operation_timeout=60.0)
+    receiver = _layer(
+        node, prefix=sender.topology.prefix, queue_type="quorum", operation_timeout=60.0
+    )
     errors = Errors()
     confirmed = []
     stop = threading.Event()
@@ -278,8 +299,11 @@ def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
         wait_until(lambda: len(confirmed) >= 50, 30, message="sends before the restart")
         node.stop_app()
         try:
-            wait_until(lambda: not sender.connection_statistics()["connected"], 10,
-                       message="the sender saw the loss")
+            wait_until(
+                lambda: not sender.connection_statistics()["connected"],
+                10,
+                message="the sender saw the loss",
+            )
         finally:
             node.start_app()
         wait_until(lambda: sender.connection_statistics()["connected"], 30, message="reconnected")
@@ -309,7 +333,10 @@ def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
     for member in members:
         got = received[member]
         assert len(got) == len(set(got)), "%s got copies" % member
-        assert set(confirmed) <= set(got), "%s lost %s" % (member, sorted(set(confirmed) - set(got))[:10])
+        assert set(confirmed) <= set(got), "%s lost %s" % (
+            member,
+            sorted(set(confirmed) - set(got))[:10],
+        )
 
 
 # -- the guard against copies (no faults needed) -----------------------------
@@ -323,8 +350,11 @@ def _publish_copy(broker, layer, channel, original_id, message, headers=None):
         all_headers = {REPUBLISHED_HEADER: 1}
         all_headers.update(headers or {})
         connection.channel().basic_publish(
-            "", layer.topology.channel_queue(channel), body,
-            pika.BasicProperties(message_id=original_id, headers=all_headers, delivery_mode=1))
+            "",
+            layer.topology.channel_queue(channel),
+            body,
+            pika.BasicProperties(message_id=original_id, headers=all_headers, delivery_mode=1),
+        )
     finally:
         connection.close()
 
@@ -337,6 +367,7 @@ def _spy_ids(layer):
     def spy(delivery):
         ids.append(delivery.message_id)
         return decode(delivery)
+
     layer._decode = spy
     return ids
 
@@ -346,7 +377,10 @@ def test_a_marked_copy_of_a_message_already_handed_out_is_dropped(broker, block)
     layer = make_layer(broker, receive_timeout=0.5)
     try:
         ids = _spy_ids(layer)
-        for channel, receive_as in [("copy.normal", "copy.normal"), ("copy.local!a", "copy.local!")]:
+        for channel, receive_as in [
+            ("copy.normal", "copy.normal"),
+            ("copy.local!a", "copy.local!"),
+        ]:
             layer.send(channel, {"n": 1})
             assert layer.receive([receive_as], block=block) == (channel, {"n": 1})
             headers = {"asgi-channel": channel} if "!" in channel else None
@@ -378,8 +412,11 @@ def test_one_group_message_reaches_two_local_members_of_one_process(broker):
         layer.group_add("copies", "copy.member!two")
         layer.send_group("copies", {"g": 1})
         got = set()
-        wait_until(lambda: got.add(layer.receive(["copy.member!"])[0]) or len(got - {None}) == 2,
-                   10, message="both members' copies")
+        wait_until(
+            lambda: got.add(layer.receive(["copy.member!"])[0]) or len(got - {None}) == 2,
+            10,
+            message="both members' copies",
+        )
         assert got - {None} == {"copy.member!one", "copy.member!two"}
     finally:
         layer.close()

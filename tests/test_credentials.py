@@ -104,8 +104,9 @@ def exercise_failing_layer(layer):
         catch(lambda: layer.send("cred.channel", {"a": 1}), asgi_amqp.BrokerConnectionError),
         catch(lambda: layer.receive(["cred.channel"]), asgi_amqp.BrokerConnectionError),
         catch(lambda: layer.receive(["cred.channel"], block=True), asgi_amqp.BrokerConnectionError),
-        catch(lambda: layer.group_add("cred-group", "cred.channel"),
-              asgi_amqp.BrokerConnectionError),
+        catch(
+            lambda: layer.group_add("cred-group", "cred.channel"), asgi_amqp.BrokerConnectionError
+        ),
         catch(layer.flush, asgi_amqp.ManagementAPIError),
         catch(lambda: layer.group_channels("cred-group"), asgi_amqp.ManagementAPIError),
     ]
@@ -119,13 +120,20 @@ def _logged(caplog, logger, text):
 def management_request(broker, method, path, body=None):
     parts = urlsplit(broker.management_url)
     base = "%s://%s:%d%s" % (parts.scheme, parts.hostname, parts.port, parts.path.rstrip("/"))
-    token = base64.b64encode(("%s:%s" % (unquote(parts.username or "guest"),
-                                         unquote(parts.password or "guest"))).encode("utf8"))
+    token = base64.b64encode(
+        ("%s:%s" % (unquote(parts.username or "guest"), unquote(parts.password or "guest"))).encode(
+            "utf8"
+        )
+    )
     request = urllib.request.Request(
-        "%s/api/%s" % (base, path), method=method,
+        "%s/api/%s" % (base, path),
+        method=method,
         data=None if body is None else json.dumps(body).encode("utf8"),
-        headers={"Authorization": "Basic " + token.decode("ascii"),
-                 "Content-Type": "application/json"})
+        headers={
+            "Authorization": "Basic " + token.decode("ascii"),
+            "Content-Type": "application/json",
+        },
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status
 
@@ -146,13 +154,18 @@ def test_closed_port_leaks_no_secret(caplog):
     layer = AMQPChannelLayer(
         url="amqp://guest:%s@127.0.0.1:%d/%%2F" % (SECRET, port),
         management_url="http://guest:%s@127.0.0.1:%d/" % (SECRET, management_port),
-        prefix=PREFIX, operation_timeout=3)
+        prefix=PREFIX,
+        operation_timeout=3,
+    )
     try:
         errors = exercise_failing_layer(layer)
         for error in errors[:5]:
             assert not isinstance(error, asgi_amqp.AuthenticationError)
-        wait_for(lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "dead-letter worker"), 5,
-                 "a failed dead-letter worker connection")
+        wait_for(
+            lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "dead-letter worker"),
+            5,
+            "a failed dead-letter worker connection",
+        )
     finally:
         layer.close()
     assert any(r.name.startswith("pika") for r in caplog.records), "pika's logs were not captured"
@@ -164,32 +177,45 @@ def test_wrong_password_on_the_real_broker_leaks_no_secret(broker, caplog):
     layer = AMQPChannelLayer(
         url=with_credentials(broker.amqp_url, "guest", SECRET),
         management_url=with_credentials(broker.management_url, "guest", SECRET),
-        prefix=PREFIX, operation_timeout=3)
+        prefix=PREFIX,
+        operation_timeout=3,
+    )
     try:
         errors = exercise_failing_layer(layer)
         for error in errors[:5]:
             assert isinstance(error, asgi_amqp.AuthenticationError), repr(error)
         assert "credentials" in str(errors[-1])  # the management API's 401
-        wait_for(lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "AuthenticationError"), 5,
-                 "a refused dead-letter worker connection")
+        wait_for(
+            lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "AuthenticationError"),
+            5,
+            "a refused dead-letter worker connection",
+        )
     finally:
         layer.close()
-    assert any("ACCESS_REFUSED" in r.getMessage() for r in caplog.records), \
+    assert any("ACCESS_REFUSED" in r.getMessage() for r in caplog.records), (
         "pika's record of the refusal was not captured"
+    )
     assert_no_leak(forbidden(SECRET), caplog, errors, [layer])
 
 
-@pytest.mark.parametrize("password", [
-    "p@ss:w/rd?#%&",
-    "\u00e9t\u00e9-\U0001f600-s3cr3t",
-    "with space s3cr3t",
-])
+@pytest.mark.parametrize(
+    "password",
+    [
+        "p@ss:w/rd?#%&",
+        "\u00e9t\u00e9-\U0001f600-s3cr3t",
+        "with space s3cr3t",
+    ],
+)
 def test_passwords_with_reserved_characters_leak_nowhere(caplog, password):
     """Percent-encoded in the URL as they must be; neither form may appear."""
     caplog.set_level(logging.DEBUG)
     url = "amqp://guest:%s@127.0.0.1:%d/%%2F" % (quote(password, safe=""), free_port())
-    layer = AMQPChannelLayer(url=url, prefix=PREFIX, operation_timeout=3,
-                             management_url="http://127.0.0.1:%d/" % free_port())
+    layer = AMQPChannelLayer(
+        url=url,
+        prefix=PREFIX,
+        operation_timeout=3,
+        management_url="http://127.0.0.1:%d/" % free_port(),
+    )
     try:
         assert parse_urls(url)[0].credentials.password == password  # decoded correctly
         errors = [catch(lambda: layer.send("cred.channel", {}), asgi_amqp.BrokerConnectionError)]
@@ -201,16 +227,19 @@ def test_passwords_with_reserved_characters_leak_nowhere(caplog, password):
 # -- bad configuration ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", [
-    "amqp://guest:%s@127.0.0.1:notaport/%%2F" % SECRET,
-    "amqp://guest:%s@127.0.0.1:99999/%%2F" % SECRET,
-    "amqp://guest:%s@127.0.0.1/%%2F?heartbeat=often" % SECRET,
-    "amqp://guest:%s@127.0.0.1/%%2F?no_such_option=1" % SECRET,
-    "amqp://guest:%s@127.0.0.1/%%2F?ssl_options=nonsense" % SECRET,
-    "amqp://guest:%s@[::1/%%2F" % SECRET,
-    "http://guest:%s@127.0.0.1:5672/" % SECRET,
-    "redis://:%s@127.0.0.1:6379/0" % SECRET,
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqp://guest:%s@127.0.0.1:notaport/%%2F" % SECRET,
+        "amqp://guest:%s@127.0.0.1:99999/%%2F" % SECRET,
+        "amqp://guest:%s@127.0.0.1/%%2F?heartbeat=often" % SECRET,
+        "amqp://guest:%s@127.0.0.1/%%2F?no_such_option=1" % SECRET,
+        "amqp://guest:%s@127.0.0.1/%%2F?ssl_options=nonsense" % SECRET,
+        "amqp://guest:%s@[::1/%%2F" % SECRET,
+        "http://guest:%s@127.0.0.1:5672/" % SECRET,
+        "redis://:%s@127.0.0.1:6379/0" % SECRET,
+    ],
+)
 def test_bad_url_errors_leak_no_secret(caplog, url):
     caplog.set_level(logging.DEBUG)
     with pytest.raises(ValueError) as info:
@@ -231,8 +260,12 @@ def test_bad_management_url_leaks_no_secret(broker, caplog):
     caplog.set_level(logging.DEBUG)
     # Refused by the constructor, before any call can use it.
     with pytest.raises(ValueError) as info:
-        AMQPChannelLayer(url=broker.amqp_url, prefix=PREFIX, dead_letter_worker=False,
-                         management_url="ftp://guest:%s@127.0.0.1/" % SECRET)
+        AMQPChannelLayer(
+            url=broker.amqp_url,
+            prefix=PREFIX,
+            dead_letter_worker=False,
+            management_url="ftp://guest:%s@127.0.0.1/" % SECRET,
+        )
     assert_no_leak(forbidden(SECRET), caplog, [info.value], [])
 
 
@@ -244,10 +277,15 @@ def secret_user(broker):
     """A broker user whose password is a secret; deleted afterwards."""
     user, password = "t-cred-%s" % uuid.uuid4().hex[:8], "Us3r-" + SECRET + "-" + uuid.uuid4().hex
     vhost = urlsplit(broker.amqp_url).path[1:] or "%2F"
-    management_request(broker, "PUT", "users/%s" % user,
-                       {"password": password, "tags": "management"})
-    management_request(broker, "PUT", "permissions/%s/%s" % (vhost, user),
-                       {"configure": ".*", "write": ".*", "read": ".*"})
+    management_request(
+        broker, "PUT", "users/%s" % user, {"password": password, "tags": "management"}
+    )
+    management_request(
+        broker,
+        "PUT",
+        "permissions/%s/%s" % (vhost, user),
+        {"configure": ".*", "write": ".*", "read": ".*"},
+    )
     yield user, password
     try:
         management_request(broker, "DELETE", "users/%s" % user)
@@ -258,10 +296,12 @@ def secret_user(broker):
 def test_a_working_layer_logs_no_secret(broker, caplog, secret_user):
     user, password = secret_user
     caplog.set_level(logging.DEBUG)
-    layer = AMQPChannelLayer(url=with_credentials(broker.amqp_url, user, password),
-                             management_url=with_credentials(broker.management_url, user,
-                                                             password),
-                             prefix=PREFIX + "-ok", receive_timeout=1)
+    layer = AMQPChannelLayer(
+        url=with_credentials(broker.amqp_url, user, password),
+        management_url=with_credentials(broker.management_url, user, password),
+        prefix=PREFIX + "-ok",
+        receive_timeout=1,
+    )
     try:
         layer.send("cred.ok", {"a": 1})
         assert layer.receive(["cred.ok"]) == ("cred.ok", {"a": 1})
@@ -274,8 +314,9 @@ def test_a_working_layer_logs_no_secret(broker, caplog, secret_user):
         assert layer.threads()
     finally:
         layer.close()
-    assert any(r.name.startswith("pika") and r.levelno == logging.DEBUG
-               for r in caplog.records), "pika's debug logs were not captured"
+    assert any(r.name.startswith("pika") and r.levelno == logging.DEBUG for r in caplog.records), (
+        "pika's debug logs were not captured"
+    )
     assert_no_leak(forbidden(password, user), caplog, [], [layer])
 
 
@@ -283,33 +324,45 @@ def test_a_working_layer_logs_no_secret(broker, caplog, secret_user):
 
 
 def test_repr_of_the_layer_shows_hosts_but_no_password():
-    layer = AMQPChannelLayer(url=["amqp://guest:%s@rabbit-1:5672/%%2F" % SECRET,
-                                  "amqps://admin:%s@rabbit-2:5671/prod" % quote(SECRET + "@x"),
-                                  "amqp://rabbit-3/"],
-                             prefix="cred-repr")
+    layer = AMQPChannelLayer(
+        url=[
+            "amqp://guest:%s@rabbit-1:5672/%%2F" % SECRET,
+            "amqps://admin:%s@rabbit-2:5671/prod" % quote(SECRET + "@x"),
+            "amqp://rabbit-3/",
+        ],
+        prefix="cred-repr",
+    )
     text = repr(layer)
     assert "rabbit-1:5672" in text and "rabbit-2:5671" in text and "rabbit-3" in text
     assert "guest" in text and "admin" in text and "cred-repr" in text
-    assert_no_leak(forbidden(SECRET) | forbidden(SECRET + "@x", "admin") | {quote(SECRET + "@x")},
-                   objects=[layer])
+    assert_no_leak(
+        forbidden(SECRET) | forbidden(SECRET + "@x", "admin") | {quote(SECRET + "@x")},
+        objects=[layer],
+    )
     for parameters in parse_urls(layer._urls):
         assert SECRET not in describe_parameters(parameters)
     layer.close()
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("amqp://guest:s3cr3t@host:5672/%2F", "amqp://guest:***@host:5672/%2F"),
-    ("amqps://u:s3cr3t@host/vhost?heartbeat=10&x=y", "amqps://u:***@host/vhost?heartbeat=10&x=y"),
-    ("amqp://u:s3cr3t@[::1]:5672/v", "amqp://u:***@[::1]:5672/v"),
-    ("amqp://u:p%40s%3As3cr3t%2F@host/", "amqp://u:***@host/"),
-    ("amqp://u:p@s3cr3t@host/", "amqp://u:***@host/"),
-    ("amqp://:s3cr3t@host/", "amqp://:***@host/"),
-    ("amqp://u:@host/", "amqp://u:***@host/"),
-    ("http://guest:s3cr3t@host:15672/", "http://guest:***@host:15672/"),
-    ("amqp://guest@host/", "amqp://guest@host/"),
-    ("amqp://host:5672/%2F", "amqp://host:5672/%2F"),
-    ("amqp://", "amqp://"),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("amqp://guest:s3cr3t@host:5672/%2F", "amqp://guest:***@host:5672/%2F"),
+        (
+            "amqps://u:s3cr3t@host/vhost?heartbeat=10&x=y",
+            "amqps://u:***@host/vhost?heartbeat=10&x=y",
+        ),
+        ("amqp://u:s3cr3t@[::1]:5672/v", "amqp://u:***@[::1]:5672/v"),
+        ("amqp://u:p%40s%3As3cr3t%2F@host/", "amqp://u:***@host/"),
+        ("amqp://u:p@s3cr3t@host/", "amqp://u:***@host/"),
+        ("amqp://:s3cr3t@host/", "amqp://:***@host/"),
+        ("amqp://u:@host/", "amqp://u:***@host/"),
+        ("http://guest:s3cr3t@host:15672/", "http://guest:***@host:15672/"),
+        ("amqp://guest@host/", "amqp://guest@host/"),
+        ("amqp://host:5672/%2F", "amqp://host:5672/%2F"),
+        ("amqp://", "amqp://"),
+    ],
+)
 def test_redact(url, expected):
     assert redact(url) == expected
     assert "s3cr3t" not in redact(url)

@@ -14,11 +14,10 @@ import tempfile
 import textwrap
 import urllib.request
 
+import pika  # noqa: E402
 import pytest
 
 from devtools import rabbitmq as rmq
-
-import pika  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,8 +30,9 @@ def _rabbitmq_installed():
     return True
 
 
-needs_rabbitmq = pytest.mark.skipif(not _rabbitmq_installed(),
-                                    reason="rabbitmq-server is not installed")
+needs_rabbitmq = pytest.mark.skipif(
+    not _rabbitmq_installed(), reason="rabbitmq-server is not installed"
+)
 
 
 def _api_get(node, path):
@@ -125,7 +125,8 @@ def test_node_dir_must_be_reachable_by_the_rabbitmq_user(tmp_path):
 @needs_rabbitmq
 def test_run_command_gets_a_broker_and_its_exit_code(tmp_path):
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, pika
         url = os.environ["AMQP_URL"]
         conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -133,13 +134,27 @@ def test_run_command_gets_a_broker_and_its_exit_code(tmp_path):
         print("URL", url)
         print("MGMT", os.environ["AMQP_MANAGEMENT_URL"])
         sys.exit(7)
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMQP_")}
     env["PYTHONPATH"] = ROOT
     proc = subprocess.run(
-        [sys.executable, "-m", "devtools.rabbitmq", "run", "--no-docker", "--",
-         sys.executable, str(script)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "devtools.rabbitmq",
+            "run",
+            "--no-docker",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 7, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert lines["URL"].startswith("amqp://guest:guest@127.0.0.1:")
@@ -167,9 +182,14 @@ class _FakeContainer:
     def __init__(self):
         self.status = "running"
         self.removed = False
-        self.attrs = {"NetworkSettings": {"Ports": {
-            "5672/tcp": [{"HostIp": "127.0.0.1", "HostPort": "32770"}],
-            "15672/tcp": [{"HostIp": "127.0.0.1", "HostPort": "32771"}]}}}
+        self.attrs = {
+            "NetworkSettings": {
+                "Ports": {
+                    "5672/tcp": [{"HostIp": "127.0.0.1", "HostPort": "32770"}],
+                    "15672/tcp": [{"HostIp": "127.0.0.1", "HostPort": "32771"}],
+                }
+            }
+        }
 
     def reload(self):
         pass
@@ -207,8 +227,10 @@ def test_provide_broker_docker_path(monkeypatch):
         assert broker.management_url == "http://guest:guest@127.0.0.1:32771/"
         image, kwargs = fake.run_args
         assert image == "rabbitmq:3-management"
-        assert kwargs["ports"] == {"5672/tcp": ("127.0.0.1", None),
-                                   "15672/tcp": ("127.0.0.1", None)}
+        assert kwargs["ports"] == {
+            "5672/tcp": ("127.0.0.1", None),
+            "15672/tcp": ("127.0.0.1", None),
+        }
         assert not fake.container.removed
     assert fake.container.removed and fake.closed
 

@@ -29,9 +29,15 @@ OTHER = Fernet.generate_key()
 
 def _layer(broker, keys, **config):
     config.setdefault("dead_letter_worker", False)
-    return AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                            prefix=PREFIX, expiry=60, receive_timeout=1,
-                            symmetric_encryption_keys=keys, **config)
+    return AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix=PREFIX,
+        expiry=60,
+        receive_timeout=1,
+        symmetric_encryption_keys=keys,
+        **config,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +77,14 @@ def skipped(caplog):
     caplog.set_level(logging.WARNING, logger="asgi_amqp")
 
     def messages():
-        return [r.getMessage() for r in caplog.records
-                if r.name.startswith("asgi_amqp") and r.levelno == logging.WARNING
-                and "skipped" in r.getMessage()]
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name.startswith("asgi_amqp")
+            and r.levelno == logging.WARNING
+            and "skipped" in r.getMessage()
+        ]
+
     return messages
 
 
@@ -144,8 +155,15 @@ def test_body_on_the_broker_is_not_readable(layers, raw, channel_name):
     layer.send(channel_name, MESSAGE)
     body = take_raw(raw, queue_of(layer, channel_name))
 
-    for plaintext in (b"PLAINTEXT-MARKER", b"quick brown fox", b"BYTES-MARKER",
-                      b"reply_channel", b"http.response", b"text", "\U0001f600".encode("utf8")):
+    for plaintext in (
+        b"PLAINTEXT-MARKER",
+        b"quick brown fox",
+        b"BYTES-MARKER",
+        b"reply_channel",
+        b"http.response",
+        b"text",
+        "\U0001f600".encode("utf8"),
+    ):
         assert plaintext not in body
     assert msgpack.packb(MESSAGE, use_bin_type=True) not in body
     try:
@@ -236,8 +254,9 @@ def test_foreign_key_is_skipped_with_a_warning(layers, channel_name, skipped, bl
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["get", "block"])
-def test_one_receive_skips_undecodable_and_returns_the_next_valid(layers, channel_name,
-                                                                 skipped, block):
+def test_one_receive_skips_undecodable_and_returns_the_next_valid(
+    layers, channel_name, skipped, block
+):
     layers["other"].send(channel_name, {"n": 1})
     layers["plain"].send(channel_name, {"n": 2})
     layers["old"].send(channel_name, {"n": 3})
@@ -314,7 +333,8 @@ def _encrypted_malformed():
 @pytest.mark.parametrize("block", [False, True], ids=["get", "block"])
 @pytest.mark.parametrize("kind", ["plain", "old"])
 def test_malformed_foreign_bodies_are_skipped_and_the_next_valid_returned(
-        layers, raw, channel_name, skipped, kind, block):
+    layers, raw, channel_name, skipped, kind, block
+):
     layer = layers[kind]
     bodies = [p.values[0] for p in _MALFORMED_ANY]
     if kind == "old":
@@ -335,8 +355,9 @@ def test_malformed_foreign_bodies_are_skipped_and_the_next_valid_returned(
 
 
 @pytest.mark.parametrize("body", _MALFORMED_ANY + _encrypted_malformed())
-def test_each_malformed_body_alone_gives_none_and_a_warning(layers, raw, channel_name,
-                                                          skipped, body):
+def test_each_malformed_body_alone_gives_none_and_a_warning(
+    layers, raw, channel_name, skipped, body
+):
     layer = layers["old"]
     assert layer.receive([channel_name]) == (None, None)
     publish_raw(raw, queue_of(layer, channel_name), body)

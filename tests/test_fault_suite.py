@@ -57,9 +57,14 @@ class Suite(object):
 
     def __init__(self, node, senders=3, blocking_receivers=2, polling_receivers=2):
         self.layer = AMQPChannelLayer(
-            url=node.amqp_url, management_url=node.management_url,
-            prefix="suite-%s" % uuid.uuid4().hex[:6], expiry=60, capacity=100000,
-            operation_timeout=OPERATION_TIMEOUT, receive_timeout=RECEIVE_TIMEOUT)
+            url=node.amqp_url,
+            management_url=node.management_url,
+            prefix="suite-%s" % uuid.uuid4().hex[:6],
+            expiry=60,
+            capacity=100000,
+            operation_timeout=OPERATION_TIMEOUT,
+            receive_timeout=RECEIVE_TIMEOUT,
+        )
         self.lock = threading.Lock()
         self.stop_sending = threading.Event()
         self.stop_receiving = threading.Event()
@@ -71,12 +76,17 @@ class Suite(object):
         self.received_at = []
         self.longest = collections.defaultdict(float)
         self.errors = collections.Counter()
-        self.threads = [threading.Thread(target=self._send, args=(i,), daemon=True)
-                        for i in range(senders)]
-        self.threads += [threading.Thread(target=self._receive, args=(True,), daemon=True)
-                         for _ in range(blocking_receivers)]
-        self.threads += [threading.Thread(target=self._receive, args=(False,), daemon=True)
-                         for _ in range(polling_receivers)]
+        self.threads = [
+            threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(senders)
+        ]
+        self.threads += [
+            threading.Thread(target=self._receive, args=(True,), daemon=True)
+            for _ in range(blocking_receivers)
+        ]
+        self.threads += [
+            threading.Thread(target=self._receive, args=(False,), daemon=True)
+            for _ in range(polling_receivers)
+        ]
 
     def start(self):
         for thread in self.threads:
@@ -92,7 +102,7 @@ class Suite(object):
                 self.longest[kind] = max(self.longest[kind], elapsed)
 
     def _send(self, index):
-        n = index * 10 ** 7
+        n = index * 10**7
         while not self.stop_sending.is_set():
             if not self.sending.wait(0.1):
                 continue
@@ -150,7 +160,8 @@ class Suite(object):
         return min(later) - when if later else None
 
     def wait_for_recovery(self, when):
-        """Seconds until a send and a receive succeeded after ``when`` (None: not within RECOVERY)."""
+        """Seconds until a send and a receive succeeded after ``when``
+        (None: not within RECOVERY)."""
         deadline = when + RECOVERY + 5
         while time.monotonic() < deadline:
             send, receive = self.first_after(when, "send"), self.first_after(when, "receive")
@@ -193,8 +204,10 @@ class Suite(object):
 
 def _report(name, counts, recoveries, suite):
     print("\nfault suite, %s: %s" % (name, counts))
-    print("fault suite, %s: recovery (s to first send, first receive) after each disruption: %s"
-          % (name, [tuple(None if x is None else round(x, 2) for x in r) for r in recoveries]))
+    print(
+        "fault suite, %s: recovery (s to first send, first receive) after each disruption: %s"
+        % (name, [tuple(None if x is None else round(x, 2) for x in r) for r in recoveries])
+    )
     for text, count in suite.errors.most_common(6):
         print("fault suite, %s:   %5d x %s" % (name, count, text))
 
@@ -209,9 +222,13 @@ def _check(counts, recoveries):
         assert send is not None and send < RECOVERY, recoveries
         assert receive is not None and receive < RECOVERY, recoveries
     unexpected = set(counts["raised"]) - {
-        "BrokerConnectionError", "OperationTimeout", "receive BrokerConnectionError",
-        "receive OperationTimeout", "blocking receive BrokerConnectionError",
-        "blocking receive OperationTimeout"}
+        "BrokerConnectionError",
+        "OperationTimeout",
+        "receive BrokerConnectionError",
+        "receive OperationTimeout",
+        "blocking receive BrokerConnectionError",
+        "blocking receive OperationTimeout",
+    }
     assert not unexpected, counts["raised"]
 
 

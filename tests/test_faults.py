@@ -27,9 +27,15 @@ def node():
 
 @pytest.fixture
 def layer(node):
-    layer = AMQPChannelLayer(url=node.amqp_url, management_url=node.management_url,
-                             prefix="faults", expiry=30, capacity=100000,
-                             receive_timeout=1, operation_timeout=OPERATION_TIMEOUT)
+    layer = AMQPChannelLayer(
+        url=node.amqp_url,
+        management_url=node.management_url,
+        prefix="faults",
+        expiry=30,
+        capacity=100000,
+        receive_timeout=1,
+        operation_timeout=OPERATION_TIMEOUT,
+    )
     yield layer
     layer.close()
 
@@ -125,8 +131,10 @@ def test_numbered_messages_survive_connection_churn(node, layer):
         assert not thread.is_alive()
     duplicates = len(received) - len(set(received))
     lost = confirmed - set(received)
-    print("\nchurn: confirmed=%d raised=%d received=%d duplicates=%d lost=%d longest call=%.2fs"
-          % (len(confirmed), len(failed), len(received), duplicates, len(lost), max(blocked)))
+    print(
+        "\nchurn: confirmed=%d raised=%d received=%d duplicates=%d lost=%d longest call=%.2fs"
+        % (len(confirmed), len(failed), len(received), duplicates, len(lost), max(blocked))
+    )
     assert confirmed, "no send succeeded"
     assert duplicates == 0
     assert not lost, sorted(lost)[:20]

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from asgi_amqp.errors import OperationTimeout
 from asgi_amqp.engine.futures import Pending
+from asgi_amqp.errors import OperationTimeout
 
 
 def test_a_result_that_arrived_first_is_returned_at_once_and_again():

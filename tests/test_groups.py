@@ -62,8 +62,11 @@ def test_repeated_group_add_renews_membership(layer):
     while time.monotonic() - started < 3.5:
         layer.group_add("renew", "keep.me")
         time.sleep(0.5)
-    wait_until(lambda: layer.group_channels("renew") == ["keep.me"], timeout=3,
-               message="only the renewed member left")
+    wait_until(
+        lambda: layer.group_channels("renew") == ["keep.me"],
+        timeout=3,
+        message="only the renewed member left",
+    )
     layer.send_group("renew", {"still": "here"})
     assert layer.receive(["keep.me"]) == ("keep.me", {"still": "here"})
     assert layer.receive(["drop.me"]) == (None, None)
@@ -75,16 +78,22 @@ def test_message_expiry_drops_normal_member_from_all_groups(layer):
     layer.group_add("a", "other")
     layer.send("slow.reader", {"never": "read"})
     # expiry=1: the message dies, and the worker removes the member everywhere.
-    wait_until(lambda: layer.group_channels("a") == ["other"] and layer.group_channels("b") == [],
-               timeout=6, message="membership dropped after message expiry")
+    wait_until(
+        lambda: layer.group_channels("a") == ["other"] and layer.group_channels("b") == [],
+        timeout=6,
+        message="membership dropped after message expiry",
+    )
 
 
 def test_message_expiry_drops_local_member(layer):
     layer.group_add("lg", "daphne!conn1")
     layer.group_add("lg", "daphne!conn2")
     layer.send("daphne!conn1", {"never": "read"})
-    wait_until(lambda: layer.group_channels("lg") == ["daphne!conn2"], timeout=6,
-               message="local member dropped after message expiry")
+    wait_until(
+        lambda: layer.group_channels("lg") == ["daphne!conn2"],
+        timeout=6,
+        message="local member dropped after message expiry",
+    )
 
 
 def test_group_send_to_full_member_does_not_raise(layer):
@@ -112,7 +121,9 @@ def test_flush_removes_only_this_layers_objects(broker, layer):
         api = management(broker)
         own_prefix = layer.topology.prefix + ":"
         leftovers = set(api.queue_names(own_prefix)) | set(api.exchange_names(own_prefix))
-        assert leftovers <= layer.topology.infrastructure() | {layer.topology.channel_queue("victim")}
+        assert leftovers <= layer.topology.infrastructure() | {
+            layer.topology.channel_queue("victim")
+        }
     finally:
         other.flush()
         other.close()
@@ -130,7 +141,12 @@ def test_queues_and_exchanges_go_away_after_their_ttls(broker, layer):
     assert api.queue(queue) is not None
     # x-expires is twice the expiry (2 s); the auto-delete member exchange
     # goes with its queue's last binding.
-    wait_until(lambda: api.queue(queue) is None, timeout=10, interval=0.25,
-               message="channel queue expired")
-    wait_until(lambda: member not in api.exchange_names(member), timeout=5, interval=0.25,
-               message="member exchange deleted")
+    wait_until(
+        lambda: api.queue(queue) is None, timeout=10, interval=0.25, message="channel queue expired"
+    )
+    wait_until(
+        lambda: member not in api.exchange_names(member),
+        timeout=5,
+        interval=0.25,
+        message="member exchange deleted",
+    )

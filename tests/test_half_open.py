@@ -89,9 +89,17 @@ def proxy(broker):
 def test_heartbeats_detect_a_half_open_connection(broker, proxy):
     parts = urlsplit(broker.amqp_url)
     url = "amqp://%s@127.0.0.1:%d%s?heartbeat=2" % (
-        parts.netloc.rpartition("@")[0], proxy.port, parts.path)
-    layer = AMQPChannelLayer(url=url, management_url=broker.management_url, prefix="halfopen",
-                             operation_timeout=2, receive_timeout=1)
+        parts.netloc.rpartition("@")[0],
+        proxy.port,
+        parts.path,
+    )
+    layer = AMQPChannelLayer(
+        url=url,
+        management_url=broker.management_url,
+        prefix="halfopen",
+        operation_timeout=2,
+        receive_timeout=1,
+    )
     try:
         layer.send("ho", {"n": 1})
         assert layer.receive(["ho"]) == ("ho", {"n": 1})

@@ -67,7 +67,7 @@ def test_sixteen_threads_share_one_layer(layer):
     lock = threading.Lock()
 
     def receiver():
-        for channel, message in iter(lambda: layer.receive(["shared"], block=True), (None, None)):
+        for _channel, message in iter(lambda: layer.receive(["shared"], block=True), (None, None)):
             with lock:
                 received.append((message["thread"], message["n"]))
 

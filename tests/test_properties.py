@@ -23,12 +23,16 @@ from hypothesis import strategies as st
 from asgi_amqp import AMQPChannelLayer
 
 PREFIX = "t-prop-%s" % uuid.uuid4().hex[:8]
-INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
-PROPERTY = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FAST_PROPERTY = settings(max_examples=200, deadline=None,
-                         suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+FAST_PROPERTY = settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 # -- fixtures ----------------------------------------------------------------------------
@@ -36,8 +40,13 @@ FAST_PROPERTY = settings(max_examples=200, deadline=None,
 
 @pytest.fixture(scope="module")
 def layer(broker):
-    layer = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                             prefix=PREFIX, expiry=60, receive_timeout=2)
+    layer = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix=PREFIX,
+        expiry=60,
+        receive_timeout=2,
+    )
     yield layer
     layer.flush()
     layer.close()
@@ -78,24 +87,60 @@ def assert_untouched(offline, sink):
 
 # -- strategies ----------------------------------------------------------------------------
 
-INT_EDGES = [0, 1, -1, 127, 128, 255, 256, -32, -33, -128, -129, 2 ** 16, -(2 ** 15) - 1,
-             2 ** 31 - 1, -(2 ** 31), 2 ** 32, 2 ** 63 - 1, 2 ** 63, INT_MIN, INT_MAX]
-SPECIAL_TEXT = ["", " ", "\x00", "a\x00b", "\x07\x1b[0m", "\x7f", "\r\n\t\x0b\x0c",
-                "\u2028\u2029", "\ufeff", "\ufffd", "\uffff", "\U0010ffff", "\U0001f600",
-                "\U0001f469\u200d\U0001f469\u200d\U0001f467", "\u00e9e\u0301", "\u05d0\u0627",
-                "\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16")]
+INT_EDGES = [
+    0,
+    1,
+    -1,
+    127,
+    128,
+    255,
+    256,
+    -32,
+    -33,
+    -128,
+    -129,
+    2**16,
+    -(2**15) - 1,
+    2**31 - 1,
+    -(2**31),
+    2**32,
+    2**63 - 1,
+    2**63,
+    INT_MIN,
+    INT_MAX,
+]
+SPECIAL_TEXT = [
+    "",
+    " ",
+    "\x00",
+    "a\x00b",
+    "\x07\x1b[0m",
+    "\x7f",
+    "\r\n\t\x0b\x0c",
+    "\u2028\u2029",
+    "\ufeff",
+    "\ufffd",
+    "\uffff",
+    "\U0010ffff",
+    "\U0001f600",
+    "\U0001f469\u200d\U0001f469\u200d\U0001f467",
+    "\u00e9e\u0301",
+    "\u05d0\u0627",
+    "\ud83d\ude00".encode("utf-16", "surrogatepass").decode("utf-16"),
+]
 
 ints = st.one_of(st.sampled_from(INT_EDGES), st.integers(INT_MIN, INT_MAX))
 floats = st.floats(allow_nan=False)  # inf, -inf, -0.0, subnormals included
-texts = st.one_of(st.sampled_from(SPECIAL_TEXT),
-                  st.text(st.characters(codec="utf-8"), max_size=40))
-binaries = st.one_of(st.sampled_from([b"", b"\x00", b"\xff\xfe", "\u00e9".encode("utf8")]),
-                     st.binary(max_size=64))
+texts = st.one_of(st.sampled_from(SPECIAL_TEXT), st.text(st.characters(codec="utf-8"), max_size=40))
+binaries = st.one_of(
+    st.sampled_from([b"", b"\x00", b"\xff\xfe", "\u00e9".encode("utf8")]), st.binary(max_size=64)
+)
 scalars = st.one_of(st.none(), st.booleans(), ints, floats, texts, binaries)
 values = st.recursive(
     scalars,
-    lambda children: st.one_of(st.lists(children, max_size=6),
-                               st.dictionaries(texts, children, max_size=6)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=6), st.dictionaries(texts, children, max_size=6)
+    ),
     max_leaves=30,
 )
 messages = st.dictionaries(texts, values, max_size=8)
@@ -150,10 +195,22 @@ def test_every_float_round_trips_including_nan(layer, numbers):
 
 def test_scalar_types_are_kept(layer):
     """The cases a lax comparison would let through, spelled out."""
-    message = {"t": True, "f": False, "one": 1, "zero": 0, "float": 1.0, "neg0": -0.0,
-               "bytes": b"abc", "str": "abc", "none": None, "empty-bytes": b"",
-               "empty-str": "", "empty-list": [], "empty-dict": {},
-               "tuple": (1, "a", b"b")}
+    message = {
+        "t": True,
+        "f": False,
+        "one": 1,
+        "zero": 0,
+        "float": 1.0,
+        "neg0": -0.0,
+        "bytes": b"abc",
+        "str": "abc",
+        "none": None,
+        "empty-bytes": b"",
+        "empty-str": "",
+        "empty-list": [],
+        "empty-dict": {},
+        "tuple": (1, "a", b"b"),
+    }
     layer.send("prop.types", message)
     channel, received = layer.receive(["prop.types"])
     assert channel == "prop.types"
@@ -178,7 +235,8 @@ def test_non_blocking_receive_sees_confirmed_messages(layer):
 
 _NAME_CHARS = r"[a-zA-Z0-9._\-]"
 valid_channel_names = st.from_regex(
-    r"\A%s{1,60}(!%s{0,30}|\?%s{1,30})?\Z" % (_NAME_CHARS, _NAME_CHARS, _NAME_CHARS))
+    r"\A%s{1,60}(!%s{0,30}|\?%s{1,30})?\Z" % (_NAME_CHARS, _NAME_CHARS, _NAME_CHARS)
+)
 
 
 @PROPERTY
@@ -187,7 +245,7 @@ def test_any_valid_ascii_channel_name_round_trips(layer, name):
     message = {"to": name}
     layer.send(name, message)
     # A process-local channel foo!bar is received by asking for foo!.
-    receive_as = name[:name.index("!") + 1] if "!" in name else name
+    receive_as = name[: name.index("!") + 1] if "!" in name else name
     assert layer.receive([receive_as]) == (name, message)
 
 
@@ -227,8 +285,9 @@ def _containers(value, path="message"):
 
 @PROPERTY
 @given(message=messages, data=st.data())
-def test_an_invalid_value_anywhere_is_refused_before_the_broker(layer, offline, sink,
-                                                                message, data):
+def test_an_invalid_value_anywhere_is_refused_before_the_broker(
+    layer, offline, sink, message, data
+):
     message = copy.deepcopy(message)
     containers = list(_containers(message))
     target, path = data.draw(st.sampled_from(containers), label="container")
@@ -274,19 +333,28 @@ def _nested(depth, leaf):
 
 
 _ANY_VALUES = st.recursive(
-    st.one_of(scalars, _BAD_VALUES.map(lambda bad: bad[0]), st.builds(_Text, texts),
-              st.builds(_Number, st.integers(-5, 5))),
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.lists(children, max_size=3).map(tuple),
-                               st.dictionaries(st.one_of(texts, _BAD_KEYS), children,
-                                               max_size=4)),
+    st.one_of(
+        scalars,
+        _BAD_VALUES.map(lambda bad: bad[0]),
+        st.builds(_Text, texts),
+        st.builds(_Number, st.integers(-5, 5)),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(texts, _BAD_KEYS), children, max_size=4),
+    ),
     max_leaves=20,
 )
 
 
 @FAST_PROPERTY
-@given(message=st.one_of(st.dictionaries(texts, _ANY_VALUES, max_size=5),
-                         st.integers(60, 70).map(lambda depth: _nested(depth, 1))))
+@given(
+    message=st.one_of(
+        st.dictionaries(texts, _ANY_VALUES, max_size=5),
+        st.integers(60, 70).map(lambda depth: _nested(depth, 1)),
+    )
+)
 def test_the_fast_validation_path_never_accepts_what_the_full_walk_refuses(message):
     """Sends check messages with a cheap walk first and fall back to the full one.
 
@@ -294,6 +362,7 @@ def test_the_fast_validation_path_never_accepts_what_the_full_walk_refuses(messa
     subclass, say), but whatever it accepts the full walk must accept too.
     """
     from asgi_amqp import serialization
+
     if serialization._plainly_valid(message, 0):
         serialization._validate_value(message, "message", 0)
 
@@ -345,10 +414,12 @@ def test_invalid_channel_names_are_a_type_error(offline, sink, name):
 @FAST_PROPERTY
 @given(name=name_candidates.filter(_invalid_group))
 def test_invalid_group_names_are_a_type_error(offline, sink, name):
-    for call in (lambda: offline.group_add(name, "prop.valid"),
-                 lambda: offline.group_discard(name, "prop.valid"),
-                 lambda: offline.send_group(name, {"a": 1}),
-                 lambda: offline.group_channels(name)):
+    for call in (
+        lambda: offline.group_add(name, "prop.valid"),
+        lambda: offline.group_discard(name, "prop.valid"),
+        lambda: offline.send_group(name, {"a": 1}),
+        lambda: offline.group_channels(name),
+    ):
         with pytest.raises(TypeError):
             call()
     assert_untouched(offline, sink)
@@ -361,7 +432,7 @@ def test_receive_refuses_process_local_names_past_the_bang(offline, sink, name):
     with pytest.raises(TypeError):
         offline.receive([name])  # ...but not to receive from
     with pytest.raises(TypeError):
-        offline.receive([name[:name.index("!") + 1], name], block=True)
+        offline.receive([name[: name.index("!") + 1], name], block=True)
     assert_untouched(offline, sink)
 
 

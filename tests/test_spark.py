@@ -11,9 +11,8 @@ import subprocess
 import sys
 import uuid
 
-import pytest
-
 import pyspark  # noqa: F401  (make test installs the spark extra)
+import pytest
 
 from asgi_amqp.spark import SendResult, send_dataframe  # noqa: E402
 from helpers import drain, make_layer  # noqa: E402
@@ -32,11 +31,14 @@ def spark():
     path = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH", "")] if p)
     saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP", "PYTHONPATH")}
     os.environ.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=path)
-    session = (SparkSession.builder.master("local[2]").appName("asgi_amqp tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.executorEnv.PYTHONPATH", path)
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("asgi_amqp tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executorEnv.PYTHONPATH", path)
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -67,14 +69,19 @@ def _send(broker, prefix, df, capacity=5000, **kwargs):
 def _numbered(spark, rows, channels=4, partitions=2):
     from pyspark.sql import functions as F
 
-    return (spark.range(rows)
-            .select(F.concat(F.lit("sp.c"), (F.col("id") % channels).cast("string")).alias("ch"),
-                    F.to_json(F.struct(F.col("id"), F.lit("hello").alias("text"))).alias("json"),
-                    F.col("id"))
-            .repartition(partitions))
+    return (
+        spark.range(rows)
+        .select(
+            F.concat(F.lit("sp.c"), (F.col("id") % channels).cast("string")).alias("ch"),
+            F.to_json(F.struct(F.col("id"), F.lit("hello").alias("text"))).alias("json"),
+            F.col("id"),
+        )
+        .repartition(partitions)
+    )
 
 
 # -- sending ---------------------------------------------------------------------------------------
+
 
 def test_every_row_arrives_exactly_once(spark, broker, prefix, layer):
     rows = 1000
@@ -99,16 +106,29 @@ def test_jobs_per_partition(spark, broker, prefix, layer):
 def test_struct_message_column_with_bytes_and_nesting(spark, broker, prefix, layer):
     from pyspark.sql import Row
 
-    df = spark.createDataFrame([
-        Row(ch="sp.s", msg=Row(text="a", raw=bytearray(b"\x00\x01"), tags=["x", "y"],
-                               inner=Row(n=1, f=0.5, ok=True))),
-        Row(ch="sp.s", msg=Row(text="b", raw=None, tags=[], inner=Row(n=2, f=1.5, ok=False))),
-    ])
+    df = spark.createDataFrame(
+        [
+            Row(
+                ch="sp.s",
+                msg=Row(
+                    text="a",
+                    raw=bytearray(b"\x00\x01"),
+                    tags=["x", "y"],
+                    inner=Row(n=1, f=0.5, ok=True),
+                ),
+            ),
+            Row(ch="sp.s", msg=Row(text="b", raw=None, tags=[], inner=Row(n=2, f=1.5, ok=False))),
+        ]
+    )
     assert _send(broker, prefix, df, channel_col="ch", message_col="msg") == (2, 0, 0)
     got = sorted((m for _, m in drain(layer, ["sp.s"])), key=lambda m: m["text"])
     assert got == [
-        {"text": "a", "raw": b"\x00\x01", "tags": ["x", "y"],
-         "inner": {"n": 1, "f": 0.5, "ok": True}},
+        {
+            "text": "a",
+            "raw": b"\x00\x01",
+            "tags": ["x", "y"],
+            "inner": {"n": 1, "f": 0.5, "ok": True},
+        },
         {"text": "b", "raw": None, "tags": [], "inner": {"n": 2, "f": 1.5, "ok": False}},
     ]
 
@@ -116,17 +136,21 @@ def test_struct_message_column_with_bytes_and_nesting(spark, broker, prefix, lay
 def test_message_cols_with_map_and_array(spark, broker, prefix, layer):
     df = spark.createDataFrame(
         [("sp.m", "hi", {"k": 1}, [1, 2]), ("sp.m", "yo", {}, None)],
-        "ch string, title string, attrs map<string,int>, nums array<int>")
+        "ch string, title string, attrs map<string,int>, nums array<int>",
+    )
     result = _send(broker, prefix, df, channel_col="ch", message_cols=["title", "attrs", "nums"])
     assert result == (2, 0, 0)
     got = sorted((m for _, m in drain(layer, ["sp.m"])), key=lambda m: m["title"])
-    assert got == [{"title": "hi", "attrs": {"k": 1}, "nums": [1, 2]},
-                   {"title": "yo", "attrs": {}, "nums": None}]
+    assert got == [
+        {"title": "hi", "attrs": {"k": 1}, "nums": [1, 2]},
+        {"title": "yo", "attrs": {}, "nums": None},
+    ]
 
 
 def test_json_bytes_convention(spark, broker, prefix, layer):
-    df = spark.createDataFrame([("sp.j", json.dumps({"raw": {"__bytes__": "AAE="}}))],
-                               "ch string, m string")
+    df = spark.createDataFrame(
+        [("sp.j", json.dumps({"raw": {"__bytes__": "AAE="}}))], "ch string, m string"
+    )
     assert _send(broker, prefix, df, channel_col="ch", message_col="m") == (1, 0, 0)
     assert drain(layer, ["sp.j"]) == [("sp.j", {"raw": b"\x00\x01"})]
 
@@ -134,39 +158,52 @@ def test_json_bytes_convention(spark, broker, prefix, layer):
 def test_group_col_sends_to_groups(spark, broker, prefix, layer):
     layer.group_add("sp.room", "sp.alice")
     layer.group_add("sp.room", "sp.bob")
-    df = spark.createDataFrame([("sp.room", '{"n": %d}' % i) for i in range(10)],
-                               "g string, m string")
+    df = spark.createDataFrame(
+        [("sp.room", '{"n": %d}' % i) for i in range(10)], "g string, m string"
+    )
     assert _send(broker, prefix, df, group_col="g", message_col="m") == (10, 0, 0)
     for member in ("sp.alice", "sp.bob"):
         assert sorted(m["n"] for _, m in drain(layer, [member])) == list(range(10))
 
 
 def test_invalid_rows_are_counted_as_failed_and_the_rest_sent(spark, broker, prefix, layer):
-    df = spark.createDataFrame([
-        ("sp.ok", '{"i": 1}'),
-        (None, '{"i": 2}'),
-        ("bad name", '{"i": 3}'),
-        ("sp.ok", "{not json"),
-        ("sp.ok", "[1, 2]"),
-        ("sp.ok", None),
-        ("sp.ok", '{"big": 99999999999999999999999}'),
-        ("sp.ok", '{"i": 4}'),
-    ], "ch string, m string").repartition(2)
+    df = spark.createDataFrame(
+        [
+            ("sp.ok", '{"i": 1}'),
+            (None, '{"i": 2}'),
+            ("bad name", '{"i": 3}'),
+            ("sp.ok", "{not json"),
+            ("sp.ok", "[1, 2]"),
+            ("sp.ok", None),
+            ("sp.ok", '{"big": 99999999999999999999999}'),
+            ("sp.ok", '{"i": 4}'),
+        ],
+        "ch string, m string",
+    ).repartition(2)
     assert _send(broker, prefix, df, channel_col="ch", message_col="m") == (2, 0, 6)
     assert sorted(m["i"] for _, m in drain(layer, ["sp.ok"])) == [1, 4]
 
 
 # -- full channels ---------------------------------------------------------------------------------
 
+
 def _one_channel(spark, rows):
-    df = spark.createDataFrame([("sp.full", '{"i": %d}' % i) for i in range(rows)],
-                               "ch string, m string")
+    df = spark.createDataFrame(
+        [("sp.full", '{"i": %d}' % i) for i in range(rows)], "ch string, m string"
+    )
     return df.repartition(2)
 
 
 def test_on_full_skip_counts_every_refused_row(spark, broker, prefix):
-    result = _send(broker, prefix, _one_channel(spark, 40), capacity=10,
-                   channel_col="ch", message_col="m", on_full="skip")
+    result = _send(
+        broker,
+        prefix,
+        _one_channel(spark, 40),
+        capacity=10,
+        channel_col="ch",
+        message_col="m",
+        on_full="skip",
+    )
     assert result == (10, 30, 0)
     small = make_layer(broker, prefix=prefix, capacity=10)
     try:
@@ -180,45 +217,59 @@ def test_on_full_fail_stops_each_partition(spark, broker, prefix):
     df = _one_channel(spark, 40)
     sizes = df.rdd.glom().map(len).collect()
     assert len(sizes) == 2 and min(sizes) > 10
-    result = _send(broker, prefix, df, capacity=10, channel_col="ch", message_col="m",
-                   on_full="fail")
+    result = _send(
+        broker, prefix, df, capacity=10, channel_col="ch", message_col="m", on_full="fail"
+    )
     # Both partitions have more rows than the channel holds: each stops at its first full.
     assert result == (10, 2, 28)
     make_layer(broker, prefix=prefix).flush()
 
 
 def test_on_full_retry_gives_up_and_counts_full(spark, broker, prefix):
-    result = _send(broker, prefix, _one_channel(spark, 12), capacity=10,
-                   channel_col="ch", message_col="m", on_full="retry", retries=1)
+    result = _send(
+        broker,
+        prefix,
+        _one_channel(spark, 12),
+        capacity=10,
+        channel_col="ch",
+        message_col="m",
+        on_full="retry",
+        retries=1,
+    )
     assert result == (10, 2, 0)
     make_layer(broker, prefix=prefix).flush()
 
 
 # -- schema errors (nothing is sent) ---------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def typed(spark):
     return spark.createDataFrame(
         [("sp.t", 1, '{"a": 1}', None, None, None)],
-        "ch string, n int, m string, ts timestamp, dec decimal(10,2), im map<int,string>")
+        "ch string, n int, m string, ts timestamp, dec decimal(10,2), im map<int,string>",
+    )
 
 
-@pytest.mark.parametrize("kwargs, error, text", [
-    (dict(channel_col="nope", message_col="m"), ValueError, "'nope' is not a column"),
-    (dict(channel_col="ch", message_col="nope"), ValueError, "'nope' is not a column"),
-    (dict(channel_col="ch", message_cols=["m", "nope"]), ValueError, "'nope' is not a column"),
-    (dict(channel_col="n", message_col="m"), TypeError, "must be a string column"),
-    (dict(channel_col="ch", message_col="n"), TypeError, "string (JSON), struct or map"),
-    (dict(channel_col="ch", message_cols=["m", "ts"]), TypeError, "'ts' has type timestamp"),
-    (dict(channel_col="ch", message_cols=["dec"]), TypeError, "decimal(10,2)"),
-    (dict(channel_col="ch", message_cols=["im"]), TypeError, "map with int keys"),
-    (dict(channel_col="ch", group_col="ch", message_col="m"), ValueError, "exactly one"),
-    (dict(channel_col="ch"), ValueError, "exactly one of message_col"),
-    (dict(channel_col="ch", message_cols="m"), ValueError, "list of column names"),
-    (dict(channel_col="ch", message_col="m", on_full="wait"), ValueError, "on_full"),
-    (dict(channel_col="ch", message_col="m", jobs=0), ValueError, "jobs"),
-    (dict(channel_col="ch", message_col="m", prefix="bad prefix!"), ValueError, "prefix"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, text",
+    [
+        (dict(channel_col="nope", message_col="m"), ValueError, "'nope' is not a column"),
+        (dict(channel_col="ch", message_col="nope"), ValueError, "'nope' is not a column"),
+        (dict(channel_col="ch", message_cols=["m", "nope"]), ValueError, "'nope' is not a column"),
+        (dict(channel_col="n", message_col="m"), TypeError, "must be a string column"),
+        (dict(channel_col="ch", message_col="n"), TypeError, "string (JSON), struct or map"),
+        (dict(channel_col="ch", message_cols=["m", "ts"]), TypeError, "'ts' has type timestamp"),
+        (dict(channel_col="ch", message_cols=["dec"]), TypeError, "decimal(10,2)"),
+        (dict(channel_col="ch", message_cols=["im"]), TypeError, "map with int keys"),
+        (dict(channel_col="ch", group_col="ch", message_col="m"), ValueError, "exactly one"),
+        (dict(channel_col="ch"), ValueError, "exactly one of message_col"),
+        (dict(channel_col="ch", message_cols="m"), ValueError, "list of column names"),
+        (dict(channel_col="ch", message_col="m", on_full="wait"), ValueError, "on_full"),
+        (dict(channel_col="ch", message_col="m", jobs=0), ValueError, "jobs"),
+        (dict(channel_col="ch", message_col="m", prefix="bad prefix!"), ValueError, "prefix"),
+    ],
+)
 def test_schema_and_argument_errors_before_any_send(typed, broker, kwargs, error, text):
     kwargs.setdefault("prefix", "sp-never")
     with pytest.raises(error) as info:
@@ -234,23 +285,39 @@ def test_nested_unsupported_type_names_the_field(spark, broker):
 
 
 def test_missing_pyspark_gives_an_install_hint():
-    code = ("import sys; sys.modules['pyspark'] = None\n"
-            "try:\n    import asgi_amqp.spark\n"
-            "except ImportError as exc:\n    print(exc)\n")
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"
+        "try:\n    import asgi_amqp.spark\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    ).stdout
     assert "pip install 'asgi-amqp-layer[spark]'" in out
 
 
 # -- the example job -------------------------------------------------------------------------------
 
+
 def test_notify_job_csv(spark, broker, prefix, layer, tmp_path, capsys):
     path = tmp_path / "notifications.csv"
     lines = ["channel,payload"] + ['sp.n%d,"{""n"": %d}"' % (i % 2, i) for i in range(50)]
     path.write_text("\n".join(lines) + "\n")
-    status = notify_job.main([str(path), "--url", broker.amqp_url, "--prefix", prefix,
-                              "--capacity", "5000", "--message-col", "payload"], spark=spark)
+    status = notify_job.main(
+        [
+            str(path),
+            "--url",
+            broker.amqp_url,
+            "--prefix",
+            prefix,
+            "--capacity",
+            "5000",
+            "--message-col",
+            "payload",
+        ],
+        spark=spark,
+    )
     assert status == 0
     err = capsys.readouterr().err
     assert "sent 50, channel full 0, failed 0" in err
@@ -261,11 +328,25 @@ def test_notify_job_csv(spark, broker, prefix, layer, tmp_path, capsys):
 
 def test_notify_job_parquet_with_message_cols(spark, broker, prefix, layer, tmp_path, capsys):
     path = str(tmp_path / "n.parquet")
-    spark.createDataFrame([("sp.p", "t%d" % i, i) for i in range(20)],
-                          "channel string, title string, n long").write.parquet(path)
-    status = notify_job.main([path, "--url", broker.amqp_url, "--prefix", prefix,
-                              "--capacity", "5000", "--message-cols", "title,n",
-                              "--partitions", "2"], spark=spark)
+    spark.createDataFrame(
+        [("sp.p", "t%d" % i, i) for i in range(20)], "channel string, title string, n long"
+    ).write.parquet(path)
+    status = notify_job.main(
+        [
+            path,
+            "--url",
+            broker.amqp_url,
+            "--prefix",
+            prefix,
+            "--capacity",
+            "5000",
+            "--message-cols",
+            "title,n",
+            "--partitions",
+            "2",
+        ],
+        spark=spark,
+    )
     assert status == 0
     assert sorted(m["n"] for _, m in drain(layer, ["sp.p"])) == list(range(20))
 
@@ -273,7 +354,6 @@ def test_notify_job_parquet_with_message_cols(spark, broker, prefix, layer, tmp_
 def test_notify_job_bad_column_exits_2(spark, broker, prefix, tmp_path, capsys):
     path = tmp_path / "x.csv"
     path.write_text("who,payload\nsp.x,{}\n")
-    status = notify_job.main([str(path), "--url", broker.amqp_url, "--prefix", prefix],
-                             spark=spark)
+    status = notify_job.main([str(path), "--url", broker.amqp_url, "--prefix", prefix], spark=spark)
     assert status == 2
     assert "'channel' is not a column" in capsys.readouterr().err

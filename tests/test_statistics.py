@@ -18,11 +18,12 @@ from helpers import make_layer, wait_until
 
 CAPACITY = 20
 SENT = {"st.a": 7, "st.b": 3, "st.local!": 4}  # per queue
-FULL = 5          # ChannelFull provoked on st.full
-AGED = 30         # seconds: the head message of st.aged has this timestamp age
+FULL = 5  # ChannelFull provoked on st.full
+AGED = 30  # seconds: the head message of st.aged has this timestamp age
 
 
 # -- Counters (no broker) ------------------------------------------------------------------
+
 
 class Clock(object):
     def __init__(self):
@@ -91,8 +92,10 @@ def test_counters_forget_least_recent_channels_but_keep_totals():
 
 def test_counters_are_thread_safe():
     counters = statistics.Counters()
-    threads = [threading.Thread(target=lambda: [counters.count_full("t%d" % (i % 7))
-                                                for i in range(2000)]) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: [counters.count_full("t%d" % (i % 7)) for i in range(2000)])
+        for _ in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -108,6 +111,7 @@ def test_counters_reject_nonsense():
 
 # -- against the broker ------------------------------------------------------------------------
 
+
 def _layer(broker, **config):
     return make_layer(broker, **config)
 
@@ -118,8 +122,12 @@ def _publish_aged(broker, queue, arguments):
         channel = connection.channel()
         channel.confirm_delivery()
         channel.queue_declare(queue, durable=True, arguments=arguments)
-        channel.basic_publish("", queue, b"\x80",  # an empty msgpack map: {}
-                              pika.BasicProperties(timestamp=int(time.time()) - AGED))
+        channel.basic_publish(
+            "",
+            queue,
+            b"\x80",  # an empty msgpack map: {}
+            pika.BasicProperties(timestamp=int(time.time()) - AGED),
+        )
     finally:
         connection.close()
 
@@ -139,18 +147,23 @@ def traffic(broker):
     for _ in range(FULL):
         with pytest.raises(ChannelFull):
             layer.send("st.full", {"i": -1})
-    _publish_aged(broker, layer.topology.channel_queue("st.aged"),
-                  layer.topology.channel_queue_arguments("st.aged"))
+    _publish_aged(
+        broker,
+        layer.topology.channel_queue("st.aged"),
+        layer.topology.channel_queue_arguments("st.aged"),
+    )
     expected = dict(SENT, **{"st.full": CAPACITY, "st.aged": 1})
 
     def visible():
         found = statistics.all_channel_statistics(layer)
         # Depth and head timestamp are refreshed by separate timers.
         # Publish counts come from yet another (channel) stats event.
-        return (all(c in found and found[c]["messages_pending"] == n
-                    for c, n in expected.items())
-                and all(found[c]["messages_count"] >= n for c, n in SENT.items())
-                and found["st.aged"]["messages_max_age"] > 0)
+        return (
+            all(c in found and found[c]["messages_pending"] == n for c, n in expected.items())
+            and all(found[c]["messages_count"] >= n for c, n in SENT.items())
+            and found["st.aged"]["messages_max_age"] > 0
+        )
+
     wait_until(visible, timeout=20, interval=0.25, message="statistics showing the traffic")
     yield layer
     layer.flush()
@@ -225,8 +238,12 @@ def test_messages_max_age_from_the_head_message_timestamp(traffic):
 def test_channel_without_a_queue_is_all_zero(traffic):
     figures = statistics.channel_statistics(traffic, "st.never")
     assert figures == {
-        "messages_count": 0, "messages_count_per_second": 0.0, "messages_pending": 0,
-        "messages_max_age": 0, "channel_full_count": 0, "channel_full_count_per_second": 0.0,
+        "messages_count": 0,
+        "messages_count_per_second": 0.0,
+        "messages_pending": 0,
+        "messages_max_age": 0,
+        "channel_full_count": 0,
+        "channel_full_count_per_second": 0.0,
     }
 
 

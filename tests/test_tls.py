@@ -17,15 +17,14 @@ import time
 from urllib.parse import quote
 
 import pytest
-
-from asgi_amqp import AMQPChannelLayer, BrokerConnectionError
-from devtools.rabbitmq import RabbitNode, free_port
-from helpers import wait_until
-
 from cryptography import x509  # noqa: E402  (a test extra)
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
+
+from asgi_amqp import AMQPChannelLayer, BrokerConnectionError
+from devtools.rabbitmq import RabbitNode, free_port
+from helpers import wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,6 +33,7 @@ OPERATION_TIMEOUT = 3.0
 
 # -- certificates --------------------------------------------------------------
 
+
 def _name(common_name):
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
@@ -41,39 +41,61 @@ def _name(common_name):
 def _make_ca(common_name):
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(_name(common_name)).issuer_name(_name(common_name))
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
 def _make_server_cert(ca_key, ca_cert):
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(_name("localhost")).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"),
-                x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("localhost"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     return key, cert
 
 
@@ -88,9 +110,11 @@ def _cert_pem(cert):
 
 
 def _key_pem(key):
-    return key.private_bytes(serialization.Encoding.PEM,
-                             serialization.PrivateFormat.TraditionalOpenSSL,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +125,10 @@ def certs():
         ca_key, ca_cert = _make_ca("asgi_amqp test CA")
         key, cert = _make_server_cert(ca_key, ca_cert)
         _, other_ca = _make_ca("asgi_amqp unrelated CA")
-        paths = {name: os.path.join(directory, name)
-                 for name in ("ca.pem", "server.pem", "server.key", "other-ca.pem")}
+        paths = {
+            name: os.path.join(directory, name)
+            for name in ("ca.pem", "server.pem", "server.key", "other-ca.pem")
+        }
         _write_pem(paths["ca.pem"], _cert_pem(ca_cert))
         _write_pem(paths["server.pem"], _cert_pem(cert))
         _write_pem(paths["server.key"], _key_pem(key), mode=0o600)
@@ -110,6 +136,7 @@ def certs():
         # The node runs as user rabbitmq (when we are root): it must read the key.
         if os.geteuid() == 0:
             import pwd
+
             try:
                 pw = pwd.getpwnam("rabbitmq")
             except KeyError:
@@ -127,14 +154,16 @@ def certs():
 @pytest.fixture(scope="module")
 def tls_node(certs):
     tls_port = free_port()
-    node = RabbitNode(extra_config=[
-        "listeners.ssl.local = 127.0.0.1:%d" % tls_port,
-        "ssl_options.cacertfile = %s" % certs["ca.pem"],
-        "ssl_options.certfile = %s" % certs["server.pem"],
-        "ssl_options.keyfile = %s" % certs["server.key"],
-        "ssl_options.verify = verify_none",
-        "ssl_options.fail_if_no_peer_cert = false",
-    ])
+    node = RabbitNode(
+        extra_config=[
+            "listeners.ssl.local = 127.0.0.1:%d" % tls_port,
+            "ssl_options.cacertfile = %s" % certs["ca.pem"],
+            "ssl_options.certfile = %s" % certs["server.pem"],
+            "ssl_options.keyfile = %s" % certs["server.key"],
+            "ssl_options.verify = verify_none",
+            "ssl_options.fail_if_no_peer_cert = false",
+        ]
+    )
     try:
         node.start()
         node.tls_port = tls_port
@@ -153,13 +182,18 @@ def tls_url(node, ca_file, **extra):
 def _layer(node, url, **config):
     config.setdefault("operation_timeout", OPERATION_TIMEOUT)
     config.setdefault("receive_timeout", 1)
-    return AMQPChannelLayer(url=url, management_url=node.management_url,
-                            prefix="tls-%d" % int(time.monotonic() * 1000), **config)
+    return AMQPChannelLayer(
+        url=url,
+        management_url=node.management_url,
+        prefix="tls-%d" % int(time.monotonic() * 1000),
+        **config,
+    )
 
 
 def _connections(node):
     """(peer_port, ssl) of every client connection, from the management API."""
     from asgi_amqp.management import ManagementClient
+
     client = ManagementClient(node.management_url, "/")
     return [(c.get("port"), c.get("ssl")) for c in client._get("connections") or []]
 
@@ -174,8 +208,11 @@ def test_round_trip_over_tls_with_ca_verification(tls_node, certs):
         layer.send_group("tlsgroup", {"g": 1})
         assert layer.receive(["tls.member"], block=True) == ("tls.member", {"g": 1})
         # The broker sees the layer's connections on the TLS port, with TLS on.
-        found = wait_until(lambda: [c for c in _connections(tls_node) if c[0] == tls_node.tls_port],
-                           timeout=10, message="a TLS connection listed")
+        found = wait_until(
+            lambda: [c for c in _connections(tls_node) if c[0] == tls_node.tls_port],
+            timeout=10,
+            message="a TLS connection listed",
+        )
         assert all(ssl for _, ssl in found), found
     finally:
         layer.close()
@@ -191,8 +228,9 @@ def test_tls_also_works_with_localhost_as_host_name(tls_node, certs):
         layer.close()
 
 
-@pytest.mark.parametrize("case", ["wrong CA", "plain AMQP to the TLS port",
-                                  "wrong server_hostname"])
+@pytest.mark.parametrize(
+    "case", ["wrong CA", "plain AMQP to the TLS port", "wrong server_hostname"]
+)
 def test_a_failed_tls_handshake_is_a_clear_error_within_seconds(tls_node, certs, case, caplog):
     if case == "wrong CA":
         url = tls_url(tls_node, certs["other-ca.pem"])

@@ -16,7 +16,6 @@ import pytest
 
 from helpers import make_layer
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = textwrap.dedent("""
@@ -69,7 +68,11 @@ def test_receive_twisted_fires_on_the_reactor_thread(broker):
     prefix = "tw-%s" % uuid.uuid4().hex[:10]
     done = subprocess.run(
         [sys.executable, "-c", CHILD, broker.amqp_url, broker.management_url or "", prefix],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr.decode()
     results = json.loads(done.stdout.decode().strip().splitlines()[-1])
     # An empty collection: (None, None) at once, as a plain receive gives.

@@ -42,11 +42,18 @@ def _url(node, vhost):
 
 @pytest.fixture
 def layers(node):
-    made = {vhost: AMQPChannelLayer(url=_url(node, vhost), management_url=node.management_url,
-                                    prefix=PREFIX, operation_timeout=5, receive_timeout=1)
-            for vhost in VHOSTS}
+    made = {
+        vhost: AMQPChannelLayer(
+            url=_url(node, vhost),
+            management_url=node.management_url,
+            prefix=PREFIX,
+            operation_timeout=5,
+            receive_timeout=1,
+        )
+        for vhost in VHOSTS
+    }
     yield made["vhost-a"], made["vhost-b"]
-    for vhost, layer in made.items():
+    for layer in made.values():
         try:
             layer.flush()
         finally:
@@ -138,9 +145,16 @@ def test_management_client_lists_per_vhost(node, layers):
     assert "%s:q:listed.b" % PREFIX in queues_b and "%s:q:listed.b" % PREFIX not in queues_a
     # Depths per vhost: each message is in its own vhost's queue only.
     depth_a = ManagementClient(node.management_url, "vhost-a").queue("%s:q:listed.a" % PREFIX)
-    wait_until(lambda: ManagementClient(node.management_url, "vhost-a").queue(
-        "%s:q:listed.a" % PREFIX).get("messages") == 1, timeout=10,
-        message="vhost-a's queue depth reported")
+    wait_until(
+        lambda: (
+            ManagementClient(node.management_url, "vhost-a")
+            .queue("%s:q:listed.a" % PREFIX)
+            .get("messages")
+            == 1
+        ),
+        timeout=10,
+        message="vhost-a's queue depth reported",
+    )
     assert depth_a is not None
     # The default vhost saw nothing at all.
     assert _objects(node, "/") == (set(), set())
@@ -148,8 +162,13 @@ def test_management_client_lists_per_vhost(node, layers):
 
 @pytest.mark.parametrize("vhost", ["vhost-closed", "no-such-vhost"])
 def test_a_vhost_without_access_is_a_clear_error_within_seconds(node, vhost):
-    layer = AMQPChannelLayer(url=_url(node, vhost), management_url=node.management_url,
-                             prefix=PREFIX, operation_timeout=3, receive_timeout=1)
+    layer = AMQPChannelLayer(
+        url=_url(node, vhost),
+        management_url=node.management_url,
+        prefix=PREFIX,
+        operation_timeout=3,
+        receive_timeout=1,
+    )
     try:
         started = time.monotonic()
         with pytest.raises(AuthenticationError) as caught:
@@ -158,5 +177,8 @@ def test_a_vhost_without_access_is_a_clear_error_within_seconds(node, vhost):
         assert "vhost" in str(caught.value) and "guest:guest" not in str(caught.value)
     finally:
         layer.close()
-    wait_until(lambda: _objects(node, "/") == (set(), set()), timeout=1,
-               message="nothing declared in the default vhost")
+    wait_until(
+        lambda: _objects(node, "/") == (set(), set()),
+        timeout=1,
+        message="nothing declared in the default vhost",
+    )

@@ -34,8 +34,17 @@ import pika
 from ..errors import LayerClosed, OperationTimeout
 from .connection import IOThread
 from .deadletter import DeadLetterWorker
-from .declares import (Step, exchange_bind, exchange_declare, exchange_delete, exchange_unbind,
-                       queue_bind, queue_declare, queue_delete, queue_purge)
+from .declares import (
+    Step,
+    exchange_bind,
+    exchange_declare,
+    exchange_delete,
+    exchange_unbind,
+    queue_bind,
+    queue_declare,
+    queue_delete,
+    queue_purge,
+)
 from .deliveries import Delivery, HandedOff
 from .futures import Pending
 from .publisher import ACKED, NACKED, RETURNED, Publish
@@ -44,9 +53,20 @@ from .session import Work
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "Engine", "Delivery", "Step", "ACKED", "NACKED", "RETURNED",
-    "exchange_bind", "exchange_declare", "exchange_delete", "exchange_unbind",
-    "queue_bind", "queue_declare", "queue_delete", "queue_purge",
+    "Engine",
+    "Delivery",
+    "Step",
+    "ACKED",
+    "NACKED",
+    "RETURNED",
+    "exchange_bind",
+    "exchange_declare",
+    "exchange_delete",
+    "exchange_unbind",
+    "queue_bind",
+    "queue_declare",
+    "queue_delete",
+    "queue_purge",
 ]
 
 Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
@@ -61,9 +81,17 @@ class Engine(object):
     own, and a thread that died is replaced on the next call.
     """
 
-    def __init__(self, parameters: Sequence[pika.connection.Parameters], topology: Any, *,
-                 operation_timeout: float, linger: float, idle_timeout: float,
-                 settle_after_outage: float = 0.0, dead_letter_worker: bool = True) -> None:
+    def __init__(
+        self,
+        parameters: Sequence[pika.connection.Parameters],
+        topology: Any,
+        *,
+        operation_timeout: float,
+        linger: float,
+        idle_timeout: float,
+        settle_after_outage: float = 0.0,
+        dead_letter_worker: bool = True,
+    ) -> None:
         self._parameters = list(parameters)
         self._topology = topology
         self.operation_timeout = operation_timeout
@@ -113,9 +141,13 @@ class Engine(object):
         self._io, self._worker, self._pid = io, worker, os.getpid()
 
     def _new_io_thread(self) -> IOThread:
-        io = IOThread(self._parameters, linger=self._linger, idle_timeout=self._idle_timeout,
-                      handed_off=self._handed_off,
-                      settle_after_outage=self._settle_after_outage)
+        io = IOThread(
+            self._parameters,
+            linger=self._linger,
+            idle_timeout=self._idle_timeout,
+            handed_off=self._handed_off,
+            settle_after_outage=self._settle_after_outage,
+        )
         io.start()
         return io
 
@@ -150,12 +182,21 @@ class Engine(object):
 
     # -- operations -------------------------------------------------------------
 
-    def publish(self, exchange: str, routing_key: str, body: bytes,
-                properties: pika.BasicProperties, mandatory: bool, what: str,
-                marked: bool = False, fans_out: bool = False) -> str:
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        mandatory: bool,
+        what: str,
+        marked: bool = False,
+        fans_out: bool = False,
+    ) -> str:
         """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``."""
-        publish = Publish(Pending(what), exchange, routing_key, body, properties, mandatory,
-                          fans_out=fans_out)
+        publish = Publish(
+            Pending(what), exchange, routing_key, body, properties, mandatory, fans_out=fans_out
+        )
         publish.maybe_delivered = marked
         return self._submit_and_wait(publish)
 
@@ -180,14 +221,14 @@ class Engine(object):
         pending = Pending("blocking receive")
         io = self._running_io()
         io.submit(Work(pending, "wait", (queues, deadline)))
-        if (not pending.arrived(receive_timeout + 0.05) and io.outage()
-                and pending.abandon()):
+        if not pending.arrived(receive_timeout + 0.05) and io.outage() and pending.abandon():
             delivery = None
         else:
             delivery = pending.wait_or(self.operation_timeout, None)
         if delivery is None and io.outage() > self.operation_timeout:
             raise self._outage_error(io, "blocking receive") or OperationTimeout(
-                "blocking receive: no answer from the broker")
+                "blocking receive: no answer from the broker"
+            )
         return delivery
 
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
@@ -223,7 +264,8 @@ class Engine(object):
             return None
         return OperationTimeout(
             "%s: the broker has been unreachable for %.1f s (%s); the layer keeps "
-            "reconnecting" % (what, outage, io.last_error or "connection lost"))
+            "reconnecting" % (what, outage, io.last_error or "connection lost")
+        )
 
     # -- figures ----------------------------------------------------------------
 
@@ -231,8 +273,14 @@ class Engine(object):
         """This process's view of its connection (see the layer's method)."""
         io = self._io if self.started_here else None
         if io is None:
-            return {"connected": False, "outage_seconds": 0.0, "connection_losses": 0,
-                    "retried_operations": 0, "republished": 0, "last_error": None}
+            return {
+                "connected": False,
+                "outage_seconds": 0.0,
+                "connection_losses": 0,
+                "retried_operations": 0,
+                "republished": 0,
+                "last_error": None,
+            }
         return {
             "connected": io.connected,
             "outage_seconds": io.outage(),

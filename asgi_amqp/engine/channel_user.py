@@ -25,8 +25,7 @@ def describe_close(reason):
 
 def connection_lost(reason, connection):
     """True when a channel closed because its whole connection went."""
-    return (isinstance(reason, pika.exceptions.AMQPConnectionError)
-            or not connection.is_open)
+    return isinstance(reason, pika.exceptions.AMQPConnectionError) or not connection.is_open
 
 
 class ChannelUser(object):

@@ -57,8 +57,16 @@ _PRUNE_EVERY = 1024
 
 
 class IOThread(object):
-    def __init__(self, parameters, name="asgi_amqp-io", linger=0.25, idle_timeout=30.0,
-                 reconnect_max_delay=0.5, handed_off=None, settle_after_outage=0.0):
+    def __init__(
+        self,
+        parameters,
+        name="asgi_amqp-io",
+        linger=0.25,
+        idle_timeout=30.0,
+        reconnect_max_delay=0.5,
+        handed_off=None,
+        settle_after_outage=0.0,
+    ):
         self._parameters = list(parameters)
         self._name = name
         self._linger = linger
@@ -265,16 +273,24 @@ class IOThread(object):
         self._ever_connected = True
         self._last_error = None
         if self._refused and self._settle_after_outage > 0:
-            logger.info("the broker was unreachable: group fan-out waits %.1f s for its "
-                        "queues to settle", self._settle_after_outage)
+            logger.info(
+                "the broker was unreachable: group fan-out waits %.1f s for its queues to settle",
+                self._settle_after_outage,
+            )
             self._settled_at = time.monotonic() + self._settle_after_outage
         self._refused = False
         self.disconnected_since = None
         self.connected = True
         self._liveness.forget()
         self._held.clear()  # the old channels' deliveries are back in their queues
-        self._session = Session(connection, self._liveness, self._handed_off, self._held,
-                                self._linger, self._idle_timeout)
+        self._session = Session(
+            connection,
+            self._liveness,
+            self._handed_off,
+            self._held,
+            self._linger,
+            self._idle_timeout,
+        )
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:
             if work.pending.wanted:
@@ -307,7 +323,8 @@ class IOThread(object):
             self._ioloop.stop()
             return
         error = BrokerConnectionError(
-            "connection to %s lost: %s" % (describe_parameters(connection.params), _reason(reason)))
+            "connection to %s lost: %s" % (describe_parameters(connection.params), _reason(reason))
+        )
         if session is not None:
             session.lose()
         self._hand_on(dispatched)
@@ -328,9 +345,11 @@ class IOThread(object):
         self.retried += len(carried)
         self.republished += uncertain
         if uncertain:
-            logger.warning("%d publishes lost their confirm with the connection; they will be "
-                           "sent again, marked so that a receiver drops a copy it already has",
-                           uncertain)
+            logger.warning(
+                "%d publishes lost their confirm with the connection; they will be "
+                "sent again, marked so that a receiver drops a copy it already has",
+                uncertain,
+            )
         logger.info("%d operations in flight will run again on the next connection", len(carried))
         self._waiting.extendleft(reversed(carried))
 
@@ -340,8 +359,11 @@ class IOThread(object):
             return
         self._attempt += 1
         rounds = (self._attempt - 1) // len(self._parameters)
-        delay = 0 if self._attempt % len(self._parameters) else min(
-            self._reconnect_max_delay, 0.1 * (2 ** rounds))
+        delay = (
+            0
+            if self._attempt % len(self._parameters)
+            else min(self._reconnect_max_delay, 0.1 * (2**rounds))
+        )
         if isinstance(self._last_error, AuthenticationError):
             delay = self._reconnect_max_delay
         self._ioloop.call_later(delay, self._connect)
@@ -366,8 +388,11 @@ class IOThread(object):
 def _root_cause(error):
     """pika wraps socket and TLS errors in workflow exceptions; dig the cause out."""
     for _ in range(6):
-        if (isinstance(error, pika.exceptions.AMQPConnectionError) and error.args
-                and isinstance(error.args[0], BaseException)):
+        if (
+            isinstance(error, pika.exceptions.AMQPConnectionError)
+            and error.args
+            and isinstance(error.args[0], BaseException)
+        ):
             error = error.args[0]
         elif getattr(error, "exceptions", None):
             error = error.exceptions[-1]
@@ -389,8 +414,9 @@ def _reason(reason):
 
 def _connection_error(error, parameters):
     where = describe_parameters(parameters)
-    if isinstance(error, (pika.exceptions.ProbableAuthenticationError,
-                          pika.exceptions.AuthenticationError)):
+    if isinstance(
+        error, (pika.exceptions.ProbableAuthenticationError, pika.exceptions.AuthenticationError)
+    ):
         return AuthenticationError("the broker at %s refused the credentials" % where)
     if isinstance(error, pika.exceptions.ProbableAccessDeniedError):
         return AuthenticationError("the broker at %s denied access to the vhost" % where)

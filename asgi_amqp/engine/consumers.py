@@ -29,9 +29,7 @@ import collections
 import logging
 import time
 
-
 from . import declares
-
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
 from .futures import Pending
@@ -63,8 +61,9 @@ class _Waiter(object):
 class ConsumerPool(ChannelUser):
     name = "consume"
 
-    def __init__(self, connection, declare_executor, liveness, handed_off, held, linger,
-                 idle_timeout):
+    def __init__(
+        self, connection, declare_executor, liveness, handed_off, held, linger, idle_timeout
+    ):
         self._declares = declare_executor
         self._held = held
         self._unavailable = {}  # queue -> monotonic time before which it is not retried
@@ -107,8 +106,7 @@ class ConsumerPool(ChannelUser):
         if self.take_held(pending, names):
             return
         waiter = _Waiter(pending, set(names))
-        waiter.timer = self._connection.ioloop.call_later(
-            timeout, lambda: self._expire(waiter))
+        waiter.timer = self._connection.ioloop.call_later(timeout, lambda: self._expire(waiter))
         self._waiters.append(waiter)
         for queue, arguments in queues:
             self._ensure_consumer(queue, arguments)
@@ -174,10 +172,13 @@ class ConsumerPool(ChannelUser):
         # Declared first, and on the admin channel: basic.consume on a missing
         # queue would 404 and close this channel under every other consumer,
         # and a queue whose node is down must not starve the others.
-        self._declares.run(Pending("declare %s" % queue,
-                                on_done=lambda result, error: self._declared(consumer, arguments,
-                                                                             error)),
-                        [declares.queue_declare(queue, arguments)])
+        self._declares.run(
+            Pending(
+                "declare %s" % queue,
+                on_done=lambda result, error: self._declared(consumer, arguments, error),
+            ),
+            [declares.queue_declare(queue, arguments)],
+        )
 
     def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:
@@ -194,8 +195,7 @@ class ConsumerPool(ChannelUser):
 
     def _start(self, consumer, arguments):
         self._liveness.touch(consumer.queue, arguments)
-        consumer.tag = self.channel.basic_consume(
-            consumer.queue, self._on_message, auto_ack=False)
+        consumer.tag = self.channel.basic_consume(consumer.queue, self._on_message, auto_ack=False)
         consumer.active = True
         self._by_tag[consumer.tag] = consumer
 
@@ -222,8 +222,13 @@ class ConsumerPool(ChannelUser):
         if self._handed_off.is_duplicate(consumer.queue, method, properties):
             channel.basic_ack(method.delivery_tag)
             return
-        delivery = Delivery(consumer.queue, properties.headers or {}, body, method.redelivered,
-                            properties.message_id)
+        delivery = Delivery(
+            consumer.queue,
+            properties.headers or {},
+            body,
+            method.redelivered,
+            properties.message_id,
+        )
         for waiter in [w for w in self._waiters if consumer.queue in w.queues]:
             self._waiters.remove(waiter)
             self._connection.ioloop.remove_timeout(waiter.timer)

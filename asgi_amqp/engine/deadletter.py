@@ -82,8 +82,12 @@ class DeadLetterWorker(object):
                 self.ready.clear()
                 self._attempt += 1
                 delay = min(self._max_backoff, 0.1 * 2 ** min(self._attempt, 10))
-                logger.warning("dead-letter worker: %s (%s); retrying in %.1f s",
-                               type(exc).__name__, describe_parameters(parameters), delay)
+                logger.warning(
+                    "dead-letter worker: %s (%s); retrying in %.1f s",
+                    type(exc).__name__,
+                    describe_parameters(parameters),
+                    delay,
+                )
                 self._stop.wait(delay)
             finally:
                 self._close_connection()
@@ -107,8 +111,11 @@ class DeadLetterWorker(object):
     def _declare_dead_letter_queue(self, channel):
         topology = self._topology
         channel.exchange_declare(topology.dead_letter_exchange, "fanout", durable=True)
-        channel.queue_declare(topology.dead_letter_queue, durable=True,
-                              arguments=topology.dead_letter_queue_arguments())
+        channel.queue_declare(
+            topology.dead_letter_queue,
+            durable=True,
+            arguments=topology.dead_letter_queue_arguments(),
+        )
         channel.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange)
         channel.exchange_declare(topology.group_router, "direct", durable=True)
 
@@ -154,8 +161,10 @@ class DeadLetterWorker(object):
         if fresh:
             return
         logger.debug("group membership expired: %s in %s", channel, group)
-        self._actions.exchange_unbind(destination=self._topology.member_exchange(channel),
-                                source=self._topology.group_exchange(group))
+        self._actions.exchange_unbind(
+            destination=self._topology.member_exchange(channel),
+            source=self._topology.group_exchange(group),
+        )
 
     def _drop_channel(self, headers, deaths):
         channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(deaths)

@@ -16,15 +16,19 @@ import logging
 
 import pika.exceptions
 
-from .channel_user import ChannelUser
 from ..errors import BrokerConnectionError, BrokerOperationError
+from .channel_user import ChannelUser
 
 logger = logging.getLogger(__name__)
 
 NOT_FOUND = 404
-STATE_ERRORS = (pika.exceptions.ConnectionWrongStateError, pika.exceptions.ChannelWrongStateError,
-                pika.exceptions.ChannelClosed, pika.exceptions.ConnectionClosed,
-                pika.exceptions.DuplicateGetOkCallback)
+STATE_ERRORS = (
+    pika.exceptions.ConnectionWrongStateError,
+    pika.exceptions.ChannelWrongStateError,
+    pika.exceptions.ChannelClosed,
+    pika.exceptions.ConnectionClosed,
+    pika.exceptions.DuplicateGetOkCallback,
+)
 
 
 class Step(collections.namedtuple("Step", "method kwargs not_found_ok")):
@@ -32,8 +36,11 @@ class Step(collections.namedtuple("Step", "method kwargs not_found_ok")):
 
 
 def queue_declare(queue, arguments, passive=False, not_found_ok=False):
-    return Step("queue_declare", dict(queue=queue, durable=True, arguments=arguments, passive=passive),
-                not_found_ok)
+    return Step(
+        "queue_declare",
+        dict(queue=queue, durable=True, arguments=arguments, passive=passive),
+        not_found_ok,
+    )
 
 
 def queue_delete(queue):
@@ -61,11 +68,17 @@ def exchange_delete(exchange):
 
 
 def exchange_bind(destination, source, routing_key=""):
-    return Step("exchange_bind", dict(destination=destination, source=source, routing_key=routing_key), False)
+    return Step(
+        "exchange_bind",
+        dict(destination=destination, source=source, routing_key=routing_key),
+        False,
+    )
 
 
 def exchange_unbind(destination, source):
-    return Step("exchange_unbind", dict(destination=destination, source=source, routing_key=""), True)
+    return Step(
+        "exchange_unbind", dict(destination=destination, source=source, routing_key=""), True
+    )
 
 
 def broker_call_error(exc, what):
@@ -143,8 +156,9 @@ class DeclareExecutor(ChannelUser):
             operation.index += 1
             self._queue.appendleft(operation)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:
-            operation.pending.fail(BrokerConnectionError(
-                "connection to the broker lost during %s" % step.method))
+            operation.pending.fail(
+                BrokerConnectionError("connection to the broker lost during %s" % step.method)
+            )
         else:
             operation.pending.fail(BrokerOperationError(reply_code, reply_text))
 

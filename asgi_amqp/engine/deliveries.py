@@ -167,8 +167,10 @@ class HeldMessages(object):
     def has(self, queue, key):
         """Whether a message with ``key`` (see ``delivery_key``) is held."""
         with self._lock:
-            return any(key == delivery_key(queue, held.delivery.message_id, held.delivery.headers)
-                       for held in self._by_queue.get(queue, ()))
+            return any(
+                key == delivery_key(queue, held.delivery.message_id, held.delivery.headers)
+                for held in self._by_queue.get(queue, ())
+            )
 
     def held_since(self, queue):
         with self._lock:

@@ -16,9 +16,9 @@ import time
 
 from pika import spec
 
-from .declares import broker_call_error
-from .channel_user import ChannelUser
 from ..errors import BrokerConnectionError, BrokerOperationError
+from .channel_user import ChannelUser
+from .declares import broker_call_error
 from .deliveries import Delivery
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,9 @@ class _Lane(ChannelUser):
             if self._liveness.alive(queue):
                 self.channel.basic_get(queue, self._on_message, auto_ack=False)
             else:
-                self.channel.queue_declare(queue, durable=True, arguments=arguments,
-                                           callback=self._on_declared)
+                self.channel.queue_declare(
+                    queue, durable=True, arguments=arguments, callback=self._on_declared
+                )
         except Exception as exc:  # connection gone, or a name pika cannot encode
             logger.debug("receive from %s failed", queue, exc_info=True)
             self._finish(broker_call_error(exc, "receive"))
@@ -146,8 +147,9 @@ class _Lane(ChannelUser):
             channel.basic_ack(method.delivery_tag)
             channel.basic_get(queue, self._on_message, auto_ack=False)  # same queue again
             return
-        delivery = Delivery(queue, properties.headers or {}, body, method.redelivered,
-                            properties.message_id)
+        delivery = Delivery(
+            queue, properties.headers or {}, body, method.redelivered, properties.message_id
+        )
         self._finish(_Taken(self, channel, method.delivery_tag, delivery))
 
     def forget(self):
@@ -163,8 +165,11 @@ class _Lane(ChannelUser):
             self._liveness.forget(self._job[0])
             self._finish(EMPTY)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:
-            self._finish(BrokerConnectionError(
-                "connection lost during receive (%s %s)" % (reply_code, reply_text)))
+            self._finish(
+                BrokerConnectionError(
+                    "connection lost during receive (%s %s)" % (reply_code, reply_text)
+                )
+            )
         else:
             # e.g. 406: the queue exists with other arguments (another expiry).
             self._finish(BrokerOperationError(reply_code, reply_text))
@@ -219,8 +224,9 @@ class Getter(object):
         self._current = None
         self._barriers = 0  # lanes still putting messages back; no new wave until 0
         self._empty_at = {}  # queue -> monotonic time it last answered empty
-        self._lanes = [_Lane(connection, liveness, handed_off, self._on_lane_ready)
-                       for _ in range(lanes)]
+        self._lanes = [
+            _Lane(connection, liveness, handed_off, self._on_lane_ready) for _ in range(lanes)
+        ]
 
     def get(self, pending, queues):
         now = time.monotonic()
@@ -264,13 +270,16 @@ class Getter(object):
         end = request.index + len(lanes)
         if request.index < request.fresh:
             end = min(end, request.fresh)
-        wave = list(enumerate(request.queues))[request.index:end]
+        wave = list(enumerate(request.queues))[request.index : end]
         request.index += len(wave)
         request.outstanding = len(wave)
         request.results = []
         for lane, (position, (queue, arguments)) in zip(lanes, wave):
-            lane.fetch(queue, arguments,
-                       lambda result, position=position: self._on_answer(request, position, result))
+            lane.fetch(
+                queue,
+                arguments,
+                lambda result, position=position: self._on_answer(request, position, result),
+            )
 
     def _on_answer(self, request, position, result):
         if result is EMPTY:
@@ -320,8 +329,9 @@ class Getter(object):
     def _after_settle(self):
         """Nothing was in the queues; a consumer may have been pushed one meanwhile."""
         request, self._current = self._current, None
-        if request is not None and not self._consumers.take_held(request.pending,
-                                                                 request.queue_names):
+        if request is not None and not self._consumers.take_held(
+            request.pending, request.queue_names
+        ):
             request.pending.resolve(None)
         self._next()
 

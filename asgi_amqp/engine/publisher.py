@@ -39,14 +39,13 @@ import logging
 
 import pika
 
-from .channel_user import ChannelUser
 from ..errors import BrokerConnectionError
 from ..naming import REPUBLISHED_HEADER
+from .channel_user import ChannelUser
 
 logger = logging.getLogger(__name__)
 
 ACKED, NACKED, RETURNED = "acked", "nacked", "returned"
-
 
 
 class Publish(object):
@@ -57,12 +56,19 @@ class Publish(object):
     sends it as a marked copy.
     """
 
-    __slots__ = ("pending", "exchange", "routing_key", "body", "properties", "mandatory",
-                 "maybe_delivered", "fans_out")
+    __slots__ = (
+        "pending",
+        "exchange",
+        "routing_key",
+        "body",
+        "properties",
+        "mandatory",
+        "maybe_delivered",
+        "fans_out",
+    )
     retry = True  # the I/O thread runs it again on the next connection
 
-    def __init__(self, pending, exchange, routing_key, body, properties, mandatory,
-                 fans_out=False):
+    def __init__(self, pending, exchange, routing_key, body, properties, mandatory, fans_out=False):
         self.pending = pending
         self.exchange = exchange
         self.routing_key = routing_key
@@ -83,9 +89,13 @@ class Publish(object):
         headers = dict(original.headers or {})
         headers[REPUBLISHED_HEADER] = 1
         return pika.BasicProperties(
-            delivery_mode=original.delivery_mode, content_type=original.content_type,
-            message_id=original.message_id, headers=headers, timestamp=original.timestamp,
-            expiration=original.expiration)
+            delivery_mode=original.delivery_mode,
+            content_type=original.content_type,
+            message_id=original.message_id,
+            headers=headers,
+            timestamp=original.timestamp,
+            expiration=original.expiration,
+        )
 
 
 class Publisher(ChannelUser):

@@ -26,8 +26,9 @@ class Session(object):
         self.liveness = liveness
         self.publisher = Publisher(connection)
         self.declares = DeclareExecutor(connection)
-        self.consumers = ConsumerPool(connection, self.declares, liveness, handed_off, held,
-                                      linger, idle_timeout)
+        self.consumers = ConsumerPool(
+            connection, self.declares, liveness, handed_off, held, linger, idle_timeout
+        )
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts = (self.publisher, self.declares, self.consumers, self.getter)
 

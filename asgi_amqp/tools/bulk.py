@@ -23,8 +23,15 @@ RETRY_MAX_DELAY = 2.0
 CONSECUTIVE_CONNECTION_ERRORS = 3
 
 
-def send_one(layer: Any, kind: str, name: str, message: Dict[str, Any], on_full: str,
-             retries: int, sleep: Callable[[float], None] = time.sleep) -> bool:
+def send_one(
+    layer: Any,
+    kind: str,
+    name: str,
+    message: Dict[str, Any],
+    on_full: str,
+    retries: int,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
     """Send to a channel (``kind`` "channel") or group; True once sent.
 
     False means the channel stayed full: at once, or with ``on_full="retry"``
@@ -42,7 +49,7 @@ def send_one(layer: Any, kind: str, name: str, message: Dict[str, Any], on_full:
         except ChannelFull:
             if on_full != "retry" or attempt >= retries:
                 return False
-            sleep(min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2 ** attempt))
+            sleep(min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2**attempt))
             attempt += 1
 
 
@@ -64,9 +71,15 @@ class BulkSender(object):
     that is counted as failed without being sent.
     """
 
-    def __init__(self, layer: Any, on_full: str = "fail", retries: int = 5, jobs: int = 1,
-                 report: Optional[Callable[[str, BaseException], None]] = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        layer: Any,
+        on_full: str = "fail",
+        retries: int = 5,
+        jobs: int = 1,
+        report: Optional[Callable[[str, BaseException], None]] = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if on_full not in ON_FULL:
             raise ValueError("on_full must be one of %s, not %r" % (", ".join(ON_FULL), on_full))
         self.layer = layer
@@ -128,8 +141,9 @@ class BulkSender(object):
                 self.failed += 1
             return
         try:
-            sent = send_one(self.layer, kind, name, message, self.on_full, self.retries,
-                            sleep=self._sleep)
+            sent = send_one(
+                self.layer, kind, name, message, self.on_full, self.retries, sleep=self._sleep
+            )
         except BrokerConnectionError as exc:
             self._connection_failed(where, exc)
             return
@@ -149,8 +163,11 @@ class BulkSender(object):
         with self._lock:
             self.failed += 1
             self._connection_errors += 1
-            give_up = (isinstance(exc, AuthenticationError) or self.sent == 0
-                       or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS)
+            give_up = (
+                isinstance(exc, AuthenticationError)
+                or self.sent == 0
+                or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS
+            )
             if give_up and self.fatal is None:
                 self.fatal = exc
         if not give_up:

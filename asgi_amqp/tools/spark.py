@@ -23,6 +23,7 @@ import functools
 import itertools
 import logging
 import os
+from typing import Any, Optional, Sequence, Union
 
 from . import jsonbytes
 from .bulk import ON_FULL, BulkSender
@@ -32,7 +33,8 @@ try:
     from pyspark.sql import types as T
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "asgi_amqp.spark needs pyspark: pip install 'asgi-amqp-layer[spark]'") from None
+        "asgi_amqp.spark needs pyspark: pip install 'asgi-amqp-layer[spark]'"
+    ) from None
 
 __all__ = ["send_dataframe", "SendResult"]
 
@@ -57,10 +59,22 @@ class SendResult(collections.namedtuple("SendResult", "sent channel_full failed"
 
 # -- schema -------------------------------------------------------------------------
 
-_STRINGS = tuple(t for t in (T.StringType, getattr(T, "CharType", None),
-                             getattr(T, "VarcharType", None)) if t is not None)
-_SCALARS = _STRINGS + (T.BinaryType, T.BooleanType, T.ByteType, T.ShortType, T.IntegerType,
-                       T.LongType, T.FloatType, T.DoubleType, T.NullType)
+_STRINGS = tuple(
+    t
+    for t in (T.StringType, getattr(T, "CharType", None), getattr(T, "VarcharType", None))
+    if t is not None
+)
+_SCALARS = _STRINGS + (
+    T.BinaryType,
+    T.BooleanType,
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.FloatType,
+    T.DoubleType,
+    T.NullType,
+)
 
 
 def _unsupported(column, path, data_type):
@@ -68,7 +82,8 @@ def _unsupported(column, path, data_type):
     return TypeError(
         "%s has type %s, which an ASGI message cannot carry (strings, bytes, numbers, "
         "booleans, arrays, structs and maps with string keys can); cast it first, e.g. "
-        "F.col(%r).cast('string')" % (where, data_type.simpleString(), column))
+        "F.col(%r).cast('string')" % (where, data_type.simpleString(), column)
+    )
 
 
 def _check_message_type(column, data_type, path=""):
@@ -79,14 +94,17 @@ def _check_message_type(column, data_type, path=""):
         return
     if isinstance(data_type, T.StructType):
         for field in data_type.fields:
-            _check_message_type(column, field.dataType,
-                                "%s.%s" % (path, field.name) if path else field.name)
+            _check_message_type(
+                column, field.dataType, "%s.%s" % (path, field.name) if path else field.name
+            )
         return
     if isinstance(data_type, T.MapType):
         if not isinstance(data_type.keyType, _STRINGS):
-            raise TypeError("column %r%s is a map with %s keys; ASGI message keys must be "
-                            "strings" % (column, " (field %s)" % path if path else "",
-                                         data_type.keyType.simpleString()))
+            raise TypeError(
+                "column %r%s is a map with %s keys; ASGI message keys must be "
+                "strings"
+                % (column, " (field %s)" % path if path else "", data_type.keyType.simpleString())
+            )
         _check_message_type(column, data_type.valueType, path + "{}")
         return
     raise _unsupported(column, path, data_type)
@@ -98,8 +116,10 @@ def _field(schema, column, role):
     for field in schema.fields:
         if field.name == column:
             return field
-    raise ValueError("%s %r is not a column of the DataFrame; its columns are: %s"
-                     % (role, column, ", ".join(schema.fieldNames()) or "(none)"))
+    raise ValueError(
+        "%s %r is not a column of the DataFrame; its columns are: %s"
+        % (role, column, ", ".join(schema.fieldNames()) or "(none)")
+    )
 
 
 def _plan(schema, channel_col, group_col, message_col, message_cols):
@@ -111,8 +131,10 @@ def _plan(schema, channel_col, group_col, message_col, message_cols):
     kind, name_col = ("channel", channel_col) if channel_col is not None else ("group", group_col)
     field = _field(schema, name_col, kind + "_col")
     if not isinstance(field.dataType, _STRINGS):
-        raise TypeError("%s_col %r must be a string column, not %s"
-                        % (kind, name_col, field.dataType.simpleString()))
+        raise TypeError(
+            "%s_col %r must be a string column, not %s"
+            % (kind, name_col, field.dataType.simpleString())
+        )
     if message_col is not None:
         field = _field(schema, message_col, "message_col")
         data_type = field.dataType
@@ -124,7 +146,8 @@ def _plan(schema, channel_col, group_col, message_col, message_cols):
         else:
             raise TypeError(
                 "message_col %r must be a string (JSON), struct or map column, not %s"
-                % (message_col, data_type.simpleString()))
+                % (message_col, data_type.simpleString())
+            )
         return kind, name_col, [message_col], mode
     if isinstance(message_cols, str) or not message_cols:
         raise ValueError("message_cols must be a non-empty list of column names")
@@ -137,6 +160,7 @@ def _plan(schema, channel_col, group_col, message_col, message_cols):
 
 
 # -- rows to messages -------------------------------------------------------------------
+
 
 def _plain(value):
     """A Spark value as plain Python: Rows to dicts, bytearrays to bytes."""
@@ -170,6 +194,7 @@ def _message(row, columns, mode):
 
 # -- the executor side ---------------------------------------------------------------------
 
+
 def _log_failure(counter=None):
     """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS warnings."""
     counter = counter or itertools.count(1)
@@ -177,11 +202,13 @@ def _log_failure(counter=None):
     def report(where, exc):
         if next(counter) <= LOGGED_ERRORS:
             logger.warning("asgi_amqp.spark: %s: %s", where, exc)
+
     return report
 
 
-def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config,
-                    accumulators):
+def _send_partition(
+    rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config, accumulators
+):
     from ..layer import AMQPChannelLayer
 
     layer = None
@@ -190,8 +217,9 @@ def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs,
         for row in rows:
             if layer is None:
                 layer = AMQPChannelLayer(**layer_config)
-                sender = BulkSender(layer, on_full=on_full, retries=retries, jobs=jobs,
-                                    report=_log_failure())
+                sender = BulkSender(
+                    layer, on_full=on_full, retries=retries, jobs=jobs, report=_log_failure()
+                )
             name = row[name_col]
             try:
                 if not isinstance(name, str):
@@ -221,8 +249,19 @@ def _send_partition(rows, kind, name_col, columns, mode, on_full, retries, jobs,
 
 # -- the driver side -----------------------------------------------------------------------
 
-def send_dataframe(df, url=None, channel_col=None, group_col=None, message_col=None,
-                   message_cols=None, on_full="fail", retries=5, jobs=1, **layer_config):
+
+def send_dataframe(
+    df: Any,
+    url: Union[None, str, Sequence[str]] = None,
+    channel_col: Optional[str] = None,
+    group_col: Optional[str] = None,
+    message_col: Optional[str] = None,
+    message_cols: Optional[Sequence[str]] = None,
+    on_full: str = "fail",
+    retries: int = 5,
+    jobs: int = 1,
+    **layer_config: Any,
+) -> SendResult:
     """Send every row of ``df`` as one ASGI message; returns a :class:`SendResult`.
 
     :param url: AMQP URL (or list of URLs) the executors connect to; defaults
@@ -253,8 +292,9 @@ def send_dataframe(df, url=None, channel_col=None, group_col=None, message_col=N
         raise ValueError("retries must be a non-negative integer")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64:
         raise ValueError("jobs must be an integer from 1 to 64")
-    kind, name_col, columns, mode = _plan(df.schema, channel_col, group_col, message_col,
-                                          message_cols)
+    kind, name_col, columns, mode = _plan(
+        df.schema, channel_col, group_col, message_col, message_cols
+    )
     from ..layer import DEFAULT_URL
 
     config = dict(layer_config)
@@ -264,13 +304,25 @@ def send_dataframe(df, url=None, channel_col=None, group_col=None, message_col=N
     try:
         context = df.sparkSession.sparkContext
     except Exception as exc:  # Spark Connect has no SparkContext
-        raise TypeError("send_dataframe needs a classic Spark session with a SparkContext "
-                        "(not Spark Connect): %s" % exc)
+        raise TypeError(
+            "send_dataframe needs a classic Spark session with a SparkContext "
+            "(not Spark Connect): %s" % exc
+        )
     accumulators = (context.accumulator(0), context.accumulator(0), context.accumulator(0))
-    df.select(*dict.fromkeys([name_col] + columns)).foreachPartition(functools.partial(
-        _send_partition, kind=kind, name_col=name_col, columns=columns, mode=mode,
-        on_full=on_full, retries=retries, jobs=jobs, layer_config=config,
-        accumulators=accumulators))
+    df.select(*dict.fromkeys([name_col] + columns)).foreachPartition(
+        functools.partial(
+            _send_partition,
+            kind=kind,
+            name_col=name_col,
+            columns=columns,
+            mode=mode,
+            on_full=on_full,
+            retries=retries,
+            jobs=jobs,
+            layer_config=config,
+            accumulators=accumulators,
+        )
+    )
     return SendResult(*(a.value for a in accumulators))
 
 

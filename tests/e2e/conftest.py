@@ -7,7 +7,6 @@ fresh layer prefix, free ports and temporary directories, and are stopped
 """
 
 import pytest
-
 from e2e_support import new_stack, run_stack
 
 
@@ -23,7 +22,11 @@ def chat_layer(broker, chat_stack):
     """An AMQPChannelLayer on the shared stack's prefix (for group_channels)."""
     from asgi_amqp import AMQPChannelLayer
 
-    layer = AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url,
-                             prefix=chat_stack.prefix, dead_letter_worker=False)
+    layer = AMQPChannelLayer(
+        url=broker.amqp_url,
+        management_url=broker.management_url,
+        prefix=chat_stack.prefix,
+        dead_letter_worker=False,
+    )
     yield layer
     layer.close()

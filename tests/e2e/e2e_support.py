@@ -20,8 +20,13 @@ import chatstack  # noqa: E402  (tests/project/chatstack.py)
 
 def new_stack(broker, workers=2, env=None, **kwargs):
     return chatstack.ChatStack(
-        broker.amqp_url, broker.management_url, prefix="e2e-%s" % uuid.uuid4().hex[:10],
-        workers=workers, env=env, **kwargs)
+        broker.amqp_url,
+        broker.management_url,
+        prefix="e2e-%s" % uuid.uuid4().hex[:10],
+        workers=workers,
+        env=env,
+        **kwargs,
+    )
 
 
 @contextlib.contextmanager
@@ -35,7 +40,7 @@ def run_stack(stack, timeout=90.0):
         try:
             stack.flush()
         except Exception as exc:  # do not hide the test's own failure
-            warnings.warn("could not flush prefix %s: %r" % (stack.prefix, exc))
+            warnings.warn("could not flush prefix %s: %r" % (stack.prefix, exc), stacklevel=2)
         finally:
             stack.cleanup()
 
@@ -69,8 +74,10 @@ class Client(object):
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError("%s: no %s within %.0f s; got %r" % (
-                    self.url, what, timeout, self.received[-10:]))
+                raise AssertionError(
+                    "%s: no %s within %.0f s; got %r"
+                    % (self.url, what, timeout, self.received[-10:])
+                )
             try:
                 frame = self.recv_json(remaining)
             except websocket.WebSocketTimeoutException:
@@ -100,7 +107,13 @@ def diagnostics(stack):
     """The last lines of every process of a stack, for assertion messages."""
     parts = []
     for proc in stack.processes() + stack.retired:
-        parts.append("--- %s (pid %d, %s):\n%s" % (
-            proc.name, proc.pid, "running" if proc.alive() else "rc=%s" % proc.popen.poll(),
-            proc.tail(15)))
+        parts.append(
+            "--- %s (pid %d, %s):\n%s"
+            % (
+                proc.name,
+                proc.pid,
+                "running" if proc.alive() else "rc=%s" % proc.popen.poll(),
+                proc.tail(15),
+            )
+        )
     return "\n".join(parts)

@@ -14,22 +14,29 @@ import time
 import uuid
 
 import pytest
-
 from e2e_support import diagnostics
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
-    "--disable-dev-shm-usage", "--window-size=1000,800",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+    "--disable-dev-shm-usage",
+    "--window-size=1000,800",
 ]
 
 
 def _find(*candidates):
     for name in candidates:
-        path = shutil.which(name) or (name if os.path.isabs(name) and os.access(name, os.X_OK)
-                                      else None)
+        path = shutil.which(name) or (
+            name if os.path.isabs(name) and os.access(name, os.X_OK) else None
+        )
         if path:
             return path
     return None
@@ -51,11 +58,10 @@ def _pids_using(marker):
 @pytest.fixture
 def browser():
     chromium = _find("chromium", "/usr/bin/chromium", "chromium-browser")
-    driver_path = _find("chromedriver", "/usr/bin/chromedriver",
-                        "/usr/lib/chromium/chromedriver")
+    driver_path = _find("chromedriver", "/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
     assert chromium and driver_path, (
-        "headless Chromium is needed: install chromium and chromium-driver "
-        "(as root: make e2e-deps)")
+        "headless Chromium is needed: install chromium and chromium-driver (as root: make e2e-deps)"
+    )
     os.environ.setdefault("SE_AVOID_STATS", "true")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -113,26 +119,39 @@ def test_two_pages_in_one_room_see_each_others_messages(chat_stack, browser):
 
     browser.get(url % (room, "alice"))
     alice = browser.current_window_handle
-    _wait(browser, "return document.getElementById('status').textContent === 'connected as alice'",
-          20, "alice connected")
+    _wait(
+        browser,
+        "return document.getElementById('status').textContent === 'connected as alice'",
+        20,
+        "alice connected",
+    )
     browser.switch_to.new_window("tab")
     browser.get(url % (room, "bob"))
     bob = browser.current_window_handle
-    _wait(browser, "return document.getElementById('status').textContent === 'connected as bob'",
-          20, "bob connected")
+    _wait(
+        browser,
+        "return document.getElementById('status').textContent === 'connected as bob'",
+        20,
+        "bob connected",
+    )
 
     _send(browser, "hello from bob")
     browser.switch_to.window(alice)
-    _wait(browser, "return window.chatMessages.some(m => m.type === 'join' && m.name === 'bob')",
-          20, "alice seeing bob join")
+    _wait(
+        browser,
+        "return window.chatMessages.some(m => m.type === 'join' && m.name === 'bob')",
+        20,
+        "alice seeing bob join",
+    )
     _send(browser, "hello from alice")
 
     expected = ["alice:hello from alice", "bob:hello from bob"]
     try:
         for handle, who in ((alice, "alice"), (bob, "bob")):
             browser.switch_to.window(handle)
-            _wait(browser, "return (%s).length >= 2" % _MESSAGES, 20,
-                  "%s seeing both messages" % who)
+            _wait(
+                browser, "return (%s).length >= 2" % _MESSAGES, 20, "%s seeing both messages" % who
+            )
             assert sorted(browser.execute_script("return " + _MESSAGES)) == expected
             # ... and on the page, not only in the script's log.
             log_text = browser.execute_script("return document.getElementById('log').innerText")

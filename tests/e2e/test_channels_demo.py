@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-
 from e2e_support import chatstack
 
 pytestmark = pytest.mark.slow
@@ -24,9 +23,13 @@ class _Demo(object):
         if broker.management_url:
             env["AMQP_MANAGEMENT_URL"] = broker.management_url
         self.popen = subprocess.Popen(
-            [sys.executable, DEMO, "--port", "0"] + list(args), env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [sys.executable, DEMO, "--port", "0"] + list(args),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.lines = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -50,10 +53,12 @@ class _Demo(object):
         with self._cond:
             while not any(text in line for line in self.lines):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.popen.poll() is not None
-                                      and not self._reader.is_alive()):
-                    raise AssertionError("the demo did not print %r:\n%s" % (
-                        text, "\n".join(self.lines)))
+                if remaining <= 0 or (
+                    self.popen.poll() is not None and not self._reader.is_alive()
+                ):
+                    raise AssertionError(
+                        "the demo did not print %r:\n%s" % (text, "\n".join(self.lines))
+                    )
                 self._cond.wait(min(remaining, 0.2))
 
     def wait(self, timeout):
@@ -62,14 +67,17 @@ class _Demo(object):
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait(10)
-            raise AssertionError("the demo did not exit within %.0f s:\n%s" % (
-                timeout, self.output))
+            raise AssertionError(
+                "the demo did not exit within %.0f s:\n%s" % (timeout, self.output)
+            )
         finally:
             self._reader.join(5)
 
     def child_pids(self):
-        return [int(pid) for pid in re.findall(r"^\s+(?:daphne|worker-\d+)\s+pid (\d+)",
-                                               self.output, re.M)]
+        return [
+            int(pid)
+            for pid in re.findall(r"^\s+(?:daphne|worker-\d+)\s+pid (\d+)", self.output, re.M)
+        ]
 
 
 def _gone(pid):
@@ -90,8 +98,11 @@ def test_demo_once_runs_the_scripted_room_and_exits_cleanly(broker):
     assert len(re.findall(r'^  (alice|bob)\s+says ".*" +worker \d+', out, re.M)) == 6, out
     assert "bob    left: alice was told" in out
     assert "group room-demo has 1 member" in out
-    assert re.search(r"Stopped: daphne \(pid \d+\) exit 0, worker-1 \(pid \d+\) exit 0, "
-                     r"worker-2 \(pid \d+\) exit 0", out), out
+    assert re.search(
+        r"Stopped: daphne \(pid \d+\) exit 0, worker-1 \(pid \d+\) exit 0, "
+        r"worker-2 \(pid \d+\) exit 0",
+        out,
+    ), out
     assert "Removed the queues and exchanges" in out
     pids = demo.child_pids()
     assert len(pids) == 3 and all(_gone(pid) for pid in pids)
@@ -115,6 +126,9 @@ def test_demo_stops_everything_on_ctrl_c(broker):
     out = demo.output
     assert rc == 0, out
     assert "Interrupted: stopping." in out
-    assert re.search(r"Stopped: daphne \(pid \d+\) exit 0, worker-1 \(pid \d+\) exit 0, "
-                     r"worker-2 \(pid \d+\) exit 0", out), out
+    assert re.search(
+        r"Stopped: daphne \(pid \d+\) exit 0, worker-1 \(pid \d+\) exit 0, "
+        r"worker-2 \(pid \d+\) exit 0",
+        out,
+    ), out
     assert all(_gone(pid) for pid in pids)

@@ -13,7 +13,6 @@ import uuid
 
 import pytest
 import websocket
-
 from e2e_support import Client, chatstack, diagnostics, new_stack, run_stack, wait_until
 
 pytestmark = pytest.mark.slow
@@ -51,8 +50,12 @@ def test_http_through_daphne(chat_stack):
     status, body = chatstack.http_get(base + "/no/such/page/")
     assert status == 404
 
-    status, body = chatstack.http_get(base + "/hello/?x=1", method="POST", data=b"a=b",
-                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    status, body = chatstack.http_get(
+        base + "/hello/?x=1",
+        method="POST",
+        data=b"a=b",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert status == 200
     assert json.loads(body.decode("utf-8"))["method"] == "POST"
 
@@ -106,7 +109,8 @@ def test_room_broadcast_reaches_every_member_across_both_workers(chat_stack):
             for member in members:
                 frame = member.recv_until(
                     lambda f, mid=message_id: f["type"] == "message" and f["id"] == mid,
-                    what="message %s" % message_id)
+                    what="message %s" % message_id,
+                )
                 assert frame["text"] == "message %d" % n
                 assert frame["name"] == "m%d" % (n % len(members))
                 workers.add(frame["worker"])
@@ -134,7 +138,8 @@ def test_disconnect_removes_the_member_from_the_group(chat_stack, chat_layer):
         bob_channel = bob.recv_until(lambda f: f["type"] == "welcome")["channel"]
         assert alice_channel != bob_channel
         assert sorted(chat_layer.group_channels("room-" + room)) == sorted(
-            [alice_channel, bob_channel])
+            [alice_channel, bob_channel]
+        )
 
         bob.close()
         alice.recv_until(lambda f: f["type"] == "leave" and f["name"] == "bob", what="leave")
@@ -146,8 +151,11 @@ def test_disconnect_removes_the_member_from_the_group(chat_stack, chat_layer):
     finally:
         alice.close()
         bob.close()
-    wait_until(lambda: chat_layer.group_channels("room-" + room) == [], timeout=15,
-               message="empty room after both left")
+    wait_until(
+        lambda: chat_layer.group_channels("room-" + room) == [],
+        timeout=15,
+        message="empty room after both left",
+    )
 
 
 # -- a worker killed mid-traffic -------------------------------------------------------
@@ -231,10 +239,12 @@ def _handled(log_path):
 
 
 def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed_over(
-        broker, tmp_path):
+    broker, tmp_path
+):
     handled_log = str(tmp_path / "handled.log")
-    stack = new_stack(broker, workers=2,
-                      env={"CHAT_TEST_HOOKS": "1", "CHAT_HANDLED_LOG": handled_log})
+    stack = new_stack(
+        broker, workers=2, env={"CHAT_TEST_HOOKS": "1", "CHAT_HANDLED_LOG": handled_log}
+    )
     with run_stack(stack):
         traffic = _EchoTraffic(stack)
         control = Client(stack.ws_url("/echo/"))
@@ -245,9 +255,13 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
             # kill is known: it has handed over exactly that message.
             control.send_text("sleep 5")
             victim_pid = wait_until(
-                lambda: next((int(pid) for pid, text in _handled(handled_log)
-                              if text == "sleep 5"), None),
-                timeout=15, interval=0.01, message="a worker picking up the sleep")
+                lambda: next(
+                    (int(pid) for pid, text in _handled(handled_log) if text == "sleep 5"), None
+                ),
+                timeout=15,
+                interval=0.01,
+                message="a worker picking up the sleep",
+            )
             victim = next(w for w in stack.workers if w.pid == victim_pid)
             survivor = next(w for w in stack.workers if w is not victim)
             # Meanwhile the broker pushes the victim's idle consumers their
@@ -263,7 +277,11 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
                 time.sleep(0.2)
             missing = traffic.missing()
             assert not missing, "%d of %d frames never echoed, e.g. %r\n%s" % (
-                len(missing), len(traffic.sent), missing[:10], diagnostics(stack))
+                len(missing),
+                len(traffic.sent),
+                missing[:10],
+                diagnostics(stack),
+            )
             # The frame the victim was handling died with it.
             with pytest.raises(websocket.WebSocketTimeoutException):
                 control.recv_text(timeout=0.5)
@@ -285,4 +303,6 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
         assert stack.daphne.alive() and survivor.alive()
         codes = stack.stop()
         assert codes == {"daphne": 0, survivor.name: 0, replacement.name: 0}, (
-            codes, diagnostics(stack))
+            codes,
+            diagnostics(stack),
+        )

@@ -8,10 +8,8 @@ middle. ``make faults-stack`` runs the long version, and
 """
 
 import pytest
-
-from e2e_support import chatstack  # noqa: F401  (puts tests/project on sys.path)
-
 import stackfaults
+from e2e_support import chatstack  # noqa: F401  (puts tests/project on sys.path)
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -20,12 +18,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]
 @pytest.mark.parametrize("scenario", ["kills", "restart"])
 def test_the_stack_rides_through_broker_faults(scenario, queue_type):
     restart = scenario == "restart"
-    report = stackfaults.run(queue_type=queue_type, duration=24.0 if restart else 16.0,
-                             restart_pause=5.0, restart=restart)
+    report = stackfaults.run(
+        queue_type=queue_type,
+        duration=24.0 if restart else 16.0,
+        restart_pause=5.0,
+        restart=restart,
+    )
     print("\n" + stackfaults.format_report(report))
     failed = [what for what, ok in stackfaults.targets(report, restart_pause=5.0) if not ok]
-    assert not failed, "%s\n%s\nlogs: %s" % (failed, stackfaults.format_report(report),
-                                              report.get("logs"))
+    assert not failed, "%s\n%s\nlogs: %s" % (
+        failed,
+        stackfaults.format_report(report),
+        report.get("logs"),
+    )
     if restart:
         assert report["kills"] >= 3 and report["restart_seconds"] is not None
     else:

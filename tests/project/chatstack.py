@@ -74,18 +74,26 @@ class Proc(object):
         self._cond = threading.Condition()
         self._log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")
         self.popen = subprocess.Popen(
-            self.argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            self.argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_child_setup if sys.platform.startswith("linux") else None)
+            preexec_fn=_child_setup if sys.platform.startswith("linux") else None,
+        )
         self.pid = self.popen.pid
         self.started = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="read-%s" % name, daemon=True)
         self._reader.start()
 
     def __repr__(self):
-        return "<Proc %s pid %d %s>" % (self.name, self.pid,
-                                        "running" if self.alive() else "rc=%s" % self.popen.poll())
+        return "<Proc %s pid %d %s>" % (
+            self.name,
+            self.pid,
+            "running" if self.alive() else "rc=%s" % self.popen.poll(),
+        )
 
     def _read(self):
         stream = self.popen.stdout
@@ -125,12 +133,16 @@ class Proc(object):
                 if any(text in line for line in self._lines):
                     return
                 if self.popen.poll() is not None and not self._reader.is_alive():
-                    raise StackError("%s exited (rc %s) before printing %r:\n%s" % (
-                        self.name, self.popen.returncode, text, self.tail()))
+                    raise StackError(
+                        "%s exited (rc %s) before printing %r:\n%s"
+                        % (self.name, self.popen.returncode, text, self.tail())
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise StackError("%s did not print %r within %.0f s:\n%s" % (
-                        self.name, text, timeout, self.tail()))
+                    raise StackError(
+                        "%s did not print %r within %.0f s:\n%s"
+                        % (self.name, text, timeout, self.tail())
+                    )
                 self._cond.wait(min(remaining, 0.2))
 
     def signal(self, signum):
@@ -178,9 +190,22 @@ class ChatStack(object):
     :param python: interpreter for the children (default: this one).
     """
 
-    def __init__(self, amqp_url, management_url=None, prefix="chat", workers=2, port=None,
-                 host="127.0.0.1", settings="chatproject.settings", env=None, daphne_args=(),
-                 python=None, log_dir=None, echo=False, verbosity=1):
+    def __init__(
+        self,
+        amqp_url,
+        management_url=None,
+        prefix="chat",
+        workers=2,
+        port=None,
+        host="127.0.0.1",
+        settings="chatproject.settings",
+        env=None,
+        daphne_args=(),
+        python=None,
+        log_dir=None,
+        echo=False,
+        verbosity=1,
+    ):
         self.amqp_url = amqp_url
         self.management_url = management_url
         self.prefix = prefix
@@ -216,15 +241,18 @@ class ChatStack(object):
 
     def environ(self):
         env = dict(os.environ)
-        env.update({
-            "AMQP_URL": self.amqp_url,
-            "CHAT_LAYER_PREFIX": self.prefix,
-            "CHAT_STATE_DIR": self.state_dir,
-            "DJANGO_SETTINGS_MODULE": self.settings,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(
-                [PROJECT_DIR, REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]),
-        })
+        env.update(
+            {
+                "AMQP_URL": self.amqp_url,
+                "CHAT_LAYER_PREFIX": self.prefix,
+                "CHAT_STATE_DIR": self.state_dir,
+                "DJANGO_SETTINGS_MODULE": self.settings,
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(
+                    [PROJECT_DIR, REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]
+                ),
+            }
+        )
         if self.management_url:
             env["AMQP_MANAGEMENT_URL"] = self.management_url
         else:
@@ -233,15 +261,30 @@ class ChatStack(object):
         return env
 
     def _spawn(self, name, argv):
-        return Proc(name, argv, self.environ(), PROJECT_DIR,
-                    os.path.join(self.log_dir, name + ".log"), echo=self.echo)
+        return Proc(
+            name,
+            argv,
+            self.environ(),
+            PROJECT_DIR,
+            os.path.join(self.log_dir, name + ".log"),
+            echo=self.echo,
+        )
 
     def start_daphne(self):
-        argv = [self.python, "-c",
-                "import sys; sys.argv[0] = 'daphne'; "
-                "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()",
-                "-b", self.host, "-p", str(self.port), "-v", str(self.verbosity),
-                "--access-log", os.path.join(self.log_dir, "daphne-access.log")]
+        argv = [
+            self.python,
+            "-c",
+            "import sys; sys.argv[0] = 'daphne'; "
+            "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()",
+            "-b",
+            self.host,
+            "-p",
+            str(self.port),
+            "-v",
+            str(self.verbosity),
+            "--access-log",
+            os.path.join(self.log_dir, "daphne-access.log"),
+        ]
         argv += self.daphne_args + ["chatproject.asgi:channel_layer"]
         self.daphne = self._spawn("daphne", argv)
         return self.daphne
@@ -249,8 +292,13 @@ class ChatStack(object):
     def start_worker(self):
         self._counter += 1
         name = "worker-%d" % self._counter
-        argv = [self.python, os.path.join(PROJECT_DIR, "manage.py"), "runworker",
-                "-v", str(self.verbosity)]
+        argv = [
+            self.python,
+            os.path.join(PROJECT_DIR, "manage.py"),
+            "runworker",
+            "-v",
+            str(self.verbosity),
+        ]
         proc = self._spawn(name, argv)
         self.workers.append(proc)
         return proc
@@ -286,8 +334,10 @@ class ChatStack(object):
             time.sleep(0.05)
         while not _port_open(self.host, self.port):
             if not self.daphne.alive() or time.monotonic() > deadline:
-                raise StackError("daphne is not listening on %s:%d:\n%s" % (
-                    self.host, self.port, self.daphne.tail()))
+                raise StackError(
+                    "daphne is not listening on %s:%d:\n%s"
+                    % (self.host, self.port, self.daphne.tail())
+                )
             time.sleep(0.05)
 
     def wait_worker(self, worker, timeout):
@@ -307,11 +357,14 @@ class ChatStack(object):
                 last = repr(exc)
             dead = [proc for proc in self.processes() if not proc.alive()]
             if dead:
-                raise StackError("%s exited (rc %s) while starting:\n%s" % (
-                    dead[0].name, dead[0].popen.returncode, dead[0].tail()))
+                raise StackError(
+                    "%s exited (rc %s) while starting:\n%s"
+                    % (dead[0].name, dead[0].popen.returncode, dead[0].tail())
+                )
             if time.monotonic() > deadline:
-                raise StackError("GET %s never answered 200 (last: %s):\n%s" % (
-                    path, last, self.daphne.tail()))
+                raise StackError(
+                    "GET %s never answered 200 (last: %s):\n%s" % (path, last, self.daphne.tail())
+                )
             time.sleep(0.2)
 
     def replace_worker(self, worker, kill=True, timeout=60.0):
@@ -361,8 +414,13 @@ class ChatStack(object):
         if REPO_ROOT not in sys.path:
             sys.path.insert(0, REPO_ROOT)
         from asgi_amqp import AMQPChannelLayer
-        layer = AMQPChannelLayer(url=self.amqp_url, management_url=self.management_url,
-                                 prefix=self.prefix, dead_letter_worker=False)
+
+        layer = AMQPChannelLayer(
+            url=self.amqp_url,
+            management_url=self.management_url,
+            prefix=self.prefix,
+            dead_letter_worker=False,
+        )
         try:
             layer.flush()
             if everything:
@@ -404,13 +462,19 @@ def management_delete(management_url, amqp_url, kind, name, timeout=10.0):
     vhost = urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path[1:] or "/") or "/"
     netloc = parts.hostname + (":%d" % parts.port if parts.port else "")
     url = "%s://%s%s/api/%s/%s/%s" % (
-        parts.scheme, netloc, parts.path.rstrip("/"), kind,
-        urllib.parse.quote(vhost, safe=""), urllib.parse.quote(name, safe=""))
+        parts.scheme,
+        netloc,
+        parts.path.rstrip("/"),
+        kind,
+        urllib.parse.quote(vhost, safe=""),
+        urllib.parse.quote(name, safe=""),
+    )
     user = urllib.parse.unquote(parts.username or "guest")
     password = urllib.parse.unquote(parts.password or "guest")
     token = base64.b64encode(("%s:%s" % (user, password)).encode("utf-8")).decode("ascii")
-    status, _ = http_get(url, timeout=timeout, method="DELETE",
-                         headers={"Authorization": "Basic " + token})
+    status, _ = http_get(
+        url, timeout=timeout, method="DELETE", headers={"Authorization": "Basic " + token}
+    )
     if status not in (200, 201, 204, 404):
         raise StackError("DELETE %s %s answered HTTP %d" % (kind, name, status))
 

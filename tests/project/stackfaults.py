@@ -56,8 +56,8 @@ class Client(object):
         self.room = room
         self.name = name
         self.ws = websocket.create_connection(
-            stack.ws_url("/chat/%s/?name=%s" % (room, name)), timeout=10,
-            enable_multithread=True)
+            stack.ws_url("/chat/%s/?name=%s" % (room, name)), timeout=10, enable_multithread=True
+        )
         self.deliveries = collections.Counter()  # message id -> times received
         self.frame_times = []
         self.reset = None
@@ -135,8 +135,11 @@ class Faults(object):
         next_kill = self.started + self.every
         while not self._stop.wait(max(0.0, next_kill - time.monotonic())):
             try:
-                if (self.restart is None and self.restart_at is not None
-                        and time.monotonic() - self.started >= self.restart_at):
+                if (
+                    self.restart is None
+                    and self.restart_at is not None
+                    and time.monotonic() - self.started >= self.restart_at
+                ):
                     began = time.monotonic()
                     self.node.stop_app()
                     self._stop.wait(self.pause)
@@ -172,8 +175,7 @@ class Pinger(object):
         while not self._stop.wait(self.interval):
             issued = time.monotonic()
             try:
-                status, _ = chatstack.http_get(self.stack.base_url + "/ping/",
-                                               timeout=PING_TIMEOUT)
+                status, _ = chatstack.http_get(self.stack.base_url + "/ping/", timeout=PING_TIMEOUT)
             except Exception as exc:
                 self.failed.append((issued, repr(exc)))
                 continue
@@ -231,8 +233,19 @@ def _group_members(layer, rooms):
     return {room: layer.group_channels("room-" + room) for room in rooms}
 
 
-def run(queue_type="classic", duration=30.0, clients=20, rooms=4, rate=10.0,
-        kill_every=3.0, restart_pause=5.0, node=None, log=print, echo=False, restart=True):
+def run(
+    queue_type="classic",
+    duration=30.0,
+    clients=20,
+    rooms=4,
+    rate=10.0,
+    kill_every=3.0,
+    restart_pause=5.0,
+    node=None,
+    log=print,
+    echo=False,
+    restart=True,
+):
     """Run the stack through faults; returns the report (a dict).
 
     The channels' capacity holds what the clients send while the broker is
@@ -254,29 +267,48 @@ def run(queue_type="classic", duration=30.0, clients=20, rooms=4, rate=10.0,
     prefix = "faults-%s" % uuid.uuid4().hex[:8]
     handled_log = os.path.join(chatstack.tempfile.gettempdir(), prefix + "-handled.log")
     stack = chatstack.ChatStack(
-        node.amqp_url, node.management_url, prefix=prefix, workers=2, echo=echo,
-        env={"CHAT_QUEUE_TYPE": queue_type, "CHAT_CAPACITY": str(capacity),
-             "CHAT_LAYER_LOG_LEVEL": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
-             "CHAT_HANDLED_LOG": handled_log})
+        node.amqp_url,
+        node.management_url,
+        prefix=prefix,
+        workers=2,
+        echo=echo,
+        env={
+            "CHAT_QUEUE_TYPE": queue_type,
+            "CHAT_CAPACITY": str(capacity),
+            "CHAT_LAYER_LOG_LEVEL": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
+            "CHAT_HANDLED_LOG": handled_log,
+        },
+    )
     layer = None
     members = []
-    report = {"queue_type": queue_type, "duration": duration,
-              "scenario": "restart" if restart else "kills"}
+    report = {
+        "queue_type": queue_type,
+        "duration": duration,
+        "scenario": "restart" if restart else "kills",
+    }
     try:
         stack.start(timeout=90)
-        layer = AMQPChannelLayer(url=node.amqp_url, management_url=node.management_url,
-                                 prefix=prefix, queue_type=queue_type,
-                                 dead_letter_worker=False, capacity=capacity)
+        layer = AMQPChannelLayer(
+            url=node.amqp_url,
+            management_url=node.management_url,
+            prefix=prefix,
+            queue_type=queue_type,
+            dead_letter_worker=False,
+            capacity=capacity,
+        )
         room_names = ["room%d" % i for i in range(rooms)]
         for index in range(clients):
             members.append(Client(stack, room_names[index % rooms], "c%02d" % index))
         for client in members:
             if not client.welcomed.wait(30):
                 raise chatstack.StackError("%s was never welcomed" % client.name)
-        log("stack up (%s queues, %d clients in %d rooms); kills%s for %.0f s"
-            % (queue_type, clients, rooms, " and a restart" if restart else "", duration))
-        faults = Faults(node, kill_every, restart_at=duration / 2.0 if restart else None,
-                        pause=restart_pause)
+        log(
+            "stack up (%s queues, %d clients in %d rooms); kills%s for %.0f s"
+            % (queue_type, clients, rooms, " and a restart" if restart else "", duration)
+        )
+        faults = Faults(
+            node, kill_every, restart_at=duration / 2.0 if restart else None, pause=restart_pause
+        )
         pinger = Pinger(stack)
         sent_at = {}  # message id -> (room, monotonic time)
         pinger.start()
@@ -303,6 +335,7 @@ def run(queue_type="classic", duration=30.0, clients=20, rooms=4, rate=10.0,
 
         def delivered():
             return sum(len(client.deliveries) for client in members)
+
         settle_deadline = time.monotonic() + 120
         last, last_change = -1, time.monotonic()
         while time.monotonic() < settle_deadline:
@@ -336,43 +369,54 @@ def run(queue_type="classic", duration=30.0, clients=20, rooms=4, rate=10.0,
             offsets = collections.Counter(round(sent_at[m][1] - restart[0]) for m in lost_ids)
             report["lost_by_send_time"] = dict(sorted(offsets.items()))
         gaps = _silences(members, start, end)
-        kill_gaps = [g for g, at in gaps
-                     if restart is None or not restart[0] - 2.0 <= at <= restart[1] + 2.0]
-        restart_gaps = [g for g, at in gaps
-                        if restart is not None and restart[0] - 2.0 <= at <= restart[1] + 2.0]
-        report.update({
-            "clients": clients,
-            "kills": len(faults.kills),
-            "restart_seconds": round(restart[1] - restart[0], 1) if restart else None,
-            "fault_errors": faults.errors,
-            "sent": len(sent_at),
-            "expected": expected,
-            "delivered": delivered(),
-            "lost": len(lost_ids),
-            "lost_at_restart": lost_at_restart,
-            "duplicated": duplicated,
-            "longest_silence_kill": round(max(kill_gaps or [0.0]), 2),
-            "longest_silence_restart": round(max(restart_gaps or [0.0]), 2),
-            "pings": pinger.answered,
-            "pings_failed": len(pinger.failed),
-            # An HTTP request needs the broker: one issued while the broker
-            # restarts waits for it, longer than the 10 s timeout, and one
-            # issued after it is back can wait as long: its response queues
-            # in daphne's one process-local queue behind the group fan-out
-            # of everything the clients sent during the outage, which takes
-            # 30-60 s to work through. The target is on the kills before it;
-            # the rest is reported.
-            "pings_failed_before_restart": sum(
-                1 for issued, _ in pinger.failed
-                if restart is None or issued + PING_TIMEOUT < restart[0]),
-            "ping_failures": [
-                "%s, issued %+.1f s from the restart" % (text, issued - restart[0])
-                if restart is not None else text for issued, text in pinger.failed[:5]],
-            "websockets_reset": sum(1 for c in members if c.reset),
-            "resets": [c.reset for c in members if c.reset][:5],
-            "processes_alive": alive,
-            "all_alive": all(alive.values()),
-        })
+        kill_gaps = [
+            g for g, at in gaps if restart is None or not restart[0] - 2.0 <= at <= restart[1] + 2.0
+        ]
+        restart_gaps = [
+            g
+            for g, at in gaps
+            if restart is not None and restart[0] - 2.0 <= at <= restart[1] + 2.0
+        ]
+        report.update(
+            {
+                "clients": clients,
+                "kills": len(faults.kills),
+                "restart_seconds": round(restart[1] - restart[0], 1) if restart else None,
+                "fault_errors": faults.errors,
+                "sent": len(sent_at),
+                "expected": expected,
+                "delivered": delivered(),
+                "lost": len(lost_ids),
+                "lost_at_restart": lost_at_restart,
+                "duplicated": duplicated,
+                "longest_silence_kill": round(max(kill_gaps or [0.0]), 2),
+                "longest_silence_restart": round(max(restart_gaps or [0.0]), 2),
+                "pings": pinger.answered,
+                "pings_failed": len(pinger.failed),
+                # An HTTP request needs the broker: one issued while the broker
+                # restarts waits for it, longer than the 10 s timeout, and one
+                # issued after it is back can wait as long: its response queues
+                # in daphne's one process-local queue behind the group fan-out
+                # of everything the clients sent during the outage, which takes
+                # 30-60 s to work through. The target is on the kills before it;
+                # the rest is reported.
+                "pings_failed_before_restart": sum(
+                    1
+                    for issued, _ in pinger.failed
+                    if restart is None or issued + PING_TIMEOUT < restart[0]
+                ),
+                "ping_failures": [
+                    "%s, issued %+.1f s from the restart" % (text, issued - restart[0])
+                    if restart is not None
+                    else text
+                    for issued, text in pinger.failed[:5]
+                ],
+                "websockets_reset": sum(1 for c in members if c.reset),
+                "resets": [c.reset for c in members if c.reset][:5],
+                "processes_alive": alive,
+                "all_alive": all(alive.values()),
+            }
+        )
         reply_channels = [client.channel for client in members if client.channel]
         clients_at_end = list(members)
         for client in members:
@@ -390,8 +434,11 @@ def run(queue_type="classic", duration=30.0, clients=20, rooms=4, rate=10.0,
         report.update(_where_lost(layer, lost_ids, handled_log, reply_channels))
         twice = set(report["frames_run_twice"])
         report["duplicated_by_frames_run_twice"] = sum(
-            n - 1 for client in clients_at_end for m, n in client.deliveries.items()
-            if n > 1 and m in twice)
+            n - 1
+            for client in clients_at_end
+            for m, n in client.deliveries.items()
+            if n > 1 and m in twice
+        )
         report["logs"] = stack.log_dir
         return report
     finally:
@@ -423,8 +470,10 @@ def targets(report, restart_pause=5.0):
     checks = [
         ("every process alive", report["all_alive"]),
         ("no WebSocket reset", report["websockets_reset"] == 0),
-        ("0 duplicates, but for frames a worker ran twice (counted)",
-         report["duplicated"] <= report["duplicated_by_frames_run_twice"]),
+        (
+            "0 duplicates, but for frames a worker ran twice (counted)",
+            report["duplicated"] <= report["duplicated_by_frames_run_twice"],
+        ),
         ("silence around a kill <= 2 s", report["longest_silence_kill"] <= 2.0),
         ("/ping/ 100% until the restart", report["pings_failed_before_restart"] == 0),
     ]
@@ -434,8 +483,12 @@ def targets(report, restart_pause=5.0):
             ("/ping/ 100%", report["pings_failed"] == 0 and report["pings"] > 0),
             ("groups empty after the clients left", report["groups_empty"]),
         ]
-    checks.append(("silence around the restart <= pause + 5 s",
-                   report["longest_silence_restart"] <= restart_pause + 5.0))
+    checks.append(
+        (
+            "silence around the restart <= pause + 5 s",
+            report["longest_silence_restart"] <= restart_pause + 5.0,
+        )
+    )
     if report["queue_type"] == "quorum":
         checks += [
             ("quorum: 0 lost", report["lost"] == 0),
@@ -445,15 +498,36 @@ def targets(report, restart_pause=5.0):
 
 
 def format_report(report):
-    keys = ["scenario", "queue_type", "duration", "kills", "restart_seconds", "settle_seconds",
-            "sent",
-            "expected",
-            "delivered", "lost", "lost_at_restart", "duplicated",
-            "duplicated_by_frames_run_twice", "frames_run_twice", "longest_silence_kill",
-            "longest_silence_restart", "pings", "pings_failed", "pings_failed_before_restart",
-            "websockets_reset",
-            "all_alive", "groups_empty", "lost_by_send_time", "ping_failures", "lost_messages",
-            "lost_never_handled", "lost_parked_by_enforce_ordering", "lost_after_handling"]
+    keys = [
+        "scenario",
+        "queue_type",
+        "duration",
+        "kills",
+        "restart_seconds",
+        "settle_seconds",
+        "sent",
+        "expected",
+        "delivered",
+        "lost",
+        "lost_at_restart",
+        "duplicated",
+        "duplicated_by_frames_run_twice",
+        "frames_run_twice",
+        "longest_silence_kill",
+        "longest_silence_restart",
+        "pings",
+        "pings_failed",
+        "pings_failed_before_restart",
+        "websockets_reset",
+        "all_alive",
+        "groups_empty",
+        "lost_by_send_time",
+        "ping_failures",
+        "lost_messages",
+        "lost_never_handled",
+        "lost_parked_by_enforce_ordering",
+        "lost_after_handling",
+    ]
     lines = ["%-24s %s" % (key, report.get(key)) for key in keys]
     for what, ok in targets(report):
         lines.append("%-4s %s" % ("ok" if ok else "FAIL", what))
@@ -463,15 +537,20 @@ def format_report(report):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queue-type", choices=["classic", "quorum", "both"], default="both")
-    parser.add_argument("--duration", type=float, default=60.0,
-                        help="seconds of traffic and faults (default 60)")
+    parser.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of traffic and faults (default 60)"
+    )
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--rooms", type=int, default=4)
     parser.add_argument("--rate", type=float, default=10.0, help="messages/s per client")
     parser.add_argument("--kill-every", type=float, default=3.0)
     parser.add_argument("--restart-pause", type=float, default=5.0)
-    parser.add_argument("--scenario", choices=["kills", "restart", "both"], default="both",
-                        help="kills alone, kills and a restart, or both (default)")
+    parser.add_argument(
+        "--scenario",
+        choices=["kills", "restart", "both"],
+        default="both",
+        help="kills alone, kills and a restart, or both (default)",
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--echo", action="store_true", help="show the processes' output")
     args = parser.parse_args(argv)
@@ -481,10 +560,18 @@ def main(argv=None):
     scenarios = ["kills", "restart"] if args.scenario == "both" else [args.scenario]
     for kind in kinds:
         for scenario in scenarios:
-            report = run(kind, args.duration, args.clients, args.rooms, args.rate,
-                         args.kill_every, args.restart_pause, echo=args.echo,
-                         log=lambda text: print(text, file=sys.stderr),
-                         restart=scenario == "restart")
+            report = run(
+                kind,
+                args.duration,
+                args.clients,
+                args.rooms,
+                args.rate,
+                args.kill_every,
+                args.restart_pause,
+                echo=args.echo,
+                log=lambda text: print(text, file=sys.stderr),
+                restart=scenario == "restart",
+            )
             reports.append(report)
             failed |= not all(ok for _, ok in targets(report, args.restart_pause))
             if not args.json:

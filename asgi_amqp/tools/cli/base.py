@@ -10,17 +10,22 @@ try:
     import click
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
+    ) from None
 
 from ... import __version__
-from ...errors import (AuthenticationError, BrokerConnectionError, BrokerOperationError,
-                      ManagementAPIError)
+from ...errors import (
+    AuthenticationError,
+    BrokerConnectionError,
+    BrokerOperationError,
+    ManagementAPIError,
+)
 from ...urls import redact
 from ..jsonbytes import loads
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1  # some messages were skipped or failed (or fewer than --count received)
-EXIT_ERROR = 2    # usage, configuration or connection error
+EXIT_ERROR = 2  # usage, configuration or connection error
 
 PROG = "asgi-amqp"
 MAX_REPORTED_ERRORS = 20
@@ -43,6 +48,7 @@ to other users of the machine and stays in the shell history.
 
 
 # -- errors -----------------------------------------------------------------------
+
 
 class CLIError(click.ClickException):
     """One line on stderr and an exit status (2 unless said otherwise)."""
@@ -77,8 +83,10 @@ def _error_for(exc):
 
 def _mismatch_hint(exc):
     if getattr(exc, "reply_code", None) == 406:
-        return (" (do --expiry and --capacity match the settings of the application "
-                "that uses this prefix?)")
+        return (
+            " (do --expiry and --capacity match the settings of the application "
+            "that uses this prefix?)"
+        )
     return ""
 
 
@@ -100,7 +108,6 @@ class _LayerErrors(object):
 # JSON with bytes: see jsonbytes.
 
 
-
 def _message_argument(text):
     try:
         message = loads(text)
@@ -112,6 +119,7 @@ def _message_argument(text):
 
 
 # -- settings and the layer --------------------------------------------------------
+
 
 class Settings(object):
     """The global options; makes the layer on first use and closes it at exit."""
@@ -161,25 +169,47 @@ def _has_password(url):
 def _note_password(ctx, name, variable):
     source = ctx.get_parameter_source(name)
     if source == click.core.ParameterSource.COMMANDLINE and _has_password(ctx.params.get(name)):
-        click.echo("%s: note: --%s holds a password, which other users can see in the "
-                   "process list and which stays in the shell history; set %s instead"
-                   % (PROG, name.replace("_", "-"), variable), err=True)
+        click.echo(
+            "%s: note: --%s holds a password, which other users can see in the "
+            "process list and which stays in the shell history; set %s instead"
+            % (PROG, name.replace("_", "-"), variable),
+            err=True,
+        )
 
 
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--url", envvar="AMQP_URL", metavar="URL",
-              help="AMQP URL of the broker [env var: AMQP_URL; default: "
-                   "amqp://guest:guest@localhost:5672/%2F].")
-@click.option("--management-url", envvar="AMQP_MANAGEMENT_URL", metavar="URL",
-              help="RabbitMQ management API, for group-members, flush and stats "
-                   "[env var: AMQP_MANAGEMENT_URL; default: the broker's host, port 15672].")
-@click.option("--prefix", default="asgi", show_default=True,
-              help="The layer's prefix (the application's 'prefix' setting).")
-@click.option("--expiry", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="The application's 'expiry' setting [default: 60]; queues are "
-                   "declared with it.")
-@click.option("--capacity", type=click.IntRange(min=1), metavar="N",
-              help="The application's 'capacity' setting [default: 100].")
+@click.option(
+    "--url",
+    envvar="AMQP_URL",
+    metavar="URL",
+    help="AMQP URL of the broker [env var: AMQP_URL; default: "
+    "amqp://guest:guest@localhost:5672/%2F].",
+)
+@click.option(
+    "--management-url",
+    envvar="AMQP_MANAGEMENT_URL",
+    metavar="URL",
+    help="RabbitMQ management API, for group-members, flush and stats "
+    "[env var: AMQP_MANAGEMENT_URL; default: the broker's host, port 15672].",
+)
+@click.option(
+    "--prefix",
+    default="asgi",
+    show_default=True,
+    help="The layer's prefix (the application's 'prefix' setting).",
+)
+@click.option(
+    "--expiry",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="The application's 'expiry' setting [default: 60]; queues are declared with it.",
+)
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="The application's 'capacity' setting [default: 100].",
+)
 @click.version_option(__version__, "-V", "--version", prog_name=PROG)
 @click.pass_context
 def cli(ctx, url, management_url, prefix, expiry, capacity):

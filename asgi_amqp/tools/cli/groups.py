@@ -7,11 +7,13 @@ try:
     import click
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
+    ) from None
 
 from .base import EPILOG, EXIT_PARTIAL, PROG, _LayerErrors, cli
 
 # -- channels and groups ------------------------------------------------------------------
+
 
 @cli.command("new-channel", epilog=EPILOG)
 @click.argument("pattern")
@@ -68,7 +70,9 @@ def flush(settings, yes):
     layer = settings.layer()
     if not yes:
         question = "Delete every channel, group and message with prefix %r on %s?" % (
-            layer.topology.prefix, settings.where())
+            layer.topology.prefix,
+            settings.where(),
+        )
         try:
             confirmed = click.confirm(question, default=False, err=True)
         except click.Abort:  # end of input or Ctrl-C

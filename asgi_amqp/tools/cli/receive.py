@@ -8,21 +8,30 @@ try:
     import click
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
+    ) from None
 
 from ..jsonbytes import dumps
 from .base import EPILOG, EXIT_OK, EXIT_PARTIAL, PROG, _LayerErrors, cli
 
 # -- receive ----------------------------------------------------------------------------
 
+
 @cli.command(epilog=EPILOG)
 @click.argument("channels", nargs=-1, required=True, metavar="CHANNEL...")
-@click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
-              help="Stop after N messages.")
-@click.option("-t", "--timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              metavar="SECONDS",
-              help="Stop once no message has arrived for SECONDS; 0 takes only what is "
-                   "waiting now, 'inf' waits for ever.")
+@click.option(
+    "-n", "--count", type=click.IntRange(min=1), metavar="N", help="Stop after N messages."
+)
+@click.option(
+    "-t",
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Stop once no message has arrived for SECONDS; 0 takes only what is "
+    "waiting now, 'inf' waits for ever.",
+)
 @click.pass_obj
 def receive(settings, channels, count, timeout):
     """Receive messages from CHANNEL... and print them as JSON Lines.

@@ -13,15 +13,28 @@ try:
     import click
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
+    ) from None
 
 from ...errors import BrokerConnectionError
 from ...serialization import validate_message
 from .. import bulk
 from ..jsonbytes import loads
-from .base import (EPILOG, EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, MAX_REPORTED_ERRORS, PROG,
-                   CLIError, _error_for, _LayerErrors, _message_argument, _mismatch_hint,
-                   _one_line, cli)
+from .base import (
+    EPILOG,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    MAX_REPORTED_ERRORS,
+    PROG,
+    CLIError,
+    _error_for,
+    _LayerErrors,
+    _message_argument,
+    _mismatch_hint,
+    _one_line,
+    cli,
+)
 
 # -- send -----------------------------------------------------------------------------
 
@@ -39,6 +52,7 @@ def _reporter(write=None):
             write("%s: %s" % (where, _describe(exc)))
         elif count == MAX_REPORTED_ERRORS + 1:
             write("(further errors are not shown)")
+
     return report
 
 
@@ -51,7 +65,12 @@ def _describe(exc):
 def _summary(sender, elapsed):
     rate = sender.sent / elapsed if elapsed > 0 else 0.0
     return "sent %d, channel full %d, failed %d in %.2f s (%.0f msg/s)" % (
-        sender.sent, sender.full, sender.failed, elapsed, rate)
+        sender.sent,
+        sender.full,
+        sender.failed,
+        elapsed,
+        rate,
+    )
 
 
 def _exit_code(sender):
@@ -73,12 +92,12 @@ def _parse_line(text, layer):
     except ValueError as exc:
         raise ValueError("invalid JSON: %s" % exc)
     if not isinstance(record, dict):
-        raise ValueError("expected a JSON object with \"channel\" or \"group\" and \"message\"")
+        raise ValueError('expected a JSON object with "channel" or "group" and "message"')
     unknown = set(record) - {"channel", "group", "message"}
     if unknown:
         raise ValueError("unknown key(s): %s" % ", ".join(sorted(unknown)))
     if ("channel" in record) == ("group" in record):
-        raise ValueError("give exactly one of \"channel\" and \"group\"")
+        raise ValueError('give exactly one of "channel" and "group"')
     kind = "channel" if "channel" in record else "group"
     name = record[kind]
     try:
@@ -89,10 +108,10 @@ def _parse_line(text, layer):
     except TypeError as exc:
         raise ValueError(_one_line(exc))
     if "message" not in record:
-        raise ValueError("missing \"message\"")
+        raise ValueError('missing "message"')
     message = record["message"]
     if not isinstance(message, dict):
-        raise ValueError("\"message\" must be a JSON object")
+        raise ValueError('"message" must be a JSON object')
     try:
         validate_message(message)
     except TypeError as exc:
@@ -134,8 +153,9 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
     total = _count_lines(stream)
     bar = _progress(total)
     write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
-    sender = bulk.BulkSender(layer, on_full=on_full, retries=retries, jobs=jobs,
-                             report=_reporter(write))
+    sender = bulk.BulkSender(
+        layer, on_full=on_full, retries=retries, jobs=jobs, report=_reporter(write)
+    )
     started = time.monotonic()
     try:
         for number, line in enumerate(stream, 1):
@@ -166,8 +186,11 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
     if sender.fatal is not None:
         click.echo("%s: error: %s" % (PROG, _fatal_error(sender).format_message()), err=True)
     if sender.stopped:
-        click.echo("%s: stopped at %s" % (PROG, sender.stopped.replace(
-            "(on_full=fail)", "(--on-full=fail)")), err=True)
+        click.echo(
+            "%s: stopped at %s"
+            % (PROG, sender.stopped.replace("(on_full=fail)", "(--on-full=fail)")),
+            err=True,
+        )
     click.echo(_summary(sender, elapsed), err=True)
     return _exit_code(sender)
 
@@ -175,19 +198,38 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
 @cli.command(epilog=EPILOG)
 @click.argument("channel", required=False)
 @click.argument("message_json", metavar="[MESSAGE_JSON]", required=False)
-@click.option("--from", "source", type=click.File("r", encoding="utf-8"), metavar="FILE",
-              help="Send every line of FILE ('-' for stdin), JSON Lines of "
-                   "{\"channel\": ..., \"message\": {...}} or "
-                   "{\"group\": ..., \"message\": {...}}.")
-@click.option("--on-full", type=ON_FULL, default="fail", show_default=True,
-              help="When a channel is full: fail (stop), skip (count it and go on), or "
-                   "retry with exponential backoff, then count it as full and go on.")
-@click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
-              help="Attempts after the first with --on-full=retry (waits 0.1 s, 0.2 s, ... "
-                   "at most 2 s).")
-@click.option("--jobs", type=click.IntRange(min=1, max=64), default=1, show_default=True,
-              help="Bulk mode: messages in flight at once. More than 1 is faster but may "
-                   "reorder messages to one channel.")
+@click.option(
+    "--from",
+    "source",
+    type=click.File("r", encoding="utf-8"),
+    metavar="FILE",
+    help="Send every line of FILE ('-' for stdin), JSON Lines of "
+    '{"channel": ..., "message": {...}} or '
+    '{"group": ..., "message": {...}}.',
+)
+@click.option(
+    "--on-full",
+    type=ON_FULL,
+    default="fail",
+    show_default=True,
+    help="When a channel is full: fail (stop), skip (count it and go on), or "
+    "retry with exponential backoff, then count it as full and go on.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Attempts after the first with --on-full=retry (waits 0.1 s, 0.2 s, ... at most 2 s).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1, max=64),
+    default=1,
+    show_default=True,
+    help="Bulk mode: messages in flight at once. More than 1 is faster but may "
+    "reorder messages to one channel.",
+)
 @click.pass_obj
 def send(settings, channel, message_json, source, on_full, retries, jobs):
     """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
@@ -235,7 +277,8 @@ def _send_one(settings, kind, name, message, on_full, retries):
     if sender.fatal is not None:
         raise _fatal_error(sender)
     if sender.full:
-        raise CLIError("channel %s is full (capacity %d)" % (name, layer.get_capacity(name)),
-                       EXIT_PARTIAL)
+        raise CLIError(
+            "channel %s is full (capacity %d)" % (name, layer.get_capacity(name)), EXIT_PARTIAL
+        )
     if sender.failed:
         sys.exit(EXIT_PARTIAL)

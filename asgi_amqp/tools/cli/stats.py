@@ -6,7 +6,8 @@ try:
     import click
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'") from None
+        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
+    ) from None
 
 from ... import statistics
 from .base import EPILOG, _LayerErrors, cli
@@ -32,8 +33,12 @@ def _cell(value):
 
 @cli.command(epilog=EPILOG)
 @click.argument("channels", nargs=-1, metavar="[CHANNEL...]")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print {\"global\": {...}, \"channels\": {name: {...}}} as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print {"global": {...}, "channels": {name: {...}}} as JSON.',
+)
 @click.pass_obj
 def stats(settings, channels, as_json):
     """Queue figures of the given channels, or of every channel of the prefix.
@@ -52,8 +57,10 @@ def stats(settings, channels, as_json):
     if as_json:
         click.echo(json.dumps({"global": total, "channels": per_channel}, sort_keys=True))
         return
-    rows = [[name] + [_cell(per_channel[name][key]) for _, key in _COLUMNS[1:]]
-            for name in sorted(per_channel)]
+    rows = [
+        [name] + [_cell(per_channel[name][key]) for _, key in _COLUMNS[1:]]
+        for name in sorted(per_channel)
+    ]
     rows.append(["(all channels)"] + [_cell(total[key]) for _, key in _COLUMNS[1:]])
     header = [title for title, _ in _COLUMNS]
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]

@@ -69,10 +69,19 @@ def chat_connect(message, room):
     room_group(room).add(message.reply_channel)
     message.channel_session["room"] = room
     message.channel_session["name"] = name
-    message.reply_channel.send({"text": json.dumps({
-        "type": "welcome", "room": room, "name": name,
-        "channel": message.reply_channel.name, "worker": os.getpid(),
-    })})
+    message.reply_channel.send(
+        {
+            "text": json.dumps(
+                {
+                    "type": "welcome",
+                    "room": room,
+                    "name": name,
+                    "channel": message.reply_channel.name,
+                    "worker": os.getpid(),
+                }
+            )
+        }
+    )
     _send_room(room, {"type": "join", "room": room, "name": name, "worker": os.getpid()})
     logger.info("%s joined room %s (%s)", name, room, message.reply_channel.name)
 
@@ -90,11 +99,17 @@ def chat_receive(message, room):
         data = {"text": raw}
     text = str(data.get("text", ""))[:MAX_TEXT]
     _log_handled("%s %s" % (data.get("id"), message.content.get("order")))
-    _send_room(room, {
-        "type": "message", "room": room,
-        "name": message.channel_session.get("name", "anonymous"),
-        "text": text, "id": data.get("id"), "worker": os.getpid(),
-    })
+    _send_room(
+        room,
+        {
+            "type": "message",
+            "room": room,
+            "name": message.channel_session.get("name", "anonymous"),
+            "text": text,
+            "id": data.get("id"),
+            "worker": os.getpid(),
+        },
+    )
 
 
 @enforce_ordering

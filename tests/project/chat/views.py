@@ -19,8 +19,9 @@ def index(request, room=None):
 
 def hello(request):
     """A JSON answer naming the worker process that served it."""
-    return JsonResponse({"ok": True, "worker": os.getpid(), "path": request.path,
-                         "method": request.method})
+    return JsonResponse(
+        {"ok": True, "worker": os.getpid(), "path": request.path, "method": request.method}
+    )
 
 
 def ping(request):

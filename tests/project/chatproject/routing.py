@@ -5,7 +5,6 @@
 """
 
 from channels.routing import route
-
 from chat import consumers
 
 ROOM_PATH = r"^/chat/(?P<room>[A-Za-z0-9_.-]{1,50})/$"

@@ -43,14 +43,16 @@ def _env_flag(name, default=False):
 
 
 STATE_DIR = os.environ.get("CHAT_STATE_DIR") or os.path.join(
-    tempfile.gettempdir(), "asgi-amqp-chat-%d" % os.getuid())
+    tempfile.gettempdir(), "asgi-amqp-chat-%d" % os.getuid()
+)
 SESSION_DIR = os.path.join(STATE_DIR, "sessions")
 os.makedirs(SESSION_DIR, mode=0o700, exist_ok=True)
 
 SECRET_KEY = os.environ.get("CHAT_SECRET_KEY", "chat-example-not-a-secret")
 DEBUG = _env_flag("CHAT_DEBUG")
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"] + [
-    h for h in os.environ.get("CHAT_ALLOWED_HOSTS", "").split(",") if h]
+    h for h in os.environ.get("CHAT_ALLOWED_HOSTS", "").split(",") if h
+]
 
 INSTALLED_APPS = [
     "channels",
@@ -58,12 +60,14 @@ INSTALLED_APPS = [
 ]
 MIDDLEWARE = []
 ROOT_URLCONF = "chatproject.urls"
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "DIRS": [],
-    "APP_DIRS": True,
-    "OPTIONS": {},
-}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {},
+    }
+]
 
 # Nothing is stored in a database; sqlite in the state directory keeps
 # Django's connection handling (closed after every consumer) trivial.
@@ -108,8 +112,9 @@ CHANNEL_LAYERS = {
         "CONFIG": _LAYER_CONFIG,
         # Channels' test helpers build the layer from TEST_CONFIG: same broker,
         # its own prefix, short expiries.
-        "TEST_CONFIG": dict(_LAYER_CONFIG, prefix=_PREFIX + "-test", expiry=10,
-                            group_expiry=60, receive_timeout=1.0),
+        "TEST_CONFIG": dict(
+            _LAYER_CONFIG, prefix=_PREFIX + "-test", expiry=10, group_expiry=60, receive_timeout=1.0
+        ),
     },
 }
 
@@ -124,8 +129,11 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "asgi_amqp": {"handlers": ["console"], "level": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
-                      "propagate": False},
+        "asgi_amqp": {
+            "handlers": ["console"],
+            "level": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
+            "propagate": False,
+        },
         "chat": {"handlers": ["console"], "level": "INFO", "propagate": False},
         # daphne's basicConfig puts the root logger at INFO: keep pika's
         # connection chatter out of it.

@@ -1,6 +1,5 @@
-from django.urls import path, re_path
-
 from chat import views
+from django.urls import path, re_path
 
 urlpatterns = [
     path("", views.index, name="index"),

@@ -4,13 +4,17 @@
 #   make demo [DEMO_ARGS=--once]          the chat example (daphne + 2 runworkers) on a
 #                                         real broker, http://127.0.0.1:8000/ until Ctrl-C
 #   make demo-basic                       examples/demo.py (two processes, no Django)
-#   make bench [BENCH_ARGS=...]           benchmarks/run.py, bulk_bench.py, bench-channels
-#                                         and bench-echo
+#   make bench [BENCH_ARGS=...]           every benchmark, one entry point (python -m
+#                                         benchmarks): the layer scenarios, bulk, Channels
+#                                         and echo suites; e.g. BENCH_ARGS='--only echo',
+#                                         '--only send,receive --rounds 7', '--skip bulk',
+#                                         '--baseline-src ../other-checkout' (adds
+#                                         layer@baseline); see benchmarks/README.md
 #   make bench-channels [CHANNELS_BENCH_ARGS=...]
+#                                         = make bench BENCH_ARGS='--only channels ...':
 #                                         daphne + runworker on asgi_amqp vs asgi_redis
-#   make bench-echo [ECHO_ARGS=...]       one worker echoing without Django: raw pika,
-#                                         raw pika in the layer's thread shape, the layer,
-#                                         asgi_redis
+#   make bench-echo [ECHO_ARGS=...]       = make bench BENCH_ARGS='--only echo ...': one
+#                                         worker echoing without Django
 #   make faults-stack [FAULTS_ARGS=...]   daphne + 2 runworkers + 20 WebSocket clients
 #                                         through connection kills and a broker restart,
 #                                         classic and quorum queues (private node)
@@ -24,12 +28,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
-BULK_ARGS ?=
 DEMO_ARGS ?=
 CHANNELS_BENCH_ARGS ?=
 ECHO_ARGS ?=
 FAULTS_ARGS ?= --duration 60 --scenario both
-# The asgi_redis side of bench-channels has its own virtualenv.
+# asgi_redis 1.4.3, the benchmarks' peer, has its own virtualenv.
 REDIS_VENV ?= .venv-redis
 
 VPY := $(VENV)/bin/python
@@ -48,6 +51,10 @@ help:
 	@echo "variables: PYTHON=$(PYTHON) VENV=$(VENV) PYTEST_ARGS=... BENCH_ARGS=... DEMO_ARGS=..."
 	@echo "           FAULTS_ARGS='$(FAULTS_ARGS)' (see tests/project/stackfaults.py --help)"
 	@echo "           CHANNELS_BENCH_ARGS=... ECHO_ARGS=... REDIS_VENV=$(REDIS_VENV)"
+	@echo "bench runs python -m benchmarks BENCH_ARGS (all suites: layer bulk channels echo);"
+	@echo "  BENCH_ARGS='--only echo' or '--only send,receive' picks suites or layer scenarios,"
+	@echo "  '--baseline-src DIR' adds layer@baseline; bench-channels and bench-echo are"
+	@echo "  --only channels / --only echo (see python -m benchmarks --help)"
 
 venv: $(STAMP)
 
@@ -104,7 +111,7 @@ test: venv broker-deps e2e-deps lint docs
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 # ruff check, ruff format --check and mypy (ruff.toml, mypy.ini).
-LINT_PATHS := asgi_amqp tests conformance devtools examples conftest.py setup.py
+LINT_PATHS := asgi_amqp tests conformance devtools examples benchmarks conftest.py setup.py
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -119,46 +126,25 @@ demo: venv broker-deps
 demo-basic: venv broker-deps
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) examples/demo.py
 
-# The side-by-side benchmark.  Besides the broker it wants: the bench extra
-# (PySpark, pyarrow, matplotlib, tqdm) in the venv; a Redis for asgi_redis
-# (one answering on 127.0.0.1:6379, else the harness starts a private
-# redis-server, installed here with apt-get when missing and we are root);
-# Java for PySpark (without it the report is aggregated in plain Python).
-# asgi_redis 1.4.3 runs in a worker process in the same virtualenv as
-# bench-channels' ($(REDIS_VENV)); benchmarks/run.py alone makes
-# benchmarks/.venv-redis instead when that one is missing.
+# The benchmarks: one entry point, python -m benchmarks (benchmarks/README.md),
+# which provides the broker itself ($$AMQP_URL, else a Docker container, else
+# a private node, as devtools.rabbitmq does) and Redis ($$REDIS_URL, one on
+# 127.0.0.1:6379, else a private redis-server).  Besides those it wants the
+# bench extra (PySpark, pyarrow, matplotlib, tqdm) in the venv, asgi_redis
+# 1.4.3 in $(REDIS_VENV), and Java for PySpark (installed with apt-get when
+# missing and we are root; without it the report is aggregated in plain
+# Python and the bulk suite is left out).
 BENCH_STAMP := $(VENV)/.bench-installed
 REPORT_ARGS ?=
+BENCH = $(VPY) -m benchmarks --redis-python $(REDIS_VENV)/bin/python
 
 $(BENCH_STAMP): $(STAMP)
 	$(VPY) -m pip install -e '.[bench]'
 	touch $@
 
-bench: venv broker-deps redis-venv $(BENCH_STAMP)
-	@if [ -z "$$REDIS_URL$$BENCH_REDIS_URL" ] \
-	        && ! $(VPY) -c 'import sys; from benchmarks.remote import redis_ping; sys.exit(not redis_ping("127.0.0.1", 6379))' \
-	        && ! PATH="$$PATH:/usr/sbin:/usr/bin" command -v redis-server >/dev/null 2>&1; then \
-	    if [ "$$(id -u)" = 0 ]; then \
-	        echo "bench: installing redis-server (for the asgi_redis contestant)"; \
-	        { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
-	            || echo "bench: apt-get reported a failure; the harness will leave asgi_redis out"; \
-	    else \
-	        echo "bench: no Redis and no redis-server: asgi_redis will be left out" >&2; \
-	    fi; \
-	fi
-	@if ! command -v java >/dev/null 2>&1; then \
-	    if [ "$$(id -u)" = 0 ]; then \
-	        echo "bench: installing a Java runtime (for the PySpark report)"; \
-	        { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y default-jre-headless; } \
-	            || echo "bench: no Java; the report will be aggregated in plain Python"; \
-	    else \
-	        echo "bench: no Java: the report will be aggregated in plain Python" >&2; \
-	    fi; \
-	fi
-	$(VPY) -m devtools.rabbitmq run -- sh -c '$(VPY) benchmarks/run.py \
-	    --redis-python $(REDIS_VENV)/bin/python $(BENCH_ARGS) && $(VPY) benchmarks/bulk_bench.py $(BULK_ARGS)'
-	$(MAKE) --no-print-directory bench-channels
-	$(MAKE) --no-print-directory bench-echo
+bench: venv broker-deps redis-venv redis-deps $(BENCH_STAMP)
+	@$(VPY) -m benchmarks --install-deps java
+	$(BENCH) $(BENCH_ARGS)
 
 # Re-aggregate the latest run (or REPORT_ARGS='--run ... --master spark://...').
 .PHONY: bench-report
@@ -175,36 +161,20 @@ $(REDIS_VENV)/.installed: benchmarks/requirements-redis.txt
 
 redis-venv: $(REDIS_VENV)/.installed
 
-# A Redis for bench-channels: $$REDIS_URL, else one answering on
-# 127.0.0.1:6379, else the bench starts a private redis-server on a free port
-# (installed here with apt-get when missing and we are root).
+# A Redis for the benchmarks: $$REDIS_URL, else one answering on
+# 127.0.0.1:6379, else they start a private redis-server on a free port
+# (installed here with apt-get when missing and we are root; without one,
+# asgi_redis is left out).
 redis-deps:
-	@if [ -n "$$REDIS_URL" ]; then \
-	    echo "redis-deps: REDIS_URL is set"; \
-	elif $(PYTHON) -c 'import socket, sys; s = socket.create_connection(("127.0.0.1", 6379), 1); s.sendall(b"PING\r\n"); sys.exit(not s.recv(16).startswith(b"+PONG"))' 2>/dev/null; then \
-	    echo "redis-deps: a Redis answers on 127.0.0.1:6379"; \
-	elif command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ]; then \
-	    echo "redis-deps: the benchmark will start a private redis-server"; \
-	elif [ "$$(id -u)" = 0 ]; then \
-	    echo "redis-deps: installing redis-server"; \
-	    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
-	        || echo "redis-deps: apt-get reported a failure; checking the binary"; \
-	    [ -x /usr/bin/redis-server ] || { echo "redis-deps: redis-server is still missing" >&2; exit 1; }; \
-	else \
-	    echo "redis-deps: no Redis on 127.0.0.1:6379 and no redis-server." >&2; \
-	    echo "  As root: make redis-deps (apt-get install redis-server), or set REDIS_URL=redis://..." >&2; \
-	    exit 1; \
-	fi
+	@$(PYTHON) -m benchmarks --install-deps redis
 
-bench-channels: venv broker-deps redis-venv redis-deps
-	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/channels_bench.py \
-	    --redis-python $(REDIS_VENV)/bin/python $(CHANNELS_BENCH_ARGS)
+bench-channels: venv broker-deps redis-venv redis-deps $(BENCH_STAMP)
+	$(BENCH) --only channels $(CHANNELS_BENCH_ARGS)
 
 # One worker echoing without Django: raw pika, raw pika in the layer's thread
 # shape, asgi_amqp and asgi_redis (benchmarks/echo_ceiling.py).
-bench-echo: venv broker-deps redis-venv redis-deps
-	$(VPY) -m devtools.rabbitmq run -- $(VPY) benchmarks/echo_ceiling.py \
-	    --redis-python $(REDIS_VENV)/bin/python $(ECHO_ARGS)
+bench-echo: venv broker-deps redis-venv redis-deps $(BENCH_STAMP)
+	$(BENCH) --only echo $(ECHO_ARGS)
 
 # The Channels stack through broker faults, on a private node of its own
 # (tests/project/stackfaults.py; a short version runs in make test).

@@ -1,4 +1,5 @@
-"""Side-by-side benchmarks of asgi_amqp against raw pika (and, later, peers).
+"""Benchmarks of asgi_amqp: the layer side by side with asgi_redis, asgiref.inmemory
+and raw pika, bulk sends, Channels end to end, and one worker echoing.
 
-Run ``python benchmarks/run.py --help``; see ``benchmarks/README.md``.
+Run ``python -m benchmarks --help`` (``make bench``); see ``benchmarks/README.md``.
 """

@@ -28,8 +28,12 @@ MEMORY_CHANNELS = ["bench.mem%d" % k for k in range(4)]
 CAPACITY = 1000000
 EXPIRY = 60
 
-ALL_CHANNELS = ([SEND_CHANNEL, RECEIVE_CHANNEL, ROUNDTRIP_CHANNEL, WAKEUP_CHANNEL]
-                + MULTI_CHANNELS + GROUP_CHANNELS + MEMORY_CHANNELS)
+ALL_CHANNELS = (
+    [SEND_CHANNEL, RECEIVE_CHANNEL, ROUNDTRIP_CHANNEL, WAKEUP_CHANNEL]
+    + MULTI_CHANNELS
+    + GROUP_CHANNELS
+    + MEMORY_CHANNELS
+)
 
 
 class Keeper(object):
@@ -64,11 +68,19 @@ class LayerTrials(object):
     def has(self, scenario_name):
         if scenario_name == "wakeup":
             return self.blocking
-        return scenario_name in ("send", "send-8t", "receive", "receive-10", "roundtrip",
-                                 "group", "memory")
+        return scenario_name in (
+            "send",
+            "send-8t",
+            "receive",
+            "receive-10",
+            "roundtrip",
+            "group",
+            "memory",
+        )
 
     def trial(self, scenario_name, ops, options=None):
         from .harness import Trial
+
         method = getattr(self, "t_" + scenario_name.replace("-", "_"))
         if scenario_name == "memory":
             return Trial(run=lambda ops: method(ops, options or {}))
@@ -78,6 +90,7 @@ class LayerTrials(object):
 
     def _send_trial(self, ops):
         from .harness import Trial
+
         layer, keeper, channel = self.layer, self.keeper, SEND_CHANNEL
 
         def op(_i):
@@ -99,6 +112,7 @@ class LayerTrials(object):
 
     def _receive_trial(self, ops, channels, full):
         from .harness import Trial
+
         layer, keeper = self.layer, self.keeper
 
         def prepare():
@@ -132,6 +146,7 @@ class LayerTrials(object):
 
     def t_roundtrip(self, ops):
         from .harness import Trial
+
         layer, keeper, channel = self.layer, self.keeper, ROUNDTRIP_CHANNEL
         channels = [channel]
 
@@ -146,6 +161,7 @@ class LayerTrials(object):
 
     def t_group(self, ops):
         from .harness import Trial
+
         layer, keeper = self.layer, self.keeper
 
         def prepare():
@@ -169,8 +185,10 @@ class LayerTrials(object):
             trial.delivered = sum(depths)
             short = [(c, d) for c, d in zip(GROUP_CHANNELS, depths) if d != expected]
             if short:
-                return ["%d of %d members do not hold %d messages (e.g. %s: %s)" % (
-                    len(short), len(depths), expected, short[0][0], short[0][1])]
+                return [
+                    "%d of %d members do not hold %d messages (e.g. %s: %s)"
+                    % (len(short), len(depths), expected, short[0][0], short[0][1])
+                ]
             return []
 
         trial = Trial(op, prepare=prepare, finish=finish)
@@ -180,6 +198,7 @@ class LayerTrials(object):
 
     def t_wakeup(self, ops):
         from .harness import Trial
+
         layer, keeper, channel = self.layer, self.keeper, WAKEUP_CHANNEL
         channels = [channel]
 
@@ -194,8 +213,9 @@ class LayerTrials(object):
         def send(_i):
             layer.send(channel, MESSAGE)
 
-        return Trial(receive=receive, send=send, prepare=lambda: keeper.purge(channel),
-                     finish=lambda: [])
+        return Trial(
+            receive=receive, send=send, prepare=lambda: keeper.purge(channel), finish=lambda: []
+        )
 
     # -- (h) -----------------------------------------------------------------------
 
@@ -278,8 +298,7 @@ def run_memory(layer, options, progress=None):
                 stop.set()
                 return
 
-    threads = [threading.Thread(target=send_loop, args=(k,), daemon=True)
-               for k in range(senders)]
+    threads = [threading.Thread(target=send_loop, args=(k,), daemon=True) for k in range(senders)]
     threads += [threading.Thread(target=receive_loop, daemon=True) for _ in range(receivers)]
     for thread in threads:
         thread.start()
@@ -294,12 +313,22 @@ def run_memory(layer, options, progress=None):
     for thread in threads:
         thread.join(15)
     wall = (perf() - begin) / 1e9
-    result = RoundResult(len(checkpoints), wall, [c[0] for c in checkpoints],
-                         [c[1] for c in checkpoints], [True] * len(checkpoints),
-                         errors[:20], None, [float(c[3]) for c in checkpoints])
+    result = RoundResult(
+        len(checkpoints),
+        wall,
+        [c[0] for c in checkpoints],
+        [c[1] for c in checkpoints],
+        [True] * len(checkpoints),
+        errors[:20],
+        None,
+        [float(c[3]) for c in checkpoints],
+    )
     result.units = state["received"]
-    result.extra = {"seq": [c[2] for c in checkpoints], "sent": state["sent"],
-                    "received": state["received"]}
+    result.extra = {
+        "seq": [c[2] for c in checkpoints],
+        "sent": state["sent"],
+        "received": state["received"],
+    }
     if state["received"] < total:
         result.problems.append("only %d of %d messages received" % (state["received"], total))
     return result

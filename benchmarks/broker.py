@@ -4,14 +4,20 @@ Purging, counting and deleting queues happens on this connection, never on a
 contestant's own, so housekeeping cannot disturb what is measured. Every
 queue or exchange a contestant creates is registered with ``track_*`` and
 deleted by ``delete_tracked`` at the end of the run, whatever happened.
+``LayerKeeper`` does an AMQPChannelLayer's housekeeping on such a
+connection, in the harness's process and in worker processes alike.
 """
 
 import logging
 import threading
 import time
 
+import msgpack
 import pika
 import pika.exceptions
+
+from .asgi_trials import Keeper
+from .scenarios import MESSAGE
 
 
 class _QuietWhileBusy(logging.Filter):
@@ -133,6 +139,71 @@ class Admin(object):
     def close(self):
         if self.connection.is_open:
             self.connection.close()
+
+
+class LayerKeeper(Keeper):
+    """Housekeeping for an AMQPChannelLayer on a housekeeping connection
+    (``Admin``): queue names from the layer's ``topology``, passive declares
+    for counts, ``queue.purge``, unconfirmed publishes for fills.
+    ``admin`` is an ``Admin``, or a URL for one opened at first use (so that
+    the memory scenario's process holds nothing but the layer)."""
+
+    def __init__(self, layer, admin):
+        super(LayerKeeper, self).__init__(layer)
+        self._admin = admin
+        self.properties = pika.BasicProperties(
+            delivery_mode=1, content_type="application/x-msgpack"
+        )
+        self.body = msgpack.packb(MESSAGE, use_bin_type=True)
+        self.counter = 0
+
+    @property
+    def admin(self):
+        if isinstance(self._admin, str):
+            self._admin = Admin(self._admin)
+        return self._admin
+
+    def close(self):
+        if not isinstance(self._admin, str):
+            self._admin.close()
+
+    def _queue(self, channel):
+        return self.layer.topology.channel_queue(channel)
+
+    def purge(self, channel):
+        self.admin.purge(self._queue(channel))
+
+    def depth(self, channel):
+        return self.admin.depth(self._queue(channel))
+
+    def wait_depth(self, channel, expected):
+        return self.admin.wait_depth(self._queue(channel), expected)
+
+    def fill(self, channel, count):
+        """Publish ``count`` messages the way the layer would (msgpack body,
+        unique message_id), without confirms: fast and untimed."""
+        queue = self._queue(channel)
+        self.admin.declare(queue, self.layer.topology.channel_queue_arguments(channel))
+        properties = self.properties
+        for _ in range(count):
+            self.counter += 1
+            properties.message_id = "fill.%d" % self.counter
+            self.admin.publish(queue, self.body, properties)
+
+
+def layer_objects(topology, channels, group):
+    """(queues, exchanges) an AMQPChannelLayer with ``topology`` creates for
+    the benchmark's ``channels`` and ``group``, its shared objects included."""
+    queues = [topology.channel_queue(c) for c in channels]
+    queues += [topology.marker_queue(group, c) for c in channels]
+    queues.append(topology.dead_letter_queue)
+    exchanges = [topology.member_exchange(c) for c in channels]
+    exchanges += [
+        topology.group_exchange(group),
+        topology.dead_letter_exchange,
+        topology.group_router,
+    ]
+    return queues, exchanges
 
 
 def _text(value):

@@ -56,14 +56,17 @@ def backlog_probe(layer, channel):
     topology = getattr(layer, "topology", None)
     if topology is not None:  # asgi_amqp: a passive declare on a connection of its own
         import pika
+
         from asgi_amqp.urls import parse_urls
-        url = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+
+        url = os.environ["AMQP_URL"]  # set by the stack, like the layer's own
         connection = pika.BlockingConnection(parse_urls(url)[0])
         pika_channel = connection.channel()
         queue = topology.channel_queue(channel)
 
         def amqp_depth():
             return pika_channel.queue_declare(queue, passive=True).method.message_count
+
         amqp_depth.close = connection.close
         return amqp_depth
     # asgi_redis: the channel is a list under the layer's prefix; a
@@ -74,6 +77,7 @@ def backlog_probe(layer, channel):
 
     def redis_depth():
         return client.llen(layer.prefix + channel)
+
     redis_depth.close = lambda: None
     return redis_depth
 
@@ -93,9 +97,15 @@ class Driver(object):
         with self._lock:
             self.sent += 1
             order = self.sent
-        self.layer.send(WORKER_CHANNEL, {
-            "reply_channel": self.reply_channel, "path": "/echo/", "order": order,
-            "text": "%d %s" % (order, PAYLOAD)})
+        self.layer.send(
+            WORKER_CHANNEL,
+            {
+                "reply_channel": self.reply_channel,
+                "path": "/echo/",
+                "order": order,
+                "text": "%d %s" % (order, PAYLOAD),
+            },
+        )
 
     def run(self):
         """One thread's loop: a new message for every reply."""
@@ -146,8 +156,9 @@ def drain(layer, driver, worker_pid, count):
             deadline = time.monotonic() + 30
             while inbox() < count - 1:  # the worker may hold one, pushed before it stopped
                 if time.monotonic() > deadline:
-                    raise RuntimeError("only %d of %d messages reached the worker's queue"
-                                       % (inbox(), count))
+                    raise RuntimeError(
+                        "only %d of %d messages reached the worker's queue" % (inbox(), count)
+                    )
                 time.sleep(0.01)
             already = replies()
         finally:
@@ -157,8 +168,9 @@ def drain(layer, driver, worker_pid, count):
         deadline = time.monotonic() + 60 + count / 100.0
         while replies() < already + count:
             if time.monotonic() > deadline:
-                raise RuntimeError("the worker replied to only %d of %d messages"
-                                   % (replies() - already, count))
+                raise RuntimeError(
+                    "the worker replied to only %d of %d messages" % (replies() - already, count)
+                )
             time.sleep(0.01)
         elapsed = time.perf_counter() - t0
         cpu = (_cpu_seconds(worker_pid) - cpu_start) / elapsed
@@ -170,8 +182,12 @@ def drain(layer, driver, worker_pid, count):
         channel, _ = layer.receive([driver.reply_prefix], block=True)
         if channel is not None:
             driver.received += 1
-    return {"rate": count / elapsed, "cpu": cpu, "lost": driver.sent - driver.received,
-            "sent": driver.sent}
+    return {
+        "rate": count / elapsed,
+        "cpu": cpu,
+        "lost": driver.sent - driver.received,
+        "sent": driver.sent,
+    }
 
 
 def main():
@@ -181,8 +197,13 @@ def main():
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--drain", type=int, default=0, metavar="COUNT",
-                        help="time the worker through COUNT queued messages instead")
+    parser.add_argument(
+        "--drain",
+        type=int,
+        default=0,
+        metavar="COUNT",
+        help="time the worker through COUNT queued messages instead",
+    )
     args = parser.parse_args()
 
     for path in (PROJECT_DIR, ROOT):
@@ -228,12 +249,20 @@ def main():
         if channel is not None:
             driver.received += 1
     depth.close()
-    print(json.dumps({
-        "rate": handled / elapsed, "cpu": cpu, "driver_cpu": own_cpu,
-        "backlog_median": statistics.median(backlog) if backlog else 0,
-        "backlog_empty": sum(1 for b in backlog if not b) / float(len(backlog) or 1),
-        "lost": driver.sent - driver.received, "sent": driver.sent,
-        "errors": driver.errors}))
+    print(
+        json.dumps(
+            {
+                "rate": handled / elapsed,
+                "cpu": cpu,
+                "driver_cpu": own_cpu,
+                "backlog_median": statistics.median(backlog) if backlog else 0,
+                "backlog_empty": sum(1 for b in backlog if not b) / float(len(backlog) or 1),
+                "lost": driver.sent - driver.received,
+                "sent": driver.sent,
+                "errors": driver.errors,
+            }
+        )
+    )
     close = getattr(layer, "close", None)
     if close:
         close()

@@ -1,9 +1,7 @@
-"""How fast can one worker echo messages, layer by layer, without Django?
+"""The echo suite: how fast can one worker echo messages, layer by layer,
+without Django? (``python -m benchmarks --only echo``, ``make bench-echo``)
 
-    make bench-echo
-    python benchmarks/echo_ceiling.py --rounds 5 --seconds 4
-
-``make bench-channels`` measures a real ``runworker``; this takes Channels
+The Channels suite measures a real ``runworker``; this takes Channels
 out and asks where the rest of the time goes. One worker process loops
 "receive one message from ``echo.w`` (blocking), send a reply to
 ``echo.r``", while a driver process keeps 32 messages in flight and counts
@@ -26,6 +24,9 @@ replies per second. Contestants, in alternating order:
 ``asgi_redis``
     asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis,
     worker and driver.
+``asgi_amqp@baseline``
+    with ``--baseline-src DIR``: the ``asgi_amqp`` row with the layer
+    imported from DIR (``common.LayerSource``), in the echo and drain tables.
 
 Every message body is a msgpack'd dict of the size a ``websocket.receive``
 has. The worker reports its CPU per message (process time from its first
@@ -39,6 +40,11 @@ worker through them to a stop message (``raw-pika``, ``raw-pika-io-thread``,
 That is each worker's own pace with a full queue, the figure
 ``make bench-channels`` gives for a real runworker: its ``raw-pika-io-thread``
 row is the ceiling of the layer's thread shape without any layer code.
+
+The sides run in child processes (``python -m benchmarks.echo_ceiling
+--child KIND --role ROLE``); only the standard library is imported at module
+level, because asgi_redis's children run in its own virtualenv. Writes
+``results/echo_ceiling.md``.
 """
 
 import argparse
@@ -46,7 +52,6 @@ import collections
 import functools
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -54,9 +59,13 @@ import threading
 import time
 import uuid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from . import common
+
+HERE = common.HERE
+ROOT = common.ROOT
 PROJECT_DIR = os.path.join(ROOT, "tests", "project")
+DEFAULT_ROUNDS = 5
+BASELINE = "asgi_amqp@baseline"
 
 WINDOW = 32
 MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
@@ -71,8 +80,10 @@ def _layer(kind, prefix, redis_url, capacity=100):
     if kind == "asgi_redis":
         sys.path.insert(0, PROJECT_DIR)
         from chatproject.redis_layer import RedisChannelLayer
+
         return RedisChannelLayer(hosts=[redis_url], prefix=prefix, capacity=capacity)
     from asgi_amqp import AMQPChannelLayer
+
     return AMQPChannelLayer(url=os.environ["AMQP_URL"], prefix=prefix, capacity=capacity)
 
 
@@ -121,6 +132,7 @@ class RawSide(object):
     def __init__(self, prefix, queues=None):
         import msgpack
         import pika
+
         self.msgpack = msgpack
         self.connection = pika.BlockingConnection(pika.URLParameters(os.environ["AMQP_URL"]))
         self.channel = self.connection.channel()
@@ -139,12 +151,12 @@ class RawSide(object):
                 return
             handled.tick()
             message["text"] = message["text"][::-1]
-            self.channel.basic_publish("", self.queues[1], self.msgpack.packb(message),
-                                       mandatory=True)
+            self.channel.basic_publish(
+                "", self.queues[1], self.msgpack.packb(message), mandatory=True
+            )
 
     def send(self, message):
-        self.channel.basic_publish("", self.queues[0], self.msgpack.packb(message),
-                                   mandatory=True)
+        self.channel.basic_publish("", self.queues[0], self.msgpack.packb(message), mandatory=True)
 
     def replies(self):
         for _method, _properties, body in self.channel.consume(self.queues[1], auto_ack=True):
@@ -160,6 +172,7 @@ class IOThreadSide(object):
     def __init__(self, prefix):
         import msgpack
         import pika
+
         self.msgpack = msgpack
         self.queues = _raw_queues(prefix)
         self.deliveries = collections.deque()
@@ -168,7 +181,8 @@ class IOThreadSide(object):
         self.opened = threading.Event()
         self.connection = pika.SelectConnection(
             pika.URLParameters(os.environ["AMQP_URL"]),
-            on_open_callback=lambda conn: conn.channel(on_open_callback=self._on_channel))
+            on_open_callback=lambda conn: conn.channel(on_open_callback=self._on_channel),
+        )
         self.thread = threading.Thread(target=self.connection.ioloop.start, daemon=True)
         self.thread.start()
         if not self.opened.wait(10):
@@ -177,8 +191,12 @@ class IOThreadSide(object):
     # I/O thread
     def _on_channel(self, channel):
         self.channel = channel
-        channel.confirm_delivery(self._on_confirm, callback=lambda _: channel.basic_qos(
-            prefetch_count=1, callback=lambda _: self._consume()))
+        channel.confirm_delivery(
+            self._on_confirm,
+            callback=lambda _: channel.basic_qos(
+                prefetch_count=1, callback=lambda _: self._consume()
+            ),
+        )
 
     def _consume(self):
         for queue in self.queues:
@@ -243,6 +261,8 @@ def _raw_driver_for_the_layer(prefix):
 
 
 def _side(kind, role, prefix, redis_url):
+    if kind == BASELINE:  # the same, with asgi_amqp from $BENCH_LAYER_SRC
+        kind = "asgi_amqp"
     if kind == "asgi_amqp" and role == "drive":
         return _raw_driver_for_the_layer(prefix)
     if kind == "asgi_amqp+own-driver":
@@ -307,6 +327,8 @@ def child_drive(kind, prefix, redis_url, seconds, warmup=0.5):
 
 def child_drain(kind, prefix, redis_url, count):
     """Queue ``count`` messages and a stop, then time one worker through them."""
+    if kind == BASELINE:
+        kind = "asgi_amqp"
     if kind.startswith("raw-pika"):
         feeder = RawSide(prefix)
         worker = RawSide(prefix) if kind == "raw-pika" else IOThreadSide(prefix)
@@ -321,8 +343,12 @@ def child_drain(kind, prefix, redis_url, count):
     started = time.perf_counter()
     worker.serve(handled)
     elapsed = time.perf_counter() - started
-    print(json.dumps({"rate": handled.count / elapsed, "cpu_us": handled.cpu_us(),
-                      "handled": handled.count}), flush=True)
+    print(
+        json.dumps(
+            {"rate": handled.count / elapsed, "cpu_us": handled.cpu_us(), "handled": handled.count}
+        ),
+        flush=True,
+    )
     worker.close()
     feeder.close()
 
@@ -330,17 +356,61 @@ def child_drain(kind, prefix, redis_url, count):
 # -- the run ---------------------------------------------------------------------------
 
 
-def _round(kind, python, seconds, redis_url):
+def _cleanup(admin, kind, prefix):
+    """Delete what a round made on the broker (its private node may be shared)."""
+    if kind == "asgi_redis":
+        return
+    from asgi_amqp.naming import Topology
+
+    topology = Topology(prefix, 60, 86400, lambda _channel: 100)
+    for queue in _raw_queues(prefix):
+        admin.track_queue(queue)
+    for channel in ("echo.w", "echo.r"):
+        admin.track_queue(topology.channel_queue(channel))
+    admin.track_queue(topology.dead_letter_queue)
+    admin.track_exchange(topology.dead_letter_exchange)
+    admin.track_exchange(topology.group_router)
+    admin.delete_tracked()
+
+
+def _child_argv(kind, python, prefix, redis_url):
+    return [
+        python,
+        "-m",
+        "benchmarks.echo_ceiling",
+        "--child",
+        kind,
+        "--prefix",
+        prefix,
+        "--redis-url",
+        redis_url or "",
+    ]
+
+
+def _round(kind, python, seconds, redis_url, env, admin):
     prefix = "echo-%s" % uuid.uuid4().hex[:8]
-    argv = [python, os.path.abspath(__file__), "--child", kind, "--prefix", prefix,
-            "--redis-url", redis_url or ""]
-    worker = subprocess.Popen(argv + ["--role", "worker"], stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        return _echo_round(kind, python, seconds, redis_url, env, prefix)
+    finally:
+        _cleanup(admin, kind, prefix)
+
+
+def _echo_round(kind, python, seconds, redis_url, env, prefix):
+    argv = _child_argv(kind, python, prefix, redis_url)
+    worker = subprocess.Popen(
+        argv + ["--role", "worker"], stdout=subprocess.PIPE, cwd=ROOT, env=env
+    )
     try:
         if worker.stdout.readline().strip() != b"ready":
             raise RuntimeError("the %s worker did not start" % kind)
-        drive = subprocess.run(argv + ["--role", "drive", "--seconds", str(seconds)],
-                               stdout=subprocess.PIPE, cwd=ROOT, timeout=seconds + 60,
-                               check=True)
+        drive = subprocess.run(
+            argv + ["--role", "drive", "--seconds", str(seconds)],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            timeout=seconds + 60,
+            check=True,
+            env=env,
+        )
         report = json.loads(worker.communicate(timeout=30)[0].decode().strip().splitlines()[-1])
     finally:
         if worker.poll() is None:
@@ -350,101 +420,149 @@ def _round(kind, python, seconds, redis_url):
     return report
 
 
-def _drain_round(kind, python, count, redis_url):
+def _drain_round(kind, python, count, redis_url, env, admin):
     prefix = "drain-%s" % uuid.uuid4().hex[:8]
-    argv = [python, os.path.abspath(__file__), "--child", kind, "--prefix", prefix,
-            "--redis-url", redis_url or "", "--role", "drain", "--drain", str(count)]
-    done = subprocess.run(argv, stdout=subprocess.PIPE, cwd=ROOT, timeout=120 + count / 50.0,
-                          check=True)
+    argv = _child_argv(kind, python, prefix, redis_url) + ["--role", "drain", "--drain", str(count)]
+    try:
+        done = subprocess.run(
+            argv, stdout=subprocess.PIPE, cwd=ROOT, timeout=120 + count / 50.0, check=True, env=env
+        )
+    finally:
+        _cleanup(admin, kind, prefix)
     report = json.loads(done.stdout.decode().strip().splitlines()[-1])
     if report["handled"] != count:
-        raise RuntimeError("the %s worker handled %d of %d messages"
-                           % (kind, report["handled"], count))
+        raise RuntimeError(
+            "the %s worker handled %d of %d messages" % (kind, report["handled"], count)
+        )
     return report
 
 
-def _table(results, rounds, kinds=KINDS, unit="echoes/s"):
-    redis_rate = statistics.median(r["rate"] for r in results["asgi_redis"])
-    lines = ["| worker | %s | vs asgi_redis | worker CPU per message | rounds |" % unit,
-             "|---|---|---|---|---|"]
+def _table(results, kinds, unit="echoes/s"):
+    kinds = [k for k in kinds if results.get(k)]
+    redis = results.get("asgi_redis")
+    redis_rate = statistics.median(r["rate"] for r in redis) if redis else None
+    lines = [
+        "| worker | %s | vs asgi_redis | worker CPU per message | rounds |" % unit,
+        "|---|---|---|---|---|",
+    ]
     for kind in kinds:
         rates = [r["rate"] for r in results[kind]]
         cpu = statistics.median(r["cpu_us"] for r in results[kind])
-        lines.append("| %s | %.0f | %.2fx | %.0f us | %s |" % (
-            kind, statistics.median(rates), statistics.median(rates) / redis_rate, cpu,
-            ", ".join("%.0f" % rate for rate in rates)))
+        lines.append(
+            "| %s | %.0f | %s | %.0f us | %s |"
+            % (
+                kind,
+                statistics.median(rates),
+                "%.2fx" % (statistics.median(rates) / redis_rate) if redis_rate else "-",
+                cpu,
+                ", ".join("%.0f" % rate for rate in rates),
+            )
+        )
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--redis-python", default=os.path.join(ROOT, ".venv-redis", "bin",
-                                                               "python"))
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "echo_ceiling.md"),
-                        help="markdown table to write ('' for none)")
-    parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
-    parser.add_argument("--drain", type=int, default=3000, metavar="COUNT",
-                        help="messages per drain round (0: no drain table)")
-    parser.add_argument("--role", choices=("worker", "drive", "drain"), help=argparse.SUPPRESS)
-    parser.add_argument("--prefix", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        if args.role == "worker":
-            child_worker(args.child, args.prefix, args.redis_url)
-        elif args.role == "drain":
-            child_drain(args.child, args.prefix, args.redis_url, args.drain)
-        else:
-            child_drive(args.child, args.prefix, args.redis_url, args.seconds)
-        return 0
-
-    sys.path.insert(0, HERE)
-    import channels_bench  # the Redis helpers: PING and a private redis-server
-    if "AMQP_URL" not in os.environ:
-        os.environ["AMQP_URL"] = channels_bench.DEFAULT_AMQP_URL
-    redis_url, private_redis = channels_bench.find_redis(args.redis_url)
+def run(args, ctx):
+    rounds = args.rounds or DEFAULT_ROUNDS
+    kinds, drain_kinds = list(KINDS), list(DRAIN_KINDS)
     pythons = dict.fromkeys(KINDS, sys.executable)
-    pythons["asgi_redis"] = args.redis_python
+    envs = dict.fromkeys(KINDS, None)
+    notes = []
+    redis_url = None
+    python, reason = ctx.redis_python()
+    if python:
+        redis_url = ctx.redis.url
+        reason = ctx.redis.reason
+    if python and redis_url:
+        pythons["asgi_redis"] = python
+    else:
+        kinds.remove("asgi_redis")
+        drain_kinds.remove("asgi_redis")
+        notes.append("asgi_redis left out: %s" % reason)
+        common.say("echo: asgi_redis left out: %s" % reason)
+    if ctx.baseline is not None:
+        for group in (kinds, drain_kinds):
+            group.insert(group.index("asgi_amqp") + 1, BASELINE)
+        pythons[BASELINE] = sys.executable
+        envs[BASELINE] = ctx.baseline.environ()
+        notes.append("%s: the layer from %s" % (BASELINE, ctx.baseline.describe()))
+    from .broker import Admin
+
+    admin = Admin(ctx.amqp_url)
     results = collections.defaultdict(list)
     drained = collections.defaultdict(list)
     try:
-        for number in range(args.rounds):
-            order = KINDS[number % len(KINDS):] + KINDS[:number % len(KINDS)]
-            for kind in order:
-                report = _round(kind, pythons[kind], args.seconds, redis_url)
+        for number in range(rounds):
+            for kind in common.rotate(kinds, number):
+                report = _round(
+                    kind, pythons[kind], args.echo_seconds, redis_url, envs[kind], admin
+                )
                 results[kind].append(report)
-                print("  round %d %-19s %6.0f echoes/s  worker CPU %4.0f us/message"
-                      % (number + 1, kind, report["rate"], report["cpu_us"]), flush=True)
-        for number in range(args.rounds if args.drain else 0):
-            shift = number % len(DRAIN_KINDS)
-            for kind in DRAIN_KINDS[shift:] + DRAIN_KINDS[:shift]:
-                report = _drain_round(kind, pythons[kind], args.drain, redis_url)
+                common.say(
+                    "  round %d %-20s %6.0f echoes/s  worker CPU %4.0f us/message"
+                    % (number + 1, kind, report["rate"], report["cpu_us"])
+                )
+        for number in range(rounds if args.echo_drain else 0):
+            for kind in common.rotate(drain_kinds, number):
+                report = _drain_round(
+                    kind, pythons[kind], args.echo_drain, redis_url, envs[kind], admin
+                )
                 drained[kind].append(report)
-                print("  drain %d %-19s %6.0f msg/s     worker CPU %4.0f us/message"
-                      % (number + 1, kind, report["rate"], report["cpu_us"]), flush=True)
+                common.say(
+                    "  drain %d %-20s %6.0f msg/s     worker CPU %4.0f us/message"
+                    % (number + 1, kind, report["rate"], report["cpu_us"])
+                )
     finally:
-        if private_redis is not None:
-            private_redis.stop()
-    table = _table(results, args.rounds)
-    print()
-    print(table)
-    text = ("# One worker echoing, without Django (benchmarks/echo_ceiling.py)\n\n"
-            "%s, %s, %d rounds of %.0f s, median round; the driver is a closed loop from "
-            "one thread.\n\n%s\n" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                       platform.node(), args.rounds, args.seconds, table))
+        admin.close()
+    table = _table(results, kinds)
+    common.say()
+    common.say(table)
+    text = (
+        "%d rounds of %.0f s, median round; the driver is a closed loop from one thread."
+        "\n\n%s\n" % (rounds, args.echo_seconds, table)
+    )
+    headline = table
     if drained:
-        drain_table = _table(drained, args.rounds, DRAIN_KINDS, "drain msg/s")
-        print()
-        print(drain_table)
-        text += ("\n## Drain: %d messages queued first, one worker timed through them\n\n%s\n"
-                 % (args.drain, drain_table))
-    if args.out:
-        with open(args.out, "w") as handle:
-            handle.write(text)
+        drain_table = _table(drained, drain_kinds, "drain msg/s")
+        common.say()
+        common.say(drain_table)
+        text += "\n## Drain: %d messages queued first, one worker timed through them\n\n%s\n" % (
+            args.echo_drain,
+            drain_table,
+        )
+        headline += "\n\n" + drain_table
+    if notes:
+        text += "\n" + "".join("* %s\n" % n for n in notes)
+    paths = common.write_result(
+        ctx.results,
+        "echo_ceiling",
+        "One worker echoing, without Django",
+        text,
+        {"echo": dict(results), "drain": dict(drained), "notes": notes},
+        ctx.command,
+    )
+    return common.SuiteResult(0, headline, paths, "; ".join(notes))
+
+
+def child_main(argv=None):
+    parser = argparse.ArgumentParser(description="one side of an echo round (a child process)")
+    parser.add_argument("--child", required=True, choices=KINDS + (BASELINE,))
+    parser.add_argument("--role", required=True, choices=("worker", "drive", "drain"))
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--redis-url", default="")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--drain", type=int, default=3000)
+    args = parser.parse_args(argv)
+    common.apply_layer_source()
+    if args.child == BASELINE:
+        common.check_layer_source()
+    if args.role == "worker":
+        child_worker(args.child, args.prefix, args.redis_url)
+    elif args.role == "drain":
+        child_drain(args.child, args.prefix, args.redis_url, args.drain)
+    else:
+        child_drive(args.child, args.prefix, args.redis_url, args.seconds)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_main())

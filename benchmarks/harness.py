@@ -14,7 +14,7 @@ contestant
     for each scenario it takes part in, a method ``scenario_<name>(env, ops)``
     that returns a :class:`Trial`. Contestants live in ``CONTESTANTS`` (see
     ``contestants.py``). A contestant without that method sits the scenario
-    out. A contestant may run in another process (``remote.py``): its trial
+    out. A contestant may run in another process (``common.Worker``): its trial
     then has ``run``, which plays the whole round there and returns the
     ``RoundResult``.
 trial
@@ -60,9 +60,21 @@ class Scenario(object):
     ``--ops``/``--rounds`` for scenarios whose ops are much slower or faster.
     """
 
-    def __init__(self, name, title, metric, runner, baseline="raw-pika", kind="rate",
-                 description="", default_ops=None, default_rounds=None, letter="",
-                 fanout=None, default=True):
+    def __init__(
+        self,
+        name,
+        title,
+        metric,
+        runner,
+        baseline="raw-pika",
+        kind="rate",
+        description="",
+        default_ops=None,
+        default_rounds=None,
+        letter="",
+        fanout=None,
+        default=True,
+    ):
         self.name = name
         self.title = title
         self.metric = metric
@@ -81,9 +93,16 @@ class Scenario(object):
         return "scenario_" + self.name.replace("-", "_")
 
     def describe(self):
-        return {"name": self.name, "letter": self.letter, "title": self.title,
-                "metric": self.metric, "kind": self.kind, "baseline": self.baseline,
-                "fanout": self.fanout, "description": self.description}
+        return {
+            "name": self.name,
+            "letter": self.letter,
+            "title": self.title,
+            "metric": self.metric,
+            "kind": self.kind,
+            "baseline": self.baseline,
+            "fanout": self.fanout,
+            "description": self.description,
+        }
 
 
 def register_scenario(scenario):
@@ -152,27 +171,41 @@ class Env(object):
 
 # -- runners -----------------------------------------------------------------------
 
+
 class RoundResult(object):
     """What one round produced. ``values`` is an optional per-op number (RSS
     bytes for memory checkpoints, the send's own duration in ms for wake-ups);
     ``units`` overrides the number of operations counted in the rate
     (messages for the memory scenario, whose ops are checkpoints)."""
 
-    FIELDS = ("ops_done", "wall_s", "starts_ns", "durations_ns", "oks", "errors",
-              "thread_ids", "values", "problems", "delivered", "units", "extra")
+    FIELDS = (
+        "ops_done",
+        "wall_s",
+        "starts_ns",
+        "durations_ns",
+        "oks",
+        "errors",
+        "thread_ids",
+        "values",
+        "problems",
+        "delivered",
+        "units",
+        "extra",
+    )
 
-    def __init__(self, ops_done, wall_s, starts_ns, durations_ns, oks, errors, thread_ids,
-                 values=None):
+    def __init__(
+        self, ops_done, wall_s, starts_ns, durations_ns, oks, errors, thread_ids, values=None
+    ):
         self.ops_done = ops_done
         self.wall_s = wall_s
         self.starts_ns = starts_ns
         self.durations_ns = durations_ns
         self.oks = oks
-        self.errors = errors          # list of "ExceptionName: text"
+        self.errors = errors  # list of "ExceptionName: text"
         self.thread_ids = thread_ids  # one per op, or None for a single thread
-        self.values = values          # one per op, or None
-        self.problems = []            # from trial.finish()
-        self.delivered = None         # from trial.delivered
+        self.values = values  # one per op, or None
+        self.problems = []  # from trial.finish()
+        self.delivered = None  # from trial.delivered
         self.units = None
         self.extra = {}
 
@@ -193,8 +226,16 @@ class RoundResult(object):
 
     @classmethod
     def from_dict(cls, data):
-        result = cls(data["ops_done"], data["wall_s"], data["starts_ns"], data["durations_ns"],
-                     data["oks"], data["errors"], data.get("thread_ids"), data.get("values"))
+        result = cls(
+            data["ops_done"],
+            data["wall_s"],
+            data["starts_ns"],
+            data["durations_ns"],
+            data["oks"],
+            data["errors"],
+            data.get("thread_ids"),
+            data.get("values"),
+        )
         result.problems = data.get("problems") or []
         result.delivered = data.get("delivered")
         result.units = data.get("units")
@@ -267,8 +308,11 @@ def threaded_runner(threads):
 
         workers, first = [], 0
         for k in range(threads):
-            workers.append(threading.Thread(target=work, args=(k, first, counts[k]),
-                                            name="bench-%d" % k, daemon=True))
+            workers.append(
+                threading.Thread(
+                    target=work, args=(k, first, counts[k]), name="bench-%d" % k, daemon=True
+                )
+            )
             first += counts[k]
         for worker in workers:
             worker.start()
@@ -283,8 +327,15 @@ def threaded_runner(threads):
             rows += zip(starts, durations, oks, [ident] * len(starts))
             errors += errs
         rows.sort()
-        return RoundResult(len(rows), wall, [r[0] for r in rows], [r[1] for r in rows],
-                           [r[2] for r in rows], errors, [r[3] for r in rows])
+        return RoundResult(
+            len(rows),
+            wall,
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            errors,
+            [r[3] for r in rows],
+        )
 
     run_threaded.threads = threads
     return run_threaded
@@ -387,19 +438,46 @@ def run_custom(trial, ops):
 
 # -- the run -------------------------------------------------------------------------
 
+
 class Recorder(object):
     """Holds the run's raw samples and per-round results in memory."""
 
-    COLUMNS = ("run_id", "scenario", "contestant", "round", "slot", "seq",
-               "t_ns", "dur_ns", "ok", "thread", "value")
-    ROUND_COLUMNS = ("run_id", "scenario", "contestant", "round", "slot", "ops", "ops_done",
-                     "units", "wall_s", "rate", "misses", "error_count", "delivered",
-                     "problem_count", "errors", "problems")
+    COLUMNS = (
+        "run_id",
+        "scenario",
+        "contestant",
+        "round",
+        "slot",
+        "seq",
+        "t_ns",
+        "dur_ns",
+        "ok",
+        "thread",
+        "value",
+    )
+    ROUND_COLUMNS = (
+        "run_id",
+        "scenario",
+        "contestant",
+        "round",
+        "slot",
+        "ops",
+        "ops_done",
+        "units",
+        "wall_s",
+        "rate",
+        "misses",
+        "error_count",
+        "delivered",
+        "problem_count",
+        "errors",
+        "problems",
+    )
 
     def __init__(self, run_id):
         self.run_id = run_id
         self.samples = []  # tuples in COLUMNS order
-        self.rounds = []   # dicts, one per (scenario, contestant, round)
+        self.rounds = []  # dicts, one per (scenario, contestant, round)
 
     def add(self, scenario, contestant, round_no, slot, ops_asked, result, epoch_anchor):
         # perf_counter_ns is CLOCK_MONOTONIC: the same clock in worker processes.
@@ -408,27 +486,42 @@ class Recorder(object):
         values = result.values
         seqs = result.extra.get("seq") if result.extra else None  # memory: messages so far
         for seq in range(result.ops_done):
-            self.samples.append((
-                self.run_id, scenario.name, contestant.name, round_no, slot,
-                seqs[seq] if seqs else seq,
-                epoch_ns + (result.starts_ns[seq] - perf_ns), result.durations_ns[seq],
-                bool(result.oks[seq]),
-                result.thread_ids[seq] if result.thread_ids else main_thread,
-                float(values[seq]) if values is not None and values[seq] is not None else None,
-            ))
-        self.rounds.append({
-            "run_id": self.run_id,
-            "scenario": scenario.name, "contestant": contestant.name, "round": round_no,
-            "slot": slot, "ops": ops_asked, "ops_done": result.ops_done,
-            "units": result.good,
-            "wall_s": round(result.wall_s, 6), "rate": round(result.rate, 1),
-            "misses": result.misses, "error_count": len(result.errors),
-            "delivered": result.delivered,
-            "problem_count": len(result.problems),
-            "errors": result.errors[:10],
-            "problems": result.problems[:10],
-            "extra": {k: v for k, v in (result.extra or {}).items() if k != "seq"},
-        })
+            self.samples.append(
+                (
+                    self.run_id,
+                    scenario.name,
+                    contestant.name,
+                    round_no,
+                    slot,
+                    seqs[seq] if seqs else seq,
+                    epoch_ns + (result.starts_ns[seq] - perf_ns),
+                    result.durations_ns[seq],
+                    bool(result.oks[seq]),
+                    result.thread_ids[seq] if result.thread_ids else main_thread,
+                    float(values[seq]) if values is not None and values[seq] is not None else None,
+                )
+            )
+        self.rounds.append(
+            {
+                "run_id": self.run_id,
+                "scenario": scenario.name,
+                "contestant": contestant.name,
+                "round": round_no,
+                "slot": slot,
+                "ops": ops_asked,
+                "ops_done": result.ops_done,
+                "units": result.good,
+                "wall_s": round(result.wall_s, 6),
+                "rate": round(result.rate, 1),
+                "misses": result.misses,
+                "error_count": len(result.errors),
+                "delivered": result.delivered,
+                "problem_count": len(result.problems),
+                "errors": result.errors[:10],
+                "problems": result.problems[:10],
+                "extra": {k: v for k, v in (result.extra or {}).items() if k != "seq"},
+            }
+        )
 
 
 def round_order(contestants, round_no):
@@ -437,8 +530,7 @@ def round_order(contestants, round_no):
     return contestants[shift:] + contestants[:shift]
 
 
-def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, log,
-                 progress=None):
+def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, log, progress=None):
     """Warm up, then run ``rounds`` interleaved rounds of ``scenario``."""
     taking_part = [c for c in contestants if c.takes_part(scenario)]
     if not taking_part:
@@ -463,7 +555,7 @@ def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, 
             if result.errors or result.misses or result.problems:
                 flag = " !"
             cells.append("%s %s%s" % (contestant.name, _fmt_result(scenario, result), flag))
-            for text in (result.errors[:3] + result.problems[:3]):
+            for text in result.errors[:3] + result.problems[:3]:
                 log("    ! %s: %s" % (contestant.name, text))
             if progress is not None:
                 progress(1)
@@ -488,7 +580,7 @@ def _fmt_result(scenario, result):
     if scenario.kind == "memory":
         values = [v for v in (result.values or []) if v]
         if len(values) >= 2:
-            return "RSS %.1f -> %.1f MiB" % (values[0] / 2 ** 20, values[-1] / 2 ** 20)
+            return "RSS %.1f -> %.1f MiB" % (values[0] / 2**20, values[-1] / 2**20)
         return "-"
     text = "{:,.0f}/s".format(result.rate)
     if scenario.fanout and result.delivered is not None and result.wall_s > 0:

@@ -38,8 +38,9 @@ def machine_info(admin):
         "python": "%s %s" % (platform.python_implementation(), platform.python_version()),
         "broker": admin.server_version(),
         "broker_platform": _text(admin.server_properties.get("platform", "")),
-        "packages": _package_versions(["pika", "msgpack", "asgiref", "pyarrow", "pyspark",
-                                       "pandas", "matplotlib"]),
+        "packages": _package_versions(
+            ["pika", "msgpack", "asgiref", "pyarrow", "pyspark", "pandas", "matplotlib"]
+        ),
         "java": _java_version(),
         "git": _git_revision(),
     }
@@ -81,6 +82,7 @@ def _os_name():
 
 def _package_versions(names):
     from importlib import metadata
+
     found = {}
     for name in names:
         try:
@@ -100,17 +102,9 @@ def _java_version():
 
 
 def _git_revision():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "asgi_amqp"], cwd=root,
-                               capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode != 0:
-        return "no commit yet"
-    return head.stdout.strip() + ("+local changes" if dirty.stdout.strip() else "")
+    from .common import ROOT, git_revision
+
+    return git_revision(ROOT) or "no commit yet"
 
 
 def _text(value):
@@ -170,8 +164,11 @@ def aggregate_python(samples, rounds, run):
     for (scenario, contestant), rows in per_round.items():
         rows.sort(key=lambda r: r["round"])
         rates = [r["units"] / r["wall_s"] if r["wall_s"] else 0.0 for r in rows]
-        deliveries = [r["delivered"] / r["wall_s"] for r in rows
-                      if r.get("delivered") is not None and r["wall_s"]]
+        deliveries = [
+            r["delivered"] / r["wall_s"]
+            for r in rows
+            if r.get("delivered") is not None and r["wall_s"]
+        ]
         durs = sorted(durations.get((scenario, contestant), []))
         entry = {
             "rounds": len(rows),
@@ -206,11 +203,13 @@ def _memory_figures(points, start):
     base = [p for p in points if p[0] >= start] or points[-1:]
     first, last = base[0], points[-1]
     return {
-        "rss_from_messages": int(first[0]), "rss_from_mib": round(first[1] / 2 ** 20, 2),
-        "rss_to_messages": int(last[0]), "rss_to_mib": round(last[1] / 2 ** 20, 2),
-        "rss_start_mib": round(points[0][1] / 2 ** 20, 2),
+        "rss_from_messages": int(first[0]),
+        "rss_from_mib": round(first[1] / 2**20, 2),
+        "rss_to_messages": int(last[0]),
+        "rss_to_mib": round(last[1] / 2**20, 2),
+        "rss_start_mib": round(points[0][1] / 2**20, 2),
         "rss_growth_pct": round(100.0 * (last[1] - first[1]) / first[1], 2) if first[1] else None,
-        "rss_points": [[int(m), round(v / 2 ** 20, 2)] for m, v in points],
+        "rss_points": [[int(m), round(v / 2**20, 2)] for m, v in points],
     }
 
 
@@ -237,8 +236,14 @@ def finish_stats(stats, run):
 
 # -- targets --------------------------------------------------------------------------
 
-_STAT_KEYS = {"headline": "headline", "deliveries": "deliveries_median", "p50": "p50_ms",
-              "p95": "p95_ms", "p99": "p99_ms", "growth": "rss_growth_pct"}
+_STAT_KEYS = {
+    "headline": "headline",
+    "deliveries": "deliveries_median",
+    "p50": "p50_ms",
+    "p95": "p95_ms",
+    "p99": "p99_ms",
+    "growth": "rss_growth_pct",
+}
 
 
 def evaluate_targets(stats, run):
@@ -261,8 +266,11 @@ def evaluate_targets(stats, run):
         if row["value"] is None:
             row["status"] = "n/a"
         else:
-            ok = row["value"] >= target["goal"] if target["op"] == ">=" else \
-                row["value"] <= target["goal"]
+            ok = (
+                row["value"] >= target["goal"]
+                if target["op"] == ">="
+                else row["value"] <= target["goal"]
+            )
             row["status"] = "PASS" if ok else "SHORT"
         rows.append(row)
     return rows
@@ -288,13 +296,18 @@ def targets_table(rows, stats, run):
         unit = row.get("bound_unit") or ("ms" if row["stat"] in ("p50", "p95", "p99") else "")
         scenario = scenarios.get(row["scenario"], {})
         what = _stat_label(row["stat"], scenario)
-        subject = "%s %s" % (_fmt_number(row["measured"], unit), what) \
-            if row["measured"] is not None else "-"
+        subject = (
+            "%s %s" % (_fmt_number(row["measured"], unit), what)
+            if row["measured"] is not None
+            else "-"
+        )
         if row.get("other"):
-            other_what = _stat_label(row["stat"], scenarios.get(
-                row.get("other_scenario") or row["scenario"], {}))
-            where = row["other"] + (" (%s)" % row["other_scenario"] if row.get("other_scenario")
-                                    else "")
+            other_what = _stat_label(
+                row["stat"], scenarios.get(row.get("other_scenario") or row["scenario"], {})
+            )
+            where = row["other"] + (
+                " (%s)" % row["other_scenario"] if row.get("other_scenario") else ""
+            )
             against = "%s: %s %s" % (where, _fmt_number(row["against"], unit), other_what)
             value = "-" if row["value"] is None else "%.2fx" % row["value"]
             goal = "%s %.1fx" % (row["op"], row["goal"])
@@ -343,50 +356,134 @@ def summary_table(stats, run):
         label = "(%s) %s" % (scenario["letter"], scenario["name"])
         if scenario["kind"] == "latency":
             for stat in ("p50", "p95", "p99"):
-                rows.append([label if stat == "p50" else "", "%s %s ms" % (scenario["metric"], stat)]
-                            + [_fmt(per.get(n, {}).get(stat + "_ms"), "%.3f") for n in names])
+                rows.append(
+                    [label if stat == "p50" else "", "%s %s ms" % (scenario["metric"], stat)]
+                    + [_fmt(per.get(n, {}).get(stat + "_ms"), "%.3f") for n in names]
+                )
             if any(per.get(n, {}).get("after_send_p50_ms") is not None for n in names):
                 for stat in ("p50", "p99"):
-                    rows.append(["", "after the send returned, %s ms" % stat] + [
-                        _fmt(per.get(n, {}).get("after_send_%s_ms" % stat), "%.3f")
-                        for n in names])
+                    rows.append(
+                        ["", "after the send returned, %s ms" % stat]
+                        + [
+                            _fmt(per.get(n, {}).get("after_send_%s_ms" % stat), "%.3f")
+                            for n in names
+                        ]
+                    )
         elif scenario["kind"] == "memory":
-            rows.append([label, "RSS growth %"] + [
-                _fmt(per.get(n, {}).get("rss_growth_pct"), "%.1f%%") for n in names])
-            rows.append(["", "RSS MiB (from -> to msgs)"] + [
-                ("%.1f -> %.1f (%dk -> %dk)" % (
-                    per[n]["rss_from_mib"], per[n]["rss_to_mib"],
-                    per[n]["rss_from_messages"] // 1000, per[n]["rss_to_messages"] // 1000)
-                 if n in per and per[n].get("rss_from_mib") is not None else "-")
-                for n in names])
-            rows.append(["", "msg/s (send+receive)"] + [
-                _fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names])
+            rows.append(
+                [label, "RSS growth %"]
+                + [_fmt(per.get(n, {}).get("rss_growth_pct"), "%.1f%%") for n in names]
+            )
+            rows.append(
+                ["", "RSS MiB (from -> to msgs)"]
+                + [
+                    (
+                        "%.1f -> %.1f (%dk -> %dk)"
+                        % (
+                            per[n]["rss_from_mib"],
+                            per[n]["rss_to_mib"],
+                            per[n]["rss_from_messages"] // 1000,
+                            per[n]["rss_to_messages"] // 1000,
+                        )
+                        if n in per and per[n].get("rss_from_mib") is not None
+                        else "-"
+                    )
+                    for n in names
+                ]
+            )
+            rows.append(
+                ["", "msg/s (send+receive)"]
+                + [_fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names]
+            )
         else:
-            rows.append([label, scenario["metric"] + " median"] + [
-                _fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names])
+            rows.append(
+                [label, scenario["metric"] + " median"]
+                + [_fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names]
+            )
             if scenario.get("fanout"):
-                rows.append(["", "member deliveries/s"] + [
-                    _fmt(per.get(n, {}).get("deliveries_median"), "{:,.0f}") for n in names])
+                rows.append(
+                    ["", "member deliveries/s"]
+                    + [_fmt(per.get(n, {}).get("deliveries_median"), "{:,.0f}") for n in names]
+                )
+    return headers, rows
+
+
+def ratio_subjects(run):
+    """(subject, others) pairs for ratio tables: ``layer`` against every
+    other contestant, and with a baseline, ``layer@current`` against
+    ``layer@baseline``."""
+    names = [c["name"] for c in run["contestants"]]
+    pairs = []
+    if "layer" in names:
+        pairs.append(("layer", [n for n in names if n != "layer"]))
+    if "layer@current" in names and "layer@baseline" in names:
+        pairs.append(("layer@current", ["layer@baseline"]))
+    return pairs
+
+
+def ratio_table(stats, run, subject, others):
+    """``subject``'s headline figures divided by each of ``others``': per
+    second (median round; above 1 means ``subject`` is faster) and latency
+    percentiles (below 1 means ``subject`` is faster)."""
+    headers = ["scenario", "figure"] + ["%s / %s" % (subject, other) for other in others]
+    rows = []
+
+    def ratio(per, other, key):
+        mine = per.get(subject, {}).get(key)
+        theirs = per.get(other, {}).get(key)
+        return "-" if not mine or not theirs else "%.2fx" % (mine / theirs)
+
+    for scenario in run["scenarios"]:
+        per = stats.get(scenario["name"])
+        if not per or subject not in per:
+            continue
+        label = "(%s) %s" % (scenario["letter"], scenario["name"])
+        if scenario["kind"] == "latency":
+            figures = [("p50 ms", "p50_ms"), ("p99 ms", "p99_ms")]
+        elif scenario["kind"] == "memory":
+            continue
+        else:
+            figures = [(scenario["metric"], "rate_median")]
+            if scenario.get("fanout"):
+                figures.append(("member deliveries/s", "deliveries_median"))
+        for k, (what, key) in enumerate(figures):
+            rows.append([label if k == 0 else "", what] + [ratio(per, o, key) for o in others])
     return headers, rows
 
 
 def detail_table(scenario, per, run):
-    headers = ["contestant", "rounds", "median", "min", "max", "p50 ms", "p95 ms",
-               "p99 ms", "max ms", "ratio to %s" % (scenario.get("baseline") or "-"),
-               "misses/errors/problems"]
+    headers = [
+        "contestant",
+        "rounds",
+        "median",
+        "min",
+        "max",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+        "ratio to %s" % (scenario.get("baseline") or "-"),
+        "misses/errors/problems",
+    ]
     rows = []
     for name in _order(run, per):
         s = per[name]
         rate = "{:,.0f}"
-        rows.append([
-            name, s["rounds"],
-            _fmt(s.get("rate_median"), rate), _fmt(s.get("rate_min"), rate),
-            _fmt(s.get("rate_max"), rate),
-            _fmt(s.get("p50_ms"), "%.3f"), _fmt(s.get("p95_ms"), "%.3f"),
-            _fmt(s.get("p99_ms"), "%.3f"), _fmt(s.get("max_ms"), "%.3f"),
-            _fmt(s.get("ratio_to_baseline"), "%.2f"),
-            "%d/%d/%d" % (s["misses"], s["errors"], s["problems"]),
-        ])
+        rows.append(
+            [
+                name,
+                s["rounds"],
+                _fmt(s.get("rate_median"), rate),
+                _fmt(s.get("rate_min"), rate),
+                _fmt(s.get("rate_max"), rate),
+                _fmt(s.get("p50_ms"), "%.3f"),
+                _fmt(s.get("p95_ms"), "%.3f"),
+                _fmt(s.get("p99_ms"), "%.3f"),
+                _fmt(s.get("max_ms"), "%.3f"),
+                _fmt(s.get("ratio_to_baseline"), "%.2f"),
+                "%d/%d/%d" % (s["misses"], s["errors"], s["problems"]),
+            ]
+        )
     return headers, rows
 
 
@@ -402,16 +499,20 @@ def render_text(table):
     widths = [max(len(str(row[i])) for row in everything) for i in range(len(headers))]
     lines = []
     for row in everything:
-        cells = [str(c).ljust(widths[i]) if i == 0 else str(c).rjust(widths[i])
-                 for i, c in enumerate(row)]
+        cells = [
+            str(c).ljust(widths[i]) if i == 0 else str(c).rjust(widths[i])
+            for i, c in enumerate(row)
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
 def render_markdown(table, left=1):
     headers, rows = table
-    lines = ["| " + " | ".join(str(h) for h in headers) + " |",
-             "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|"]
+    lines = [
+        "| " + " | ".join(str(h) for h in headers) + " |",
+        "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|",
+    ]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -422,8 +523,13 @@ def render_markdown(table, left=1):
 def write_raw(recorder, run, directory, stamp):
     """Samples, rounds (parquet, or JSON lines without pyarrow) and run-<stamp>.json."""
     os.makedirs(directory, exist_ok=True)
-    rounds = [{k: (json.dumps(r[k]) if k in ("errors", "problems") else r.get(k))
-               for k in recorder.ROUND_COLUMNS} for r in recorder.rounds]
+    rounds = [
+        {
+            k: (json.dumps(r[k]) if k in ("errors", "problems") else r.get(k))
+            for k in recorder.ROUND_COLUMNS
+        }
+        for r in recorder.rounds
+    ]
     try:
         import pyarrow
         import pyarrow.parquet
@@ -432,44 +538,71 @@ def write_raw(recorder, run, directory, stamp):
     if pyarrow is not None:
         samples_path = os.path.join(directory, "samples-%s.parquet" % stamp)
         rounds_path = os.path.join(directory, "rounds-%s.parquet" % stamp)
-        schema = pyarrow.schema([
-            ("run_id", pyarrow.string()), ("scenario", pyarrow.string()),
-            ("contestant", pyarrow.string()), ("round", pyarrow.int32()),
-            ("slot", pyarrow.int32()), ("seq", pyarrow.int64()), ("t_ns", pyarrow.int64()),
-            ("dur_ns", pyarrow.int64()), ("ok", pyarrow.bool_()), ("thread", pyarrow.int64()),
-            ("value", pyarrow.float64())])
+        schema = pyarrow.schema(
+            [
+                ("run_id", pyarrow.string()),
+                ("scenario", pyarrow.string()),
+                ("contestant", pyarrow.string()),
+                ("round", pyarrow.int32()),
+                ("slot", pyarrow.int32()),
+                ("seq", pyarrow.int64()),
+                ("t_ns", pyarrow.int64()),
+                ("dur_ns", pyarrow.int64()),
+                ("ok", pyarrow.bool_()),
+                ("thread", pyarrow.int64()),
+                ("value", pyarrow.float64()),
+            ]
+        )
         columns = list(zip(*recorder.samples)) if recorder.samples else [[]] * len(schema)
-        table = pyarrow.table({name: list(columns[i]) for i, name in enumerate(schema.names)},
-                              schema=schema)
+        table = pyarrow.table(
+            {name: list(columns[i]) for i, name in enumerate(schema.names)}, schema=schema
+        )
         pyarrow.parquet.write_table(table, samples_path)
-        round_schema = pyarrow.schema([
-            ("run_id", pyarrow.string()), ("scenario", pyarrow.string()),
-            ("contestant", pyarrow.string()), ("round", pyarrow.int32()),
-            ("slot", pyarrow.int32()), ("ops", pyarrow.int64()), ("ops_done", pyarrow.int64()),
-            ("units", pyarrow.int64()), ("wall_s", pyarrow.float64()),
-            ("rate", pyarrow.float64()), ("misses", pyarrow.int64()),
-            ("error_count", pyarrow.int64()), ("delivered", pyarrow.int64()),
-            ("problem_count", pyarrow.int64()), ("errors", pyarrow.string()),
-            ("problems", pyarrow.string())])
-        pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rounds, schema=round_schema),
-                                    rounds_path)
+        round_schema = pyarrow.schema(
+            [
+                ("run_id", pyarrow.string()),
+                ("scenario", pyarrow.string()),
+                ("contestant", pyarrow.string()),
+                ("round", pyarrow.int32()),
+                ("slot", pyarrow.int32()),
+                ("ops", pyarrow.int64()),
+                ("ops_done", pyarrow.int64()),
+                ("units", pyarrow.int64()),
+                ("wall_s", pyarrow.float64()),
+                ("rate", pyarrow.float64()),
+                ("misses", pyarrow.int64()),
+                ("error_count", pyarrow.int64()),
+                ("delivered", pyarrow.int64()),
+                ("problem_count", pyarrow.int64()),
+                ("errors", pyarrow.string()),
+                ("problems", pyarrow.string()),
+            ]
+        )
+        pyarrow.parquet.write_table(
+            pyarrow.Table.from_pylist(rounds, schema=round_schema), rounds_path
+        )
     else:
         samples_path = os.path.join(directory, "samples-%s.jsonl" % stamp)
         rounds_path = os.path.join(directory, "rounds-%s.jsonl" % stamp)
         with open(samples_path, "w") as handle:
             for row in recorder.samples:
-                handle.write(json.dumps(dict(zip(recorder.COLUMNS, row)),
-                                        separators=(",", ":")) + "\n")
+                handle.write(
+                    json.dumps(dict(zip(recorder.COLUMNS, row)), separators=(",", ":")) + "\n"
+                )
         with open(rounds_path, "w") as handle:
             for row in rounds:
                 handle.write(json.dumps(row, separators=(",", ":")) + "\n")
     run = dict(run)
     run["samples_file"] = os.path.basename(samples_path)
     run["rounds_file"] = os.path.basename(rounds_path)
-    run["round_details"] = [{k: r[k] for k in ("scenario", "contestant", "round", "slot",
-                                                "errors", "problems", "extra")}
-                            for r in recorder.rounds if r["errors"] or r["problems"]
-                            or r.get("extra")]
+    run["round_details"] = [
+        {
+            k: r[k]
+            for k in ("scenario", "contestant", "round", "slot", "errors", "problems", "extra")
+        }
+        for r in recorder.rounds
+        if r["errors"] or r["problems"] or r.get("extra")
+    ]
     run_path = os.path.join(directory, "run-%s.json" % stamp)
     with open(run_path, "w") as handle:
         json.dump(run, handle, indent=2)
@@ -489,6 +622,7 @@ def read_rows(run, which):
     path = os.path.join(run["_dir"], run[which + "_file"])
     if path.endswith(".parquet"):
         import pyarrow.parquet
+
         return pyarrow.parquet.read_table(path).to_pylist()
     with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -523,21 +657,23 @@ def render_summary_md(stats, run, targets, charts, engine):
     lines = [
         "# asgi_amqp benchmark",
         "",
-        "`%s`, %s (UTC), %.0f s; aggregated by %s." % (
-            run["command"], machine["date_utc"], run.get("elapsed_s", 0), engine),
+        "`%s`, %s (UTC), %.0f s; aggregated by %s."
+        % (run["command"], machine["date_utc"], run.get("elapsed_s", 0), engine),
         "",
         "| machine | |",
         "|---|---|",
-        "| CPU | %s, %s cores (%s usable) |" % (machine["cpu_model"], machine["nproc"],
-                                                machine["cpus_usable"]),
+        "| CPU | %s, %s cores (%s usable) |"
+        % (machine["cpu_model"], machine["nproc"], machine["cpus_usable"]),
         "| memory | %s GiB |" % machine["memory_gib"],
         "| OS | %s, kernel %s |" % (machine["os"], machine["kernel"]),
-        "| load at start / end | %s / %s |" % (
+        "| load at start / end | %s / %s |"
+        % (
             " ".join(str(x) for x in machine["loadavg_at_start"]),
-            " ".join(str(x) for x in run.get("loadavg_at_end", []))),
+            " ".join(str(x) for x in run.get("loadavg_at_end", [])),
+        ),
         "| Python | %s |" % machine["python"],
-        "| broker | %s (%s), %s |" % (machine["broker"], machine["broker_platform"],
-                                       run["broker_url"]),
+        "| broker | %s (%s), %s |"
+        % (machine["broker"], machine["broker_platform"], run["broker_url"]),
         "| Redis | %s |" % (run.get("redis") or "-"),
         "| packages | %s |" % ", ".join("%s %s" % kv for kv in sorted(machine["packages"].items())),
         "| Java | %s |" % (machine.get("java") or "-"),
@@ -549,11 +685,25 @@ def render_summary_md(stats, run, targets, charts, engine):
         "",
         "## Summary",
         "",
-        "Rates: median of the rounds; latencies: percentiles over every sample of "
-        "every round.",
+        "Rates: median of the rounds; latencies: percentiles over every sample of every round.",
         "",
         render_markdown(summary_table(stats, run), left=2),
         "",
+    ]
+    for subject, others in ratio_subjects(run):
+        lines += [
+            "## %s against the others" % subject,
+            "",
+            "Rates: %s's median round over the other's (above 1: %s is faster); "
+            "latencies: %s's percentile over the other's (below 1: %s is faster)."
+            % (subject, subject, subject, subject),
+            "",
+            render_markdown(ratio_table(stats, run, subject, others), left=2),
+            "",
+        ]
+    if run.get("baseline"):
+        lines += ["layer@baseline: %s." % run["baseline"], ""]
+    lines += [
         "## Method",
         "",
         run["method"],
@@ -565,19 +715,36 @@ def render_summary_md(stats, run, targets, charts, engine):
         per = stats.get(scenario["name"])
         if not per:
             continue
-        lines += ["## %s" % scenario["title"], "", scenario["description"], "",
-                  render_markdown(detail_table(scenario, per, run)), ""]
+        lines += [
+            "## %s" % scenario["title"],
+            "",
+            scenario["description"],
+            "",
+            render_markdown(detail_table(scenario, per, run)),
+            "",
+        ]
         if scenario["kind"] != "memory":
-            lines += ["Per-round rates: " + "; ".join(
-                "%s %s" % (name, ", ".join("{:,.0f}".format(r) for r in per[name]["rates"]))
-                for name in _order(run, per)), ""]
+            lines += [
+                "Per-round rates: "
+                + "; ".join(
+                    "%s %s" % (name, ", ".join("{:,.0f}".format(r) for r in per[name]["rates"]))
+                    for name in _order(run, per)
+                ),
+                "",
+            ]
         else:
             for name in _order(run, per):
                 points = per[name].get("rss_points") or []
-                lines += ["RSS of %s (messages: MiB): %s" % (name, ", ".join(
-                    "%dk: %.1f" % (m // 1000, v) for m, v in points)), ""]
-        problems = [d for d in run.get("round_details", [])
-                    if d["scenario"] == scenario["name"] and (d["errors"] or d["problems"])]
+                lines += [
+                    "RSS of %s (messages: MiB): %s"
+                    % (name, ", ".join("%dk: %.1f" % (m // 1000, v) for m, v in points)),
+                    "",
+                ]
+        problems = [
+            d
+            for d in run.get("round_details", [])
+            if d["scenario"] == scenario["name"] and (d["errors"] or d["problems"])
+        ]
         if problems:
             lines += ["Errors and failed checks:", ""]
             for d in problems[:20]:
@@ -587,8 +754,9 @@ def render_summary_md(stats, run, targets, charts, engine):
     lines += ["## Contestants", ""]
     for c in run["contestants"]:
         versions = ", ".join("%s %s" % kv for kv in sorted((c.get("versions") or {}).items()))
-        lines.append("- **%s**: %s%s" % (c["name"], c["description"],
-                                          " (%s)" % versions if versions else ""))
+        lines.append(
+            "- **%s**: %s%s" % (c["name"], c["description"], " (%s)" % versions if versions else "")
+        )
     for name, reason in sorted((run.get("skipped_contestants") or {}).items()):
         lines.append("- **%s**: not run: %s" % (name, reason))
     lines.append("")
@@ -598,6 +766,7 @@ def render_summary_md(stats, run, targets, charts, engine):
 def write_charts(stats, run, results_dir):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -615,11 +784,19 @@ def write_charts(stats, run, results_dir):
     for scenario in run["scenarios"]:
         per = stats.get(scenario["name"])
         if per and scenario["kind"] == "rate":
-            groups.append(("(%s) %s" % (scenario["letter"], scenario["metric"]), per,
-                           "rate_median", "rate_min", "rate_max"))
+            groups.append(
+                (
+                    "(%s) %s" % (scenario["letter"], scenario["metric"]),
+                    per,
+                    "rate_median",
+                    "rate_min",
+                    "rate_max",
+                )
+            )
             if scenario.get("fanout"):
-                groups.append(("(%s) deliveries/s" % scenario["letter"], per,
-                               "deliveries_median", None, None))
+                groups.append(
+                    ("(%s) deliveries/s" % scenario["letter"], per, "deliveries_median", None, None)
+                )
     if groups:
         fig, ax = plt.subplots(figsize=(12, 5))
         width = 0.8 / max(1, len(names))
@@ -633,8 +810,7 @@ def write_charts(stats, run, results_dir):
                     lo.append(value - (per[name].get(kmin) or value) if kmin else 0)
                     hi.append((per[name].get(kmax) or value) - value if kmax else 0)
             if xs:
-                ax.bar(xs, ys, width, label=name, color=colors[name], yerr=[lo, hi],
-                       capsize=2)
+                ax.bar(xs, ys, width, label=name, color=colors[name], yerr=[lo, hi], capsize=2)
         ax.set_yscale("log")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([g[0] for g in groups], rotation=15)
@@ -678,8 +854,13 @@ def write_charts(stats, run, results_dir):
             for name, entry in stats[scenario["name"]].items():
                 points = entry.get("rss_points") or []
                 if points:
-                    ax.plot([p[0] for p in points], [p[1] for p in points], marker=".",
-                            label=name, color=colors.get(name))
+                    ax.plot(
+                        [p[0] for p in points],
+                        [p[1] for p in points],
+                        marker=".",
+                        label=name,
+                        color=colors.get(name),
+                    )
                     if entry.get("rss_from_messages") is not None:
                         ax.axvline(entry["rss_from_messages"], color="grey", ls=":", lw=1)
         ax.set_xlabel("messages sent and received")
@@ -698,5 +879,11 @@ def write_charts(stats, run, results_dir):
 def print_report(stats, run, targets, out=print):
     out("\nSummary")
     out(render_text(summary_table(stats, run)))
+    for subject, others in ratio_subjects(run):
+        out(
+            "\n%s against the others (rates: above 1 is faster; latencies: below 1 is faster)"
+            % subject
+        )
+        out(render_text(ratio_table(stats, run, subject, others)))
     out("\nTargets")
     out(render_text(targets_table(targets, stats, run)).replace("**SHORT**", "SHORT <--"))

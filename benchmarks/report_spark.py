@@ -44,24 +44,33 @@ def spark_session(master, app="asgi_amqp-bench-report"):
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     import warnings
+
     warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master(master).appName(app)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "4")
-             .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
-             .getOrCreate())
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-SAMPLES_DDL = ("run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
-               "seq BIGINT, t_ns BIGINT, dur_ns BIGINT, ok BOOLEAN, thread BIGINT, value DOUBLE")
-ROUNDS_DDL = ("run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
-              "ops BIGINT, ops_done BIGINT, units BIGINT, wall_s DOUBLE, rate DOUBLE, "
-              "misses BIGINT, error_count BIGINT, delivered BIGINT, problem_count BIGINT, "
-              "errors STRING, problems STRING")
+SAMPLES_DDL = (
+    "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
+    "seq BIGINT, t_ns BIGINT, dur_ns BIGINT, ok BOOLEAN, thread BIGINT, value DOUBLE"
+)
+ROUNDS_DDL = (
+    "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
+    "ops BIGINT, ops_done BIGINT, units BIGINT, wall_s DOUBLE, rate DOUBLE, "
+    "misses BIGINT, error_count BIGINT, delivered BIGINT, problem_count BIGINT, "
+    "errors STRING, problems STRING"
+)
 
 
 def _reader(spark, path, ddl):
@@ -87,18 +96,17 @@ def aggregate_spark(spark, run, raw_uri=None):
         F.count(ok_dur).alias("samples"),
         F.sum(F.when(~F.col("ok"), 1).otherwise(0)).alias("misses"),
         F.expr("percentile(CASE WHEN ok THEN dur_ns END, array(%s))" % fractions).alias("pct"),
-        F.expr("percentile(CASE WHEN ok AND value IS NOT NULL THEN dur_ns - value * 1e6 END, "
-               "array(%s))" % ", ".join(str(f) for f in report.AFTER_SEND_PERCENTILES)
-               ).alias("after"),
+        F.expr(
+            "percentile(CASE WHEN ok AND value IS NOT NULL THEN dur_ns - value * 1e6 END, "
+            "array(%s))" % ", ".join(str(f) for f in report.AFTER_SEND_PERCENTILES)
+        ).alias("after"),
         F.max(ok_dur).alias("max_ns"),
         F.avg(ok_dur).alias("mean_ns"),
     )
 
-    per_round = (rounds
-                 .withColumn("rate", F.when(F.col("wall_s") > 0,
-                                            F.col("units") / F.col("wall_s")).otherwise(0.0))
-                 .withColumn("dps", F.when(F.col("wall_s") > 0,
-                                           F.col("delivered") / F.col("wall_s"))))
+    per_round = rounds.withColumn(
+        "rate", F.when(F.col("wall_s") > 0, F.col("units") / F.col("wall_s")).otherwise(0.0)
+    ).withColumn("dps", F.when(F.col("wall_s") > 0, F.col("delivered") / F.col("wall_s")))
     rates = per_round.groupBy(*keys).agg(
         F.count("*").alias("rounds"),
         F.first("ops").alias("ops_per_round"),
@@ -112,16 +120,20 @@ def aggregate_spark(spark, run, raw_uri=None):
     )
 
     start = int(run["options"]["memory_from"])
-    memory = (samples.filter(F.col("scenario").isin(memory_scenarios)
-                             & F.col("value").isNotNull())
-              .groupBy(*keys).agg(
-                  F.sort_array(F.collect_list(F.struct("seq", "value"))).alias("points"),
-                  F.min_by(F.when(F.col("seq") >= start, F.col("value")),
-                           F.when(F.col("seq") >= start, F.col("seq"))).alias("rss_from"),
-                  F.min(F.when(F.col("seq") >= start, F.col("seq"))).alias("from_seq"),
-                  F.max_by("value", "seq").alias("rss_to"),
-                  F.max("seq").alias("to_seq"),
-              ))
+    memory = (
+        samples.filter(F.col("scenario").isin(memory_scenarios) & F.col("value").isNotNull())
+        .groupBy(*keys)
+        .agg(
+            F.sort_array(F.collect_list(F.struct("seq", "value"))).alias("points"),
+            F.min_by(
+                F.when(F.col("seq") >= start, F.col("value")),
+                F.when(F.col("seq") >= start, F.col("seq")),
+            ).alias("rss_from"),
+            F.min(F.when(F.col("seq") >= start, F.col("seq"))).alias("from_seq"),
+            F.max_by("value", "seq").alias("rss_to"),
+            F.max("seq").alias("to_seq"),
+        )
+    )
 
     stats = {}
     for row in rates.join(latency, keys, "left").collect():
@@ -153,13 +165,17 @@ def aggregate_spark(spark, run, raw_uri=None):
         rss_from, from_seq = row["rss_from"], row["from_seq"]
         if rss_from is None:  # the run ended before --memory-from: the last point
             from_seq, rss_from = points[-1]
-        entry.update({
-            "rss_from_messages": int(from_seq), "rss_from_mib": round(rss_from / 2 ** 20, 2),
-            "rss_to_messages": int(row["to_seq"]), "rss_to_mib": round(row["rss_to"] / 2 ** 20, 2),
-            "rss_start_mib": round(points[0][1] / 2 ** 20, 2),
-            "rss_growth_pct": round(100.0 * (row["rss_to"] - rss_from) / rss_from, 2),
-            "rss_points": [[int(m), round(v / 2 ** 20, 2)] for m, v in points],
-        })
+        entry.update(
+            {
+                "rss_from_messages": int(from_seq),
+                "rss_from_mib": round(rss_from / 2**20, 2),
+                "rss_to_messages": int(row["to_seq"]),
+                "rss_to_mib": round(row["rss_to"] / 2**20, 2),
+                "rss_start_mib": round(points[0][1] / 2**20, 2),
+                "rss_growth_pct": round(100.0 * (row["rss_to"] - rss_from) / rss_from, 2),
+                "rss_points": [[int(m), round(v / 2**20, 2)] for m, v in points],
+            }
+        )
     return report.finish_stats(stats, run)
 
 
@@ -189,21 +205,34 @@ def compare(a, b, tolerance=1e-6):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", help="run-<stamp>.json (default: the latest in results/raw)")
-    parser.add_argument("--results", default=os.path.join(HERE, "results"),
-                        help="where summary.md/json and the charts go (benchmarks/results)")
-    parser.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"),
-                        help="Spark master URL (local[2]; or $SPARK_MASTER)")
-    parser.add_argument("--raw-uri", help="where executors read the raw files (default: "
-                        "file:// + the run's directory)")
-    parser.add_argument("--engine", choices=("spark", "python"), default="spark",
-                        help="aggregate with PySpark (default) or plain Python")
-    parser.add_argument("--check", action="store_true",
-                        help="aggregate with both and fail if they disagree")
+    parser.add_argument(
+        "--results",
+        default=os.path.join(HERE, "results"),
+        help="where summary.md/json and the charts go (benchmarks/results)",
+    )
+    parser.add_argument(
+        "--master",
+        default=os.environ.get("SPARK_MASTER", "local[2]"),
+        help="Spark master URL (local[2]; or $SPARK_MASTER)",
+    )
+    parser.add_argument(
+        "--raw-uri",
+        help="where executors read the raw files (default: file:// + the run's directory)",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("spark", "python"),
+        default="spark",
+        help="aggregate with PySpark (default) or plain Python",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="aggregate with both and fail if they disagree"
+    )
     args = parser.parse_args(argv)
 
     run_path = args.run or latest_run(os.path.join(args.results, "raw"))
     if not run_path or not os.path.exists(run_path):
-        sys.exit("no run found (run benchmarks/run.py first, or pass --run)")
+        sys.exit("no run found (run python -m benchmarks --only layer first, or pass --run)")
     run = report.load_run(run_path)
 
     stats = engine = None
@@ -213,8 +242,10 @@ def main(argv=None):
         except Exception as exc:
             if args.check:
                 raise
-            print("PySpark unavailable (%s: %s); aggregating in Python" % (
-                type(exc).__name__, exc), file=sys.stderr)
+            print(
+                "PySpark unavailable (%s: %s); aggregating in Python" % (type(exc).__name__, exc),
+                file=sys.stderr,
+            )
         else:
             try:
                 stats = aggregate_spark(spark, run, args.raw_uri)
@@ -222,23 +253,30 @@ def main(argv=None):
             finally:
                 spark.stop()
     if stats is None or args.check:
-        python_stats = report.aggregate_python(report.read_rows(run, "samples"),
-                                               report.read_rows(run, "rounds"), run)
+        python_stats = report.aggregate_python(
+            report.read_rows(run, "samples"), report.read_rows(run, "rounds"), run
+        )
         if args.check:
             problems = compare(stats, python_stats)
             if problems:
-                print("Spark and Python aggregations differ:\n  " + "\n  ".join(problems[:30]),
-                      file=sys.stderr)
+                print(
+                    "Spark and Python aggregations differ:\n  " + "\n  ".join(problems[:30]),
+                    file=sys.stderr,
+                )
                 return 1
-            print("check: Spark and Python aggregations agree "
-                  "(%d scenario/contestant cells)" % sum(len(v) for v in stats.values()))
+            print(
+                "check: Spark and Python aggregations agree "
+                "(%d scenario/contestant cells)" % sum(len(v) for v in stats.values())
+            )
         if stats is None:
             stats, engine = python_stats, "Python (report.aggregate_python)"
 
     targets, paths = report.write_outputs(stats, run, args.results, engine)
     report.print_report(stats, run, targets)
-    print("\naggregated by %s; wrote %s" % (engine, ", ".join(
-        os.path.relpath(p, ROOT) for p in paths)))
+    print(
+        "\naggregated by %s; wrote %s"
+        % (engine, ", ".join(os.path.relpath(p, ROOT) for p in paths))
+    )
     return 0
 
 

@@ -3,8 +3,10 @@
     <python> -m benchmarks.worker      (cwd: the repository root)
 
 Used for asgi_redis 1.4.3, which needs the old ``msgpack-python`` and so
-lives in a virtualenv of its own, and for the memory scenario, which wants a
-process holding nothing but the layer. The worker plays whole rounds with
+lives in a virtualenv of its own, for the memory scenario, which wants a
+process holding nothing but the layer, and for the layer imported from
+another source tree (``$BENCH_LAYER_SRC``, see ``common.apply_layer_source``:
+``layer@baseline`` and ``layer@current``). The worker plays whole rounds with
 the same runners and trials as the harness's process (``harness``,
 ``asgi_trials``) and sends back the samples; nothing is timed across the
 pipe.
@@ -30,13 +32,14 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks import asgi_trials  # noqa: E402
+from benchmarks import asgi_trials, common  # noqa: E402
 from benchmarks.harness import SCENARIOS, RoundResult  # noqa: E402
 from benchmarks.scenarios import MESSAGE_SIZE  # noqa: E402,F401  (registers scenarios)
 
 
 def _versions(names):
     from importlib import metadata
+
     found = {}
     for name in names:
         try:
@@ -83,12 +86,16 @@ def make_redis(config):
         # rejects; with msgpack 1.x installed over msgpack-python (C speed,
         # like the other contestants) decode the same way with raw=False.
         if msgpack.version >= (1,):
+
             def deserialize(self, message):
                 return msgpack.unpackb(message, raw=False)
 
-    layer = Layer(hosts=[config["redis_url"]], prefix=config["prefix"],
-                  capacity=config.get("capacity", asgi_trials.CAPACITY),
-                  expiry=config.get("expiry", asgi_trials.EXPIRY))
+    layer = Layer(
+        hosts=[config["redis_url"]],
+        prefix=config["prefix"],
+        capacity=config.get("capacity", asgi_trials.CAPACITY),
+        expiry=config.get("expiry", asgi_trials.EXPIRY),
+    )
     info = layer.connection(0).info("server")
     versions = _versions(["asgi_redis", "redis", "msgpack", "msgpack-python", "asgiref"])
     versions["msgpack (imported)"] = ".".join(str(x) for x in msgpack.version)
@@ -97,27 +104,36 @@ def make_redis(config):
 
 
 def make_amqp(config):
-    from asgi_amqp import AMQPChannelLayer
+    # Only the public API: the layer's internal modules differ between versions.
     import asgi_amqp
-    layer = AMQPChannelLayer(url=config["url"], prefix=config["prefix"],
-                             capacity=config.get("capacity", asgi_trials.CAPACITY),
-                             expiry=config.get("expiry", asgi_trials.EXPIRY),
-                             management_url=config.get("management_url"))
+    from asgi_amqp import AMQPChannelLayer
+    from benchmarks.broker import LayerKeeper, layer_objects
+
+    source = common.check_layer_source()
+    layer = AMQPChannelLayer(
+        url=config["url"],
+        prefix=config["prefix"],
+        capacity=config.get("capacity", asgi_trials.CAPACITY),
+        expiry=config.get("expiry", asgi_trials.EXPIRY),
+        management_url=config.get("management_url"),
+    )
     versions = _versions(["pika", "msgpack", "asgiref"])
     versions["asgi_amqp"] = asgi_amqp.__version__
-    topology = layer.topology
-    # flush() at teardown keeps these (other processes may share them).
-    versions["_cleanup"] = {
-        "queues": [topology.dead_letter_queue]
-        + [topology.channel_queue(c) for c in asgi_trials.ALL_CHANNELS],
-        "exchanges": [topology.dead_letter_exchange, topology.group_router]}
-    return layer, asgi_trials.Keeper(layer), True, versions
+    versions["source"] = os.path.dirname(source)
+    queues, exchanges = layer_objects(layer.topology, asgi_trials.ALL_CHANNELS, asgi_trials.GROUP)
+    # The harness deletes these at the end (flush() keeps the shared ones).
+    versions["_cleanup"] = {"queues": queues, "exchanges": exchanges}
+    keeper = LayerKeeper(layer, config["url"])  # its connection opens at first use
+    return layer, keeper, True, versions
 
 
 def make_inmemory(config):
     from asgiref.inmemory import ChannelLayer
-    layer = ChannelLayer(capacity=config.get("capacity", asgi_trials.CAPACITY),
-                         expiry=config.get("expiry", asgi_trials.EXPIRY))
+
+    layer = ChannelLayer(
+        capacity=config.get("capacity", asgi_trials.CAPACITY),
+        expiry=config.get("expiry", asgi_trials.EXPIRY),
+    )
     return layer, InMemoryKeeper(layer), False, _versions(["asgiref"])
 
 
@@ -145,8 +161,13 @@ class Worker(object):
             self.trials = asgi_trials.LayerTrials(layer, keeper, blocking=blocking)
             scenarios = [name for name in SCENARIOS if self.trials.has(name)]
             cleanup = versions.pop("_cleanup", None)
-            return {"versions": versions, "scenarios": scenarios, "pid": os.getpid(),
-                    "cleanup": cleanup, "python": sys.version.split()[0]}
+            return {
+                "versions": versions,
+                "scenarios": scenarios,
+                "pid": os.getpid(),
+                "cleanup": cleanup,
+                "python": sys.version.split()[0],
+            }
         if cmd == "round":
             scenario = SCENARIOS[request["scenario"]]
             options = dict(request.get("options") or {})
@@ -175,11 +196,15 @@ class Worker(object):
                 close = getattr(layer, "close", None)
                 if close is not None:
                     close()
+            close_keeper = getattr(self.trials.keeper, "close", None) if self.trials else None
+            if close_keeper is not None:
+                close_keeper()
             return {}
         raise ValueError("unknown command %r" % (cmd,))
 
 
 def main():
+    common.apply_layer_source()
     # The protocol owns the real stdout; whatever else prints goes to stderr.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

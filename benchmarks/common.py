@@ -206,65 +206,18 @@ class RedisServer(object):
             self._dir = None
 
 
-# -- system packages (make redis-deps, make bench) -----------------------------------------
+# -- system packages ------------------------------------------------------------------------
 
-APT_PACKAGES = {"redis": "redis-server", "java": "default-jre-headless"}
-
-
-def _have(what):
-    if what == "redis":
-        if os.environ.get("BENCH_REDIS_URL") or os.environ.get("REDIS_URL"):
-            return "a Redis URL is set"
-        if redis_ping("127.0.0.1", 6379):
-            return "a Redis answers on 127.0.0.1:6379"
-        if redis_server_binary():
-            return "redis-server is installed (the benchmarks start a private one)"
-        return None
-    if what == "java":
-        return "java is installed" if shutil.which("java") else None
-    raise ValueError("unknown dependency %r (known: %s)" % (what, ", ".join(APT_PACKAGES)))
+APT_PACKAGES = ("redis", "java")
 
 
 def install_deps(names, log=say):
-    """Install what is missing of ``names`` (``redis``, ``java``) with apt-get
-    when we are root; otherwise say what is missing. Never fails: without
-    Redis asgi_redis is left out, without Java the report is aggregated in
-    plain Python and the bulk suite is left out. Returns the missing names."""
-    missing = []
-    for name in names:
-        have = _have(name)
-        if have:
-            log("bench: %s" % have)
-        else:
-            missing.append(name)
-    if not missing:
-        return []
-    if os.geteuid() != 0:
-        for name in missing:
-            log(
-                "bench: %s is missing (as root: apt-get install %s)%s"
-                % (
-                    APT_PACKAGES[name],
-                    APT_PACKAGES[name],
-                    "; asgi_redis will be left out"
-                    if name == "redis"
-                    else "; the report is aggregated in plain Python and bulk is left out",
-                )
-            )
-        return missing
-    packages = [APT_PACKAGES[name] for name in missing]
-    log("bench: installing %s" % " ".join(packages))
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    ok = (
-        subprocess.call(["apt-get", "update"], env=env) == 0
-        and subprocess.call(["apt-get", "install", "-y"] + packages, env=env) == 0
-    )
-    if not ok:
-        log("bench: apt-get reported a failure (a denied post-install start is expected)")
-    still = [name for name in missing if not _have(name)]
-    for name in still:
-        log("bench: %s is still missing" % APT_PACKAGES[name])
-    return still
+    """Install what is missing of ``names`` (``redis``, ``java``) with
+    ``devtools.install``; never fails: without Redis asgi_redis is left out,
+    without Java the PySpark parts are. Returns the names still missing."""
+    from devtools import install
+
+    return install.ensure(list(names), lambda text: log("bench: " + text))
 
 
 # -- asgi_redis's virtualenv -------------------------------------------------------------------

@@ -9,7 +9,9 @@ The session fixture ``broker`` yields a :class:`devtools.rabbitmq.Broker`:
 
 Tests that break the broker on purpose (kill it, stop_app, close connections)
 are marked ``faults`` and start a private :class:`devtools.rabbitmq.RabbitNode`
-of their own, never the session broker.
+of their own, never the session broker (``tests/conftest.py``'s ``node``
+fixture, next to its layer and fake-broker fixtures; ``tests/helpers.py`` has
+the rest the tests share).
 """
 
 import contextlib

@@ -1,32 +1,119 @@
-"""Shared test helpers: layers with private prefixes and waiting on conditions."""
+"""What the tests share: waiting, ports, layers, private nodes, fakes, the management API, traffic.
 
+* :func:`wait_until`: poll a condition against a deadline;
+* :func:`free_port`: a TCP port nothing listens on (``devtools.rabbitmq``'s);
+* :func:`make_layer` and :class:`LayerFactory`: layers on a prefix of their own;
+  ``tests/conftest.py`` turns the factory into the ``new_layer`` and
+  ``module_layer`` fixtures, which close every layer they made;
+* :func:`drain`: every message waiting on some channels;
+* :func:`private_node`: a RabbitMQ node of the caller's own, for tests that
+  break the broker (``tests/conftest.py``'s ``node`` fixture);
+* :class:`SilentBroker`: a listener that never answers, to prove a call did
+  not reach for the broker;
+* :class:`Management`: the management API of a broker's vhost;
+* :class:`Traffic`: numbered messages sent and received by threads, counted.
+"""
+
+import collections
 import contextlib
+import json
+import select
+import socket
+import threading
 import time
+import urllib.request
 import uuid
+from urllib.parse import unquote, urlsplit
 
 from asgi_amqp import AMQPChannelLayer
 from asgi_amqp.management import ManagementClient
+from devtools.rabbitmq import free_port
+
+__all__ = [
+    "LayerFactory",
+    "Management",
+    "SilentBroker",
+    "Traffic",
+    "drain",
+    "free_port",
+    "make_layer",
+    "private_node",
+    "wait_until",
+]
 
 
-def make_layer(broker, **config):
-    config.setdefault("prefix", "t-%s" % uuid.uuid4().hex[:10])
-    return AMQPChannelLayer(url=broker.amqp_url, management_url=broker.management_url, **config)
+# -- waiting --------------------------------------------------------------------------------
 
 
-def management(broker):
-    return ManagementClient(broker.management_url, "/")
+def wait_until(predicate, timeout, interval=0.05, message="condition", raise_on_timeout=True):
+    """Call ``predicate`` every ``interval`` s until it returns something true; return that.
 
-
-def wait_until(predicate, timeout, interval=0.05, message="condition"):
-    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+    Past ``timeout`` s from the call: an AssertionError naming ``message``, or,
+    with ``raise_on_timeout=False``, the predicate's last (false) value.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
+            if not raise_on_timeout:
+                return value
             raise AssertionError("%s not met within %.1f s" % (message, timeout))
         time.sleep(interval)
+
+
+# -- layers ---------------------------------------------------------------------------------
+
+
+def make_layer(broker_or_url, **config):
+    """An AMQPChannelLayer on a prefix of its own (``t-`` and 10 hex digits) unless
+    ``prefix`` is given.
+
+    ``broker_or_url`` is a broker (anything with ``amqp_url`` and
+    ``management_url``: the session broker, a RabbitNode, a SilentBroker) or
+    an AMQP URL or a list of them; ``config`` goes to the layer.
+    """
+    config.setdefault("prefix", "t-%s" % uuid.uuid4().hex[:10])
+    url = getattr(broker_or_url, "amqp_url", None)
+    if url is None:
+        url = broker_or_url
+    else:
+        config.setdefault("management_url", broker_or_url.management_url)
+    return AMQPChannelLayer(url=url, **config)
+
+
+class LayerFactory(object):
+    """:func:`make_layer` that keeps its layers and closes them all in :meth:`close`
+    (last made, first closed); a layer made with ``flush=True`` is flushed first."""
+
+    def __init__(self):
+        self._made = []
+
+    def __call__(self, broker_or_url, flush=False, **config):
+        layer = make_layer(broker_or_url, **config)
+        self._made.append((layer, flush))
+        return layer
+
+    def close(self):
+        made, self._made = self._made, []
+        failure = None
+        for layer, flush in reversed(made):
+            try:
+                if flush:
+                    layer.flush()
+            except Exception as exc:  # closing the others first; raised below
+                failure = failure or exc
+            finally:
+                layer.close()
+        if failure is not None:
+            raise failure
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def drain(layer, channels, block=False):
@@ -39,14 +126,320 @@ def drain(layer, channels, block=False):
         received.append((channel, message))
 
 
+# -- brokers --------------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
-def private_node():
-    """A RabbitMQ node of the caller's own, for tests that break the broker."""
+def private_node(**options):
+    """A RabbitMQ node of the caller's own (``options`` go to RabbitNode), for
+    tests that break the broker; deleted afterwards."""
     from devtools.rabbitmq import RabbitNode
 
-    node = RabbitNode()
+    node = RabbitNode(**options)
     try:
         node.start()
         yield node
     finally:
         node.cleanup(graceful=False)
+
+
+class SilentBroker(object):
+    """A TCP listener that accepts nothing and says nothing.
+
+    A client connecting to it completes the TCP handshake (the kernel does
+    that for the backlog) and then waits forever for the AMQP greeting, so a
+    call that tries to use it cannot finish quickly; :meth:`touched` tells
+    whether anyone connected. Its ``amqp_url`` and ``management_url`` both
+    point at it, so :func:`make_layer` takes it as a broker.
+    """
+
+    def __init__(self):
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(16)
+        self.port = self._socket.getsockname()[1]
+        self.amqp_url = "amqp://guest:guest@127.0.0.1:%d/%%2F" % self.port
+        self.management_url = "http://guest:guest@127.0.0.1:%d/" % self.port
+
+    def touched(self):
+        readable, _, _ = select.select([self._socket], [], [], 0)
+        return bool(readable)
+
+    def assert_untouched(self, layer):
+        """``layer`` (on this broker) started no thread and nobody connected here."""
+        assert layer.threads() == [], "the layer started its I/O threads"
+        assert not self.touched(), "the layer connected to its broker"
+
+    def close(self):
+        self._socket.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Management(ManagementClient):
+    """The layer's management API client on a broker's vhost (by default the one
+    its ``amqp_url`` names), with what the tests ask beyond the layer's needs."""
+
+    def __init__(self, broker, vhost=None, timeout=5.0):
+        if vhost is None:
+            path = urlsplit(broker.amqp_url).path
+            vhost = unquote(path[1:]) if len(path) > 1 else "/"
+        super(Management, self).__init__(broker.management_url, vhost, timeout=timeout)
+        self.vhost = vhost
+
+    def request(self, method, path, body=None):
+        """``method`` on ``/api/<path>`` with ``body`` as JSON; the HTTP status
+        (an error status raises urllib.error.HTTPError)."""
+        request = urllib.request.Request(
+            "%s/api/%s" % (self._base, path),
+            method=method,
+            data=None if body is None else json.dumps(body).encode("utf8"),
+            headers={"Authorization": self._auth, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+
+    def objects(self, prefix):
+        """Names of the queues and exchanges whose name starts with ``prefix``."""
+        names = self.queue_names(prefix) + self.exchange_names(prefix)
+        return {name for name in names if name.startswith(prefix)}
+
+    def connections(self):
+        """Every client connection's record."""
+        return self._get("connections") or []
+
+
+# -- traffic --------------------------------------------------------------------------------
+
+
+class Traffic(object):
+    """Numbered messages through a layer: sender threads and receiver threads, all counted.
+
+    Sender ``i`` sends ``{"n": n}`` for n = i * 10**7 + 1, + 2, ..., each to
+    ``channels[n % len(channels)]``, on ``layer``; receivers ask for
+    ``receive_from`` (default ``channels``) on ``reader`` (default ``layer``),
+    blocking or not. A call that raises is counted by kind and type and its
+    thread goes on after ``backoff`` s; a polling receiver that found nothing
+    asks again after ``poll_pause`` s. Once told to stop, receivers return at
+    once, or with ``drain_on_stop`` at their first receive that finds nothing.
+
+    ``confirmed`` maps (channel, n) to the time its send returned,
+    ``received`` lists (channel, n) as received (``received_at`` their times),
+    ``longest`` is the longest call of each kind ("send", "receive",
+    "blocking receive"), ``raised`` counts exceptions ("TypeName" for sends,
+    "<kind> TypeName" for receives), ``raised_at`` lists (time, exception,
+    kind) and ``errors`` counts their texts.
+    """
+
+    def __init__(
+        self,
+        layer,
+        channels,
+        senders=1,
+        blocking_receivers=1,
+        polling_receivers=0,
+        reader=None,
+        receive_from=None,
+        backoff=0.05,
+        poll_pause=0.01,
+        drain_on_stop=False,
+    ):
+        self.layer = layer
+        self.reader = reader or layer
+        self.channels = list(channels)
+        self.receive_from = list(receive_from or channels)
+        self.backoff = backoff
+        self.poll_pause = poll_pause
+        self.drain_on_stop = drain_on_stop
+        self.lock = threading.Lock()
+        self.sending = threading.Event()  # cleared by pause(): the senders wait
+        self.sending.set()
+        self._stop_sending = threading.Event()
+        self._stop_receiving = threading.Event()
+        self.confirmed = {}
+        self.received = []
+        self.received_at = []
+        self.longest = collections.defaultdict(float)
+        self.raised = collections.Counter()
+        self.raised_at = []
+        self.errors = collections.Counter()
+        self.senders = [
+            threading.Thread(target=self._send, args=(i,), daemon=True) for i in range(senders)
+        ]
+        self.receivers = [
+            threading.Thread(target=self._receive, args=(True,), daemon=True)
+            for _ in range(blocking_receivers)
+        ]
+        self.receivers += [
+            threading.Thread(target=self._receive, args=(False,), daemon=True)
+            for _ in range(polling_receivers)
+        ]
+        self.threads = self.senders + self.receivers
+
+    def start(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    # -- the threads --------------------------------------------------------------------
+
+    def _timed(self, kind, function, *args):
+        started = time.monotonic()
+        try:
+            return function(*args)
+        finally:
+            elapsed = time.monotonic() - started
+            with self.lock:
+                self.longest[kind] = max(self.longest[kind], elapsed)
+
+    def _count(self, kind, exc):
+        name = type(exc).__name__ if kind == "send" else "%s %s" % (kind, type(exc).__name__)
+        with self.lock:
+            self.raised[name] += 1
+            self.raised_at.append((time.monotonic(), exc, kind))
+            self.errors["%s %s: %s" % (kind, type(exc).__name__, str(exc)[:100])] += 1
+
+    def _send(self, index):
+        n = index * 10**7
+        while not self._stop_sending.is_set():
+            if not self.sending.wait(0.1):
+                continue
+            n += 1
+            channel = self.channels[n % len(self.channels)]
+            try:
+                self._timed("send", self.layer.send, channel, {"n": n})
+            except Exception as exc:  # counted by type
+                self._count("send", exc)
+                self._stop_sending.wait(self.backoff)
+            else:
+                with self.lock:
+                    self.confirmed[(channel, n)] = time.monotonic()
+
+    def _receive(self, block):
+        kind = "blocking receive" if block else "receive"
+        while self.drain_on_stop or not self._stop_receiving.is_set():
+            try:
+                channel, message = self._timed(kind, self.reader.receive, self.receive_from, block)
+            except Exception as exc:  # counted by type
+                self._count(kind, exc)
+                if self._stop_receiving.is_set():
+                    return
+                self._stop_receiving.wait(self.backoff)
+                continue
+            if channel is None:
+                if self._stop_receiving.is_set():
+                    return
+                if not block:
+                    self._stop_receiving.wait(self.poll_pause)
+                continue
+            with self.lock:
+                self.received.append((channel, message["n"]))
+                self.received_at.append(time.monotonic())
+
+    # -- steering -----------------------------------------------------------------------
+
+    def missing(self):
+        """Confirmed, not (yet) received."""
+        with self.lock:
+            return set(self.confirmed) - set(self.received)
+
+    def wait_received(self, timeout, settle=None):
+        """Wait until everything confirmed was received, at most ``timeout`` s (or,
+        with ``settle``, until nothing arrived for that long); whether it was."""
+
+        def done():
+            with self.lock:
+                last = self.received_at[-1] if self.received_at else 0
+            quiet = settle is not None and time.monotonic() - last > settle
+            return not self.missing() or quiet
+
+        wait_until(done, timeout, raise_on_timeout=False)
+        return not self.missing()
+
+    def pause(self, timeout):
+        """Hold the senders and wait until everything confirmed was received;
+        whether it was. :meth:`resume` lets them go on."""
+        self.sending.clear()
+        time.sleep(0.05)  # a send in flight when the senders were held
+        return self.wait_received(timeout)
+
+    def resume(self):
+        self.sending.set()
+
+    def stop_sending(self, join):
+        """Stop the senders; wait up to ``join`` s for each."""
+        self._stop_sending.set()
+        self.sending.set()
+        for thread in self.senders:
+            thread.join(join)
+        self.stopped_sending_at = time.monotonic()
+
+    def stop_receiving(self, join):
+        """Stop the receivers; wait up to ``join`` s for each."""
+        self._stop_receiving.set()
+        for thread in self.receivers:
+            thread.join(join)
+
+    def finish(self, sender_join, receiver_join, timeout, settle=None):
+        """Stop sending, receive what is missing (:meth:`wait_received`), stop
+        receiving; no thread may still be blocked in a call."""
+        self.stop_sending(sender_join)
+        self.wait_received(timeout, settle)
+        self.stop_receiving(receiver_join)
+        hung = [thread.name for thread in self.threads if thread.is_alive()]
+        assert not hung, "threads still blocked: %s" % hung
+
+    # -- measuring ----------------------------------------------------------------------
+
+    def longest_call(self):
+        with self.lock:
+            return max(self.longest.values(), default=0.0)
+
+    def first_after(self, when, what):
+        """Seconds from ``when`` to the first send confirmed (``what`` "send") or
+        message received after it; None if there was none."""
+        with self.lock:
+            times = self.confirmed.values() if what == "send" else self.received_at
+            later = [t for t in times if t > when]
+        return min(later) - when if later else None
+
+    def recovery(self, when, within):
+        """(first send, first receive) after ``when`` (:meth:`first_after`), waiting
+        until ``within`` s after ``when`` for both."""
+
+        def both():
+            return None not in (self.first_after(when, "send"), self.first_after(when, "receive"))
+
+        wait_until(both, when + within - time.monotonic(), raise_on_timeout=False)
+        return self.first_after(when, "send"), self.first_after(when, "receive")
+
+    def longest_gap(self, times, start, end):
+        """Longest stretch between start and end (at most when the senders were
+        stopped) without one of ``times``."""
+        end = min(end, getattr(self, "stopped_sending_at", end))
+        points = [start] + sorted(t for t in times if start <= t <= end) + [end]
+        return max(b - a for a, b in zip(points, points[1:]))
+
+    def counts(self, restart_window=None):
+        """The figures; a loss confirmed within ``restart_window`` (start, end)
+        counts as "lost to broker restart", not "lost"."""
+        with self.lock:
+            received = collections.Counter(self.received)
+            missing = set(self.confirmed) - set(received)
+            in_restart = set()
+            if restart_window is not None:
+                start, end = restart_window
+                in_restart = {key for key in missing if start <= self.confirmed[key] <= end}
+            return {
+                "confirmed": len(self.confirmed),
+                "raised": dict(self.raised),
+                "received": len(self.received),
+                "duplicates": sum(c - 1 for c in received.values() if c > 1),
+                "lost": len(missing - in_restart),
+                "lost to broker restart": len(in_restart),
+                "longest call": {k: round(v, 2) for k, v in sorted(self.longest.items())},
+            }

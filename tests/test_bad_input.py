@@ -13,18 +13,12 @@ Every refusal is checked twice:
   refused send to a fresh channel that left a queue behind reached the broker).
 """
 
-import base64
 import datetime
 import decimal
-import json
 import logging
-import re
-import select
-import socket
 import time
-import urllib.request
 import uuid
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import urlsplit
 
 import msgpack
 import pytest
@@ -32,6 +26,7 @@ from asgiref.base_layer import BaseChannelLayer
 
 import asgi_amqp
 from asgi_amqp import AMQPChannelLayer
+from helpers import Management, SilentBroker, free_port, make_layer
 
 PREFIX = "t-bad-%s" % uuid.uuid4().hex[:8]
 OK_CHANNEL = "roundtrip.ok"
@@ -50,71 +45,9 @@ ALLOWED = {
 # -- helpers -------------------------------------------------------------------
 
 
-class SilentBroker(object):
-    """A TCP listener that accepts nothing and says nothing.
-
-    A client connecting to it completes the TCP handshake (the kernel does
-    that for the backlog) and then waits forever for the AMQP greeting, so a
-    call that tries to use it cannot finish quickly; ``touched`` tells whether
-    anyone connected.
-    """
-
-    def __init__(self):
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
-        self._socket.listen(16)
-        self.port = self._socket.getsockname()[1]
-        self.url = "amqp://guest:guest@127.0.0.1:%d/%%2F" % self.port
-        self.management_url = "http://guest:guest@127.0.0.1:%d/" % self.port
-
-    def touched(self):
-        readable, _, _ = select.select([self._socket], [], [], 0)
-        return bool(readable)
-
-    def close(self):
-        self._socket.close()
-
-
-def free_port():
-    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def management_get(broker, path):
-    parts = urlsplit(broker.management_url)
-    base = "%s://%s:%d%s" % (parts.scheme, parts.hostname, parts.port, parts.path.rstrip("/"))
-    token = base64.b64encode(
-        ("%s:%s" % (unquote(parts.username or "guest"), unquote(parts.password or "guest"))).encode(
-            "utf8"
-        )
-    )
-    request = urllib.request.Request(
-        "%s/api/%s" % (base, path), headers={"Authorization": "Basic " + token.decode("ascii")}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read().decode("utf8"))
-
-
 def broker_objects(broker, prefix=PREFIX):
     """Names of all queues and exchanges whose name starts with ``prefix:``."""
-    path = urlsplit(broker.amqp_url).path
-    vhost = quote(unquote(path[1:]) if len(path) > 1 else "/", safe="")
-    names = set()
-    for kind in ("queues", "exchanges"):
-        page, pages = 1, 1
-        while page <= pages:
-            body = management_get(
-                broker,
-                "%s/%s?page=%d&page_size=500&columns=name&use_regex=true"
-                "&name=%s" % (kind, vhost, page, quote("^" + re.escape(prefix + ":"), safe="")),
-            )
-            names.update(
-                item["name"] for item in body["items"] if item["name"].startswith(prefix + ":")
-            )
-            page, pages = page + 1, body.get("page_count", 1)
-    return names
+    return Management(broker, timeout=10).objects(prefix + ":")
 
 
 def roundtrip(layer, channel=OK_CHANNEL):
@@ -123,11 +56,6 @@ def roundtrip(layer, channel=OK_CHANNEL):
     layer.send(channel, message)
     assert layer.receive([channel]) == (channel, message)
     assert layer.receive([channel]) == (None, None)
-
-
-def assert_untouched(layer, sink):
-    assert layer.threads() == [], "the layer started its I/O threads"
-    assert not sink.touched(), "the layer connected to its broker"
 
 
 def assert_live_intact(layer, broker):
@@ -150,46 +78,25 @@ def refuse(call, exc=TypeError):
 
 
 @pytest.fixture(scope="module")
-def layer(broker):
-    layer = AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
-        prefix=PREFIX,
-        expiry=30,
-        receive_timeout=1,
-        operation_timeout=5,
+def layer(broker, module_layer):
+    layer = module_layer(
+        broker, flush=True, prefix=PREFIX, expiry=30, receive_timeout=1, operation_timeout=5
     )
     roundtrip(layer)  # connected, infrastructure declared
-    yield layer
-    layer.flush()
-    layer.close()
+    return layer
 
 
 @pytest.fixture(scope="module")
-def sink():
-    sink = SilentBroker()
-    yield sink
-    sink.close()
-
-
-@pytest.fixture(scope="module")
-def offline(sink):
-    layer = AMQPChannelLayer(
-        url=sink.url,
-        management_url=sink.management_url,
-        prefix=PREFIX + "-off",
-        operation_timeout=1,
-    )
-    yield layer
-    layer.close()
+def offline(silent_broker, module_layer):
+    return module_layer(silent_broker, prefix=PREFIX + "-off", operation_timeout=1)
 
 
 @pytest.fixture(params=["offline", "live"])
 def target(request, broker):
     """Each refusal test runs against both layers; ``check()`` verifies the aftermath."""
     if request.param == "offline":
-        layer, sink = request.getfixturevalue("offline"), request.getfixturevalue("sink")
-        check = lambda: assert_untouched(layer, sink)  # noqa: E731
+        layer, sink = request.getfixturevalue("offline"), request.getfixturevalue("silent_broker")
+        check = lambda: sink.assert_untouched(layer)  # noqa: E731
     else:
         layer = request.getfixturevalue("layer")
         check = lambda: assert_live_intact(layer, broker)  # noqa: E731
@@ -345,13 +252,13 @@ def test_new_channel_names_are_valid_and_unique(target):
         pytest.param("a" * 90 + "?", id="result-too-long"),
     ],
 )
-def test_new_channel_never_returns_a_name_the_layer_refuses(offline, sink, pattern):
+def test_new_channel_never_returns_a_name_the_layer_refuses(offline, silent_broker, pattern):
     try:
         name = offline.new_channel(pattern)
     except TypeError:
         return  # refusing the pattern is fine too
     offline.valid_channel_name(name)  # raises TypeError today
-    assert_untouched(offline, sink)
+    silent_broker.assert_untouched(offline)
 
 
 # -- group names -------------------------------------------------------------------
@@ -417,35 +324,24 @@ _CALLS = {
 
 
 @pytest.fixture
-def throwaway_offline():
-    sink = SilentBroker()
-    layer = AMQPChannelLayer(
-        url=sink.url,
-        management_url=sink.management_url,
-        prefix=PREFIX + "-off2",
-        operation_timeout=0.5,
-        dead_letter_worker=False,
-    )
-    yield layer, sink
-    layer.close()
-    sink.close()
+def throwaway_offline(new_layer):
+    with SilentBroker() as sink:
+        layer = new_layer(
+            sink, prefix=PREFIX + "-off2", operation_timeout=0.5, dead_letter_worker=False
+        )
+        yield layer, sink
 
 
 @pytest.mark.parametrize("call, name", NAMES_THE_BROKER_CANNOT_TAKE)
 def test_names_the_broker_cannot_take_are_refused(throwaway_offline, call, name):
     layer, sink = throwaway_offline
     refuse(lambda: _CALLS[call](layer, name), exc=TypeError)
-    assert_untouched(layer, sink)
+    sink.assert_untouched(layer)
 
 
 @pytest.mark.slow
 def test_a_trailing_newline_group_does_not_wedge_the_layer(broker):
-    layer = AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
-        prefix="t-bad-nl-%s" % uuid.uuid4().hex[:6],
-        operation_timeout=1,
-    )
+    layer = make_layer(broker, operation_timeout=1)
     try:
         roundtrip(layer)
         try:
@@ -456,12 +352,7 @@ def test_a_trailing_newline_group_does_not_wedge_the_layer(broker):
         roundtrip(layer, "a.brand.new.channel")  # so does the declare of a new queue
     finally:
         layer.close()  # takes 10 s today: pika cannot close the stuck channel
-        cleaner = AMQPChannelLayer(
-            url=broker.amqp_url,
-            management_url=broker.management_url,
-            prefix=layer.topology.prefix,
-            dead_letter_worker=False,
-        )
+        cleaner = make_layer(broker, prefix=layer.topology.prefix, dead_letter_worker=False)
         cleaner.flush()
         cleaner.close()
 
@@ -645,50 +536,36 @@ def test_one_megabyte_round_trips_with_the_default_limit(layer, broker):
     assert_live_intact(layer, broker)
 
 
-def test_the_limit_is_exact(broker, sink):
+def test_the_limit_is_exact(broker, silent_broker, new_layer):
     """A body of exactly max_message_size bytes is accepted; one byte more is not."""
     message = {"bytes": b"x" * 1000, "text": "y"}
     size = len(msgpack.packb(message, use_bin_type=True))
-    exact = AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
-        prefix=PREFIX,
-        expiry=30,
-        max_message_size=size,
+    exact = new_layer(
+        broker, prefix=PREFIX, expiry=30, max_message_size=size, dead_letter_worker=False
+    )
+    short = new_layer(
+        silent_broker,
+        prefix=PREFIX + "-off3",
+        max_message_size=size - 1,
         dead_letter_worker=False,
     )
-    short = AMQPChannelLayer(
-        url=sink.url, prefix=PREFIX + "-off3", max_message_size=size - 1, dead_letter_worker=False
-    )
-    try:
-        exact.send(OK_CHANNEL, message)
-        assert exact.receive([OK_CHANNEL]) == (OK_CHANNEL, message)
-        with pytest.raises(asgi_amqp.MessageTooLarge):
-            short.send(OK_CHANNEL, message)
-        assert short.threads() == []
-    finally:
-        exact.close()
-        short.close()
+    exact.send(OK_CHANNEL, message)
+    assert exact.receive([OK_CHANNEL]) == (OK_CHANNEL, message)
+    with pytest.raises(asgi_amqp.MessageTooLarge):
+        short.send(OK_CHANNEL, message)
+    assert short.threads() == []
 
 
-def test_a_raised_limit_carries_twenty_megabytes(broker):
-    big = AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
-        prefix=PREFIX,
-        expiry=30,
-        max_message_size=30 * MB,
-        dead_letter_worker=False,
+def test_a_raised_limit_carries_twenty_megabytes(broker, new_layer):
+    big = new_layer(
+        broker, prefix=PREFIX, expiry=30, max_message_size=30 * MB, dead_letter_worker=False
     )
-    try:
-        payload = bytes(range(256)) * (20 * MB // 256)
-        message = {"bytes": payload, "text": "\u00e9" * 1000}
-        big.send(OK_CHANNEL, message)
-        channel, received = big.receive([OK_CHANNEL])
-        assert channel == OK_CHANNEL
-        assert received["bytes"] == payload and received == message
-    finally:
-        big.close()
+    payload = bytes(range(256)) * (20 * MB // 256)
+    message = {"bytes": payload, "text": "\u00e9" * 1000}
+    big.send(OK_CHANNEL, message)
+    channel, received = big.receive([OK_CHANNEL])
+    assert channel == OK_CHANNEL
+    assert received["bytes"] == payload and received == message
 
 
 # -- constructor ---------------------------------------------------------------------------
@@ -705,20 +582,20 @@ NUMERIC_SETTINGS = [
 
 @pytest.mark.parametrize("value", [0, 0.0, -1, -0.001, "10", True, None, [5]], ids=repr)
 @pytest.mark.parametrize("setting", NUMERIC_SETTINGS)
-def test_bad_numeric_settings_are_a_value_error(sink, setting, value):
+def test_bad_numeric_settings_are_a_value_error(silent_broker, setting, value):
     with pytest.raises(ValueError) as info:
-        AMQPChannelLayer(url=sink.url, **{setting: value})
+        AMQPChannelLayer(url=silent_broker.amqp_url, **{setting: value})
     assert setting in str(info.value)
-    assert not sink.touched()
+    assert not silent_broker.touched()
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=repr)
 @pytest.mark.parametrize(
     "setting", ["expiry", "group_expiry", "capacity", "receive_timeout", "operation_timeout"]
 )
-def test_nan_and_infinite_settings_are_a_value_error(sink, setting, value):
+def test_nan_and_infinite_settings_are_a_value_error(silent_broker, setting, value):
     with pytest.raises(ValueError):
-        AMQPChannelLayer(url=sink.url, **{setting: value})
+        AMQPChannelLayer(url=silent_broker.amqp_url, **{setting: value})
 
 
 @pytest.mark.parametrize(
@@ -763,25 +640,25 @@ def test_malformed_amqp_url_is_a_value_error(url):
     ["", "a" * 41, "has space", "has:colon", "has/slash", "caf\u00e9", "a*", None, 5, b"asgi"],
     ids=repr,
 )
-def test_bad_prefix_is_a_value_error(sink, prefix):
+def test_bad_prefix_is_a_value_error(silent_broker, prefix):
     with pytest.raises(ValueError):
-        AMQPChannelLayer(url=sink.url, prefix=prefix)
+        AMQPChannelLayer(url=silent_broker.amqp_url, prefix=prefix)
 
 
-def test_longest_prefix_is_accepted(sink):
-    AMQPChannelLayer(url=sink.url, prefix="p" * 40).close()
-    assert not sink.touched()
+def test_longest_prefix_is_accepted(silent_broker):
+    AMQPChannelLayer(url=silent_broker.amqp_url, prefix="p" * 40).close()
+    assert not silent_broker.touched()
 
 
-def test_prefix_with_trailing_newline_is_a_value_error(sink):
+def test_prefix_with_trailing_newline_is_a_value_error(silent_broker):
     with pytest.raises(ValueError):
-        AMQPChannelLayer(url=sink.url, prefix="asgi\n")
+        AMQPChannelLayer(url=silent_broker.amqp_url, prefix="asgi\n")
 
 
-def test_constructing_a_layer_does_not_connect(sink):
-    layer = AMQPChannelLayer(url=sink.url, prefix="lazy")
+def test_constructing_a_layer_does_not_connect(silent_broker):
+    layer = AMQPChannelLayer(url=silent_broker.amqp_url, prefix="lazy")
     assert layer.threads() == []
-    assert not sink.touched()
+    assert not silent_broker.touched()
     layer.close()
 
 
@@ -800,15 +677,13 @@ def _exception_texts(exc):
 
 
 @pytest.fixture
-def unreachable():
+def unreachable(new_layer):
     port = free_port()
-    layer = AMQPChannelLayer(
-        url="amqp://guest:%s@127.0.0.1:%d/%%2F" % (SECRET, port),
+    return new_layer(
+        "amqp://guest:%s@127.0.0.1:%d/%%2F" % (SECRET, port),
         prefix=PREFIX + "-unr",
         operation_timeout=5,
     )
-    yield layer
-    layer.close()
 
 
 def test_unreachable_broker_is_a_prompt_connection_error(unreachable, layer, broker):
@@ -829,30 +704,27 @@ def test_unreachable_broker_is_a_prompt_connection_error(unreachable, layer, bro
     assert_live_intact(layer, broker)
 
 
-def test_wrong_password_is_a_prompt_authentication_error(broker, layer):
+def test_wrong_password_is_a_prompt_authentication_error(broker, layer, new_layer):
     parts = urlsplit(broker.amqp_url)
     url = parts._replace(netloc="guest:%s@%s:%d" % (SECRET, parts.hostname, parts.port)).geturl()
-    wrong = AMQPChannelLayer(url=url, prefix=PREFIX + "-auth", operation_timeout=5)
-    try:
-        for attempt in (
-            lambda: wrong.send("some.channel", {"a": 1}),
-            lambda: wrong.send("some.channel", {"a": 1}),
-        ):
-            started = time.monotonic()
-            with pytest.raises(asgi_amqp.AuthenticationError) as info:
-                attempt()
-            assert time.monotonic() - started < 5.0
-            assert isinstance(info.value, asgi_amqp.BrokerConnectionError)
-            assert isinstance(info.value, ConnectionError)
-            assert SECRET not in _exception_texts(info.value)
-    finally:
-        wrong.close()
+    wrong = new_layer(url, prefix=PREFIX + "-auth", operation_timeout=5)
+    for attempt in (
+        lambda: wrong.send("some.channel", {"a": 1}),
+        lambda: wrong.send("some.channel", {"a": 1}),
+    ):
+        started = time.monotonic()
+        with pytest.raises(asgi_amqp.AuthenticationError) as info:
+            attempt()
+        assert time.monotonic() - started < 5.0
+        assert isinstance(info.value, asgi_amqp.BrokerConnectionError)
+        assert isinstance(info.value, ConnectionError)
+        assert SECRET not in _exception_texts(info.value)
     assert_live_intact(layer, broker)
 
 
 def test_closing_a_layer_that_never_connected_logs_no_error(caplog):
-    layer = AMQPChannelLayer(
-        url="amqp://guest:guest@127.0.0.1:%d/%%2F" % free_port(),
+    layer = make_layer(
+        "amqp://guest:guest@127.0.0.1:%d/%%2F" % free_port(),
         prefix=PREFIX + "-cls",
         operation_timeout=5,
     )

@@ -21,7 +21,7 @@ from asgi_amqp import statistics  # noqa: E402
 from asgi_amqp.tools import cli  # noqa: E402
 from asgi_amqp.tools.cli.send import _progress  # noqa: E402
 from asgi_amqp.tools.jsonbytes import dumps, loads  # noqa: E402
-from helpers import drain, make_layer  # noqa: E402
+from helpers import drain, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_RE = re.compile(
@@ -47,12 +47,9 @@ def env(broker):
 
 
 @pytest.fixture
-def layer(broker, prefix):
+def layer(broker, prefix, new_layer):
     """A layer on the test's prefix (to check what the command did), flushed afterwards."""
-    layer = make_layer(broker, prefix=prefix, capacity=1000, receive_timeout=1)
-    yield layer
-    layer.flush()
-    layer.close()
+    return new_layer(broker, flush=True, prefix=prefix, capacity=1000, receive_timeout=1)
 
 
 @pytest.fixture
@@ -268,17 +265,14 @@ def test_on_full_fail_stops_the_batch(run, layer):
     assert "stopped at line 4: channel cli.full is full" in result.stderr
 
 
-def test_on_full_skip_counts_and_goes_on(run, layer, broker, prefix):
+def test_on_full_skip_counts_and_goes_on(run, layer, broker, prefix, new_layer):
     records = _six() + _jsonl([{"channel": "cli.other", "message": {}}])
     result = run("send", "--on-full", "skip", "--from", "-", input=records, capacity=3)
     assert result.exit_code == 1
     assert _summary(result) == (4, 3, 0)
-    small = make_layer(broker, prefix=prefix, capacity=3)  # queue arguments must match
-    try:
-        assert [m["i"] for _, m in drain(small, ["cli.full"])] == [0, 1, 2]
-        assert drain(small, ["cli.other"]) == [("cli.other", {})]
-    finally:
-        small.close()
+    small = new_layer(broker, prefix=prefix, capacity=3)  # queue arguments must match
+    assert [m["i"] for _, m in drain(small, ["cli.full"])] == [0, 1, 2]
+    assert drain(small, ["cli.other"]) == [("cli.other", {})]
 
 
 def test_on_full_retry_gives_up_after_bounded_backoff(run, layer):
@@ -292,8 +286,8 @@ def test_on_full_retry_gives_up_after_bounded_backoff(run, layer):
     assert 2 * (0.1 + 0.2) <= elapsed < 5
 
 
-def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix):
-    reader = make_layer(broker, prefix=prefix, capacity=2, receive_timeout=0.2)
+def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix, new_layer):
+    reader = new_layer(broker, prefix=prefix, capacity=2, receive_timeout=0.2)
     got, stop = [], threading.Event()
 
     def read():
@@ -311,13 +305,10 @@ def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix):
         )
         assert result.exit_code == 0, result.stderr
         assert _summary(result) == (6, 0, 0)
-        deadline = time.monotonic() + 10
-        while len(got) < 6 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(got) >= 6, 10, raise_on_timeout=False)
     finally:
         stop.set()
         thread.join(5)
-        reader.close()
     assert sorted(got) == list(range(6))
 
 

@@ -35,11 +35,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from asgi_amqp import AMQPChannelLayer, BrokerConnectionError, naming
+from asgi_amqp import BrokerConnectionError, naming
 from asgi_amqp.errors import BrokerOperationError
-from asgi_amqp.management import ManagementClient
 from devtools.rabbitmq import RabbitNode
-from helpers import wait_until
+from helpers import Management, Traffic, drain, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -102,127 +101,17 @@ def _raw_channel(node, vhost="/"):
 
 def _connections_by_node(node):
     """{nodename: number of asgi_amqp connections} from node's management API."""
-    client = ManagementClient(node.management_url, "/", timeout=5)
     found = collections.Counter()
-    for connection in client._get("connections") or []:
+    for connection in Management(node, timeout=5).connections():
         props = connection.get("client_properties") or {}
         if props.get("connection_name") == "asgi_amqp":
             found[connection.get("node")] += 1
     return found
 
 
-class Traffic(object):
-    """One channel's numbered messages: a sender thread and receiver threads."""
-
-    def __init__(self, layer, channel, blocking_receivers=1, polling_receivers=0):
-        self.layer = layer
-        self.channel = channel
-        self.lock = threading.Lock()
-        self.stop_sending = threading.Event()
-        self.stop_receiving = threading.Event()
-        self.confirmed = {}  # n -> time confirmed
-        self.raised = collections.Counter()
-        self.raised_at = []  # (time, exception)
-        self.received = []
-        self.received_at = []
-        self.longest = 0.0
-        self.threads = [threading.Thread(target=self._send, daemon=True)]
-        self.threads += [
-            threading.Thread(target=self._receive, args=(True,), daemon=True)
-            for _ in range(blocking_receivers)
-        ]
-        self.threads += [
-            threading.Thread(target=self._receive, args=(False,), daemon=True)
-            for _ in range(polling_receivers)
-        ]
-
-    def start(self):
-        for thread in self.threads:
-            thread.start()
-
-    def _timed(self, function, *args):
-        started = time.monotonic()
-        try:
-            return function(*args)
-        finally:
-            elapsed = time.monotonic() - started
-            with self.lock:
-                self.longest = max(self.longest, elapsed)
-
-    def _send(self):
-        n = 0
-        while not self.stop_sending.is_set():
-            n += 1
-            try:
-                self._timed(self.layer.send, self.channel, {"n": n})
-            except Exception as exc:  # counted by type; unexpected types fail the test
-                with self.lock:
-                    self.raised[type(exc).__name__] += 1
-                    self.raised_at.append((time.monotonic(), exc, "send"))
-                # Back off a little after an error so a down queue is not hammered.
-                self.stop_sending.wait(0.05)
-            else:
-                with self.lock:
-                    self.confirmed[n] = time.monotonic()
-
-    def _receive(self, block):
-        while not self.stop_receiving.is_set():
-            try:
-                channel, message = self._timed(self.layer.receive, [self.channel], block)
-            except Exception as exc:  # counted by type; unexpected types fail the test
-                with self.lock:
-                    self.raised["receive " + type(exc).__name__] += 1
-                    self.raised_at.append((time.monotonic(), exc, "receive"))
-                self.stop_receiving.wait(0.05)
-                continue
-            if channel is None:
-                if not block:
-                    self.stop_receiving.wait(0.01)
-                continue
-            with self.lock:
-                self.received.append(message["n"])
-                self.received_at.append(time.monotonic())
-
-    def finish(self, settle=3.0, deadline=20.0):
-        """Stop sending; receive until everything confirmed arrived, or nothing
-        came for ``settle`` s."""
-        self.stop_sending.set()
-        self.threads[0].join(OPERATION_TIMEOUT * 6 + 5)
-        self.stopped_sending_at = time.monotonic()
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
-            with self.lock:
-                missing = set(self.confirmed) - set(self.received)
-                last = self.received_at[-1] if self.received_at else 0
-            if not missing or time.monotonic() - last > settle:
-                break
-            time.sleep(0.1)
-        self.stop_receiving.set()
-        for thread in self.threads:
-            thread.join(RECEIVE_TIMEOUT + OPERATION_TIMEOUT + 5)
-        assert not any(thread.is_alive() for thread in self.threads), "a thread hung"
-
-    def longest_gap(self, times, start, end):
-        """Longest stretch between start and end without an event in ``times``."""
-        end = min(end, getattr(self, "stopped_sending_at", end))
-        points = [start] + sorted(t for t in times if start <= t <= end) + [end]
-        return max(b - a for a, b in zip(points, points[1:]))
-
-    def counts(self):
-        received = set(self.received)
-        return {
-            "confirmed": len(self.confirmed),
-            "raised": dict(self.raised),
-            "received": len(self.received),
-            "duplicates": len(self.received) - len(received),
-            "lost": len(set(self.confirmed) - received),
-            "longest call": round(self.longest, 2),
-        }
-
-
-def _layer(urls, prefix, **config):
-    return AMQPChannelLayer(
-        url=urls,
+def _layer(new_layer, urls, prefix, **config):
+    return new_layer(
+        urls,
         prefix=prefix,
         expiry=60,
         capacity=100000,
@@ -232,7 +121,7 @@ def _layer(urls, prefix, **config):
     )
 
 
-def test_traffic_through_the_loss_of_a_node(cluster):
+def test_traffic_through_the_loss_of_a_node(cluster, new_layer):
     """Stop node 1 (where the layers are connected) under traffic on four channels.
 
     * ``survivor``: a classic queue that lives on node 2 (declared there first);
@@ -252,12 +141,15 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         "--apply-to",
         "queues",
     )
-    layer = _layer(urls, prefix, management_url=n2.management_url)
+    layer = _layer(new_layer, urls, prefix, management_url=n2.management_url)
     quorum_layer = _layer(
-        [_url(n, QUORUM_VHOST) for n in cluster], prefix, management_url=n2.management_url
+        new_layer,
+        [_url(n, QUORUM_VHOST) for n in cluster],
+        prefix,
+        management_url=n2.management_url,
     )
     option_layer = _layer(
-        urls, prefix + "-qq", management_url=n2.management_url, queue_type="quorum"
+        new_layer, urls, prefix + "-qq", management_url=n2.management_url, queue_type="quorum"
     )
     # The survivor's queue lives on node 2 (the shared dead-letter queue, declared by
     # the dead-letter worker through the first URL, lives on node 1).
@@ -284,18 +176,16 @@ def test_traffic_through_the_loss_of_a_node(cluster):
             message="the layers' connections listed on node 1",
         )
         assert not (set(_connections_by_node(n2)) - {n1.nodename}), "a layer is not on node 1"
-        queues = {
-            q["name"]: q for q in ManagementClient(n2.management_url, "/").queues(prefix + ":q:")
-        }
+        queues = {q["name"]: q for q in Management(n2).queues(prefix + ":q:")}
         assert queues[topology.channel_queue("classic")]["node"] == n1.nodename
         assert queues[topology.channel_queue("survivor")]["node"] == n2.nodename
 
         traffic = {
-            "survivor": Traffic(layer, "survivor", blocking_receivers=1, polling_receivers=1),
-            "mirrored": Traffic(layer, "mirrored", blocking_receivers=0, polling_receivers=1),
-            "quorum": Traffic(quorum_layer, "quorum", blocking_receivers=1),
-            "option": Traffic(option_layer, "option", blocking_receivers=1, polling_receivers=1),
-            "classic": Traffic(layer, "classic", blocking_receivers=1, polling_receivers=1),
+            "survivor": Traffic(layer, ["survivor"], blocking_receivers=1, polling_receivers=1),
+            "mirrored": Traffic(layer, ["mirrored"], blocking_receivers=0, polling_receivers=1),
+            "quorum": Traffic(quorum_layer, ["quorum"], blocking_receivers=1),
+            "option": Traffic(option_layer, ["option"], blocking_receivers=1, polling_receivers=1),
+            "classic": Traffic(layer, ["classic"], blocking_receivers=1, polling_receivers=1),
         }
         for t in traffic.values():
             t.start()
@@ -309,7 +199,11 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         stopped = time.monotonic()
         # A process that starts while node 1 is down.
         fresh = _layer(
-            urls[1:] + urls[:1], prefix, management_url=n2.management_url, dead_letter_worker=False
+            new_layer,
+            urls[1:] + urls[:1],
+            prefix,
+            management_url=n2.management_url,
+            dead_letter_worker=False,
         )
         try:
             fresh_outcomes = {}
@@ -335,17 +229,20 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         starting = time.monotonic()
         n1.start_app()
         started = time.monotonic()
-        _wait_quietly(
+        wait_until(
             lambda: any(when > started for when in traffic["classic"].confirmed.values()),
             timeout=RESUME_WITHIN + 5,
+            raise_on_timeout=False,
         )
         time.sleep(1.0)
         for t in traffic.values():
-            t.finish()
+            t.finish(
+                sender_join=OPERATION_TIMEOUT * 6 + 5,
+                receiver_join=RECEIVE_TIMEOUT + OPERATION_TIMEOUT + 5,
+                timeout=20.0,
+                settle=3.0,
+            )
     finally:
-        layer.close()
-        quorum_layer.close()
-        option_layer.close()
         n1.ctl("clear_policy", "%s-ha" % prefix)
         if not n1.is_running():
             n1.start()
@@ -383,7 +280,7 @@ def test_traffic_through_the_loss_of_a_node(cluster):
     for name, t in traffic.items():
         counts = t.counts()
         assert counts["duplicates"] == 0, (name, counts)
-        assert t.longest <= bound, (name, counts)
+        assert t.longest_call() <= bound, (name, counts)
         assert counts["confirmed"] > 0 and counts["received"] > 0, (name, counts)
     for name in ("survivor", "mirrored", "quorum", "option"):
         t = traffic[name]
@@ -437,71 +334,62 @@ def test_traffic_through_the_loss_of_a_node(cluster):
         assert not unexpected, (name, unexpected[:3])
 
 
-def test_blocking_receive_over_a_down_queue_and_a_live_one(cluster):
+def test_blocking_receive_over_a_down_queue_and_a_live_one(cluster, new_layer):
     """A worker's blocking receive names a channel whose classic queue's node is
     down and one that is fine: the live channel's messages must still arrive."""
     n1, n2, n3 = cluster
     prefix = "cb-%s" % uuid.uuid4().hex[:6]
-    layer = _layer([n2.amqp_url, n3.amqp_url], prefix, management_url=n2.management_url)
+    layer = _layer(new_layer, [n2.amqp_url, n3.amqp_url], prefix, management_url=n2.management_url)
+    connection, raw = _raw_channel(n3)
+    raw.queue_declare(
+        layer.topology.channel_queue("down"),
+        durable=True,
+        arguments=layer.topology.channel_queue_arguments("down"),
+    )
+    connection.close()
+    layer.send("down", {"n": 0})
+    for i in range(20):
+        layer.send("live", {"n": i})
+    n3.stop_app()
     try:
-        connection, raw = _raw_channel(n3)
-        raw.queue_declare(
-            layer.topology.channel_queue("down"),
-            durable=True,
-            arguments=layer.topology.channel_queue_arguments("down"),
-        )
-        connection.close()
-        layer.send("down", {"n": 0})
-        for i in range(20):
-            layer.send("live", {"n": i})
-        n3.stop_app()
-        try:
+        started = time.monotonic()
+        with pytest.raises(BrokerOperationError) as caught:
+            layer.send("down", {"n": 1})
+        assert caught.value.reply_code == 404
+        assert time.monotonic() - started < OPERATION_TIMEOUT + 1
+        assert layer.receive(["down"]) == (None, None)
+        # Non-blocking: the down queue counts as empty, the live one is read.
+        polled = [layer.receive(["down", "live"]) for _ in range(10)]
+        assert sorted(m["n"] for c, m in polled if c == "live") == list(range(10)), polled
+        # Blocking: the live channel's other ten messages must arrive too.
+        got, calls, longest = [], 0, 0.0
+        deadline = time.monotonic() + 10
+        while len(got) < 10 and time.monotonic() < deadline:
             started = time.monotonic()
-            with pytest.raises(BrokerOperationError) as caught:
-                layer.send("down", {"n": 1})
-            assert caught.value.reply_code == 404
-            assert time.monotonic() - started < OPERATION_TIMEOUT + 1
-            assert layer.receive(["down"]) == (None, None)
-            # Non-blocking: the down queue counts as empty, the live one is read.
-            polled = [layer.receive(["down", "live"]) for _ in range(10)]
-            assert sorted(m["n"] for c, m in polled if c == "live") == list(range(10)), polled
-            # Blocking: the live channel's other ten messages must arrive too.
-            got, calls, longest = [], 0, 0.0
-            deadline = time.monotonic() + 10
-            while len(got) < 10 and time.monotonic() < deadline:
-                started = time.monotonic()
-                channel, message = layer.receive(["down", "live"], block=True)
-                longest = max(longest, time.monotonic() - started)
-                calls += 1
-                if channel is not None:
-                    got.append(message["n"])
-            print(
-                "\ncluster: blocking receive over [down, live]: %d of 10 live messages "
-                "in %d calls, longest call %.2f s" % (len(got), calls, longest)
-            )
-            assert longest <= RECEIVE_TIMEOUT + OPERATION_TIMEOUT + 1
-            assert sorted(got) == list(range(10, 20))
-            # A worker whose channels are all fine but one must not spin: an
-            # empty blocking receive waits about receive_timeout.
-            assert calls <= 10 + 10 / RECEIVE_TIMEOUT + 5, calls
-        finally:
-            n3.start_app()
-        wait_until(
-            lambda: _sends(layer, "down"),
-            timeout=RESUME_WITHIN,
-            interval=0.2,
-            message="down channel usable after start_app",
+            channel, message = layer.receive(["down", "live"], block=True)
+            longest = max(longest, time.monotonic() - started)
+            calls += 1
+            if channel is not None:
+                got.append(message["n"])
+        print(
+            "\ncluster: blocking receive over [down, live]: %d of 10 live messages "
+            "in %d calls, longest call %.2f s" % (len(got), calls, longest)
         )
-        # The transient message that waited in the queue is gone.
-        assert [m for c, m in _drain(layer, ["down"])] == [{"n": "again"}]
+        assert longest <= RECEIVE_TIMEOUT + OPERATION_TIMEOUT + 1
+        assert sorted(got) == list(range(10, 20))
+        # A worker whose channels are all fine but one must not spin: an
+        # empty blocking receive waits about receive_timeout.
+        assert calls <= 10 + 10 / RECEIVE_TIMEOUT + 5, calls
     finally:
-        layer.close()
-
-
-def _wait_quietly(predicate, timeout, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(interval)
+        n3.start_app()
+    wait_until(
+        lambda: _sends(layer, "down"),
+        timeout=RESUME_WITHIN,
+        interval=0.2,
+        message="down channel usable after start_app",
+    )
+    # The transient message that waited in the queue is gone.
+    assert [m for c, m in drain(layer, ["down"])] == [{"n": "again"}]
 
 
 def _sends(layer, channel):
@@ -510,15 +398,6 @@ def _sends(layer, channel):
         return True
     except (BrokerConnectionError, BrokerOperationError):
         return False
-
-
-def _drain(layer, channels):
-    out = []
-    while True:
-        channel, message = layer.receive(channels)
-        if channel is None:
-            return out
-        out.append((channel, message))
 
 
 # -- quorum queues: the argument matrix --------------------------------------------
@@ -625,13 +504,15 @@ def _publish(channel, queue, body=b"x", **properties):
 
 
 def _dead_letter(channel, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """(body, reason) of the next dead letter, or None if there is none within ``timeout`` s."""
+
+    def get():
         method, properties, body = channel.basic_get("qq:dlq", auto_ack=True)
         if method is not None:
             return body, (properties.headers or {})["x-death"][0]["reason"]
-        time.sleep(0.02)
-    return None
+        return None
+
+    return wait_until(get, timeout, interval=0.02, raise_on_timeout=False)
 
 
 def test_quorum_queue_behaviour(raw):

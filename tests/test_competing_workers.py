@@ -65,7 +65,7 @@ class Worker(object):
 
 
 @pytest.fixture
-def workers(broker):
+def workers(broker, new_layer):
     prefix = "t-%s" % uuid.uuid4().hex[:10]
     started = []
 
@@ -80,12 +80,10 @@ def workers(broker):
         )
         return started
 
-    sender = make_layer(broker, prefix=prefix, expiry=30)
+    sender = new_layer(broker, flush=True, prefix=prefix, expiry=30)
     yield sender, start
     for worker in started:
         worker.stop()
-    sender.flush()
-    sender.close()
 
 
 def _make_one_busy(sender, workers, channel):
@@ -196,33 +194,27 @@ def test_when_both_are_busy_the_held_message_is_handled_by_whoever_frees_up(work
     assert 0.8 < wait < 1.0 + WORST_WAIT, wait
 
 
-def test_a_held_message_is_the_only_slack_in_capacity(broker):
+def test_a_held_message_is_the_only_slack_in_capacity(broker, new_layer):
     """``capacity`` counts ready messages; one held per consuming process is extra."""
-    prefix = "t-%s" % uuid.uuid4().hex[:10]
-    sender = make_layer(broker, prefix=prefix, capacity=5)
-    worker = make_layer(broker, prefix=prefix, capacity=5)
-    try:
-        for n in range(5):
-            sender.send("cap", {"n": n})
-        with pytest.raises(sender.ChannelFull):
-            sender.send("cap", {"n": 5})
-        assert worker.receive(["cap"], block=True) == ("cap", {"n": 0})
-        accepted = 0
-        for n in range(10):
-            try:
-                sender.send("cap", {"extra": n})
-            except sender.ChannelFull:
-                break
-            accepted += 1
-        # the slot the receive freed, plus at most the one message pushed to
-        # the worker's consumer and held for its next receive
-        assert 1 <= accepted <= 2, accepted
-        # After ``linger`` the held message is back in the queue: nothing fits.
-        time.sleep(LINGER + 0.1)
-        with pytest.raises(sender.ChannelFull):
-            sender.send("cap", {"late": True})
-        assert len(drain(sender, ["cap"])) == 4 + accepted
-    finally:
-        sender.flush()
-        sender.close()
-        worker.close()
+    sender = new_layer(broker, flush=True, capacity=5)
+    worker = new_layer(broker, prefix=sender.topology.prefix, capacity=5)
+    for n in range(5):
+        sender.send("cap", {"n": n})
+    with pytest.raises(sender.ChannelFull):
+        sender.send("cap", {"n": 5})
+    assert worker.receive(["cap"], block=True) == ("cap", {"n": 0})
+    accepted = 0
+    for n in range(10):
+        try:
+            sender.send("cap", {"extra": n})
+        except sender.ChannelFull:
+            break
+        accepted += 1
+    # the slot the receive freed, plus at most the one message pushed to
+    # the worker's consumer and held for its next receive
+    assert 1 <= accepted <= 2, accepted
+    # After ``linger`` the held message is back in the queue: nothing fits.
+    time.sleep(LINGER + 0.1)
+    with pytest.raises(sender.ChannelFull):
+        sender.send("cap", {"late": True})
+    assert len(drain(sender, ["cap"])) == 4 + accepted

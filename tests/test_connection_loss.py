@@ -12,33 +12,25 @@ module's own).
 import collections
 import threading
 import time
-import uuid
 
 import pika
 import pytest
 
-from asgi_amqp import AMQPChannelLayer, OperationTimeout
+from asgi_amqp import OperationTimeout
 from asgi_amqp.naming import REPUBLISHED_HEADER
-from helpers import make_layer, management, private_node, wait_until
+from helpers import Management, Traffic, wait_until
 
 OPERATION_TIMEOUT = 4.0
 
 
-@pytest.fixture(scope="module")
-def node():
-    with private_node() as node:
-        yield node
-
-
-def _layer(node, **config):
-    config.setdefault("prefix", "loss-%s" % uuid.uuid4().hex[:8])
+def _layer(new_layer, node, **config):
     config.setdefault("capacity", 100000)
     config.setdefault("operation_timeout", OPERATION_TIMEOUT)
-    return AMQPChannelLayer(url=node.amqp_url, management_url=node.management_url, **config)
+    return new_layer(node, **config)
 
 
 def _consumers(node, layer, channel):
-    record = management(node).queue(layer.topology.channel_queue(channel))
+    record = Management(node).queue(layer.topology.channel_queue(channel))
     return (record or {}).get("consumers", 0)
 
 
@@ -60,139 +52,111 @@ class Errors(object):
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_blocking_receive_in_flight_rides_through_a_kill(node):
+def test_blocking_receive_in_flight_rides_through_a_kill(node, new_layer):
     """The README's promise: the receive in flight at the kill raises nothing
     and still gets a message sent after the reconnect, within its own limit."""
-    layer = _layer(node, receive_timeout=20.0)
-    sender = None
-    try:
-        layer.send("loss.warm", {"w": 1})  # connected before the receive starts
-        result = {}
+    layer = _layer(new_layer, node, receive_timeout=20.0)
+    layer.send("loss.warm", {"w": 1})  # connected before the receive starts
+    result = {}
 
-        def receive():
-            started = time.monotonic()
-            try:
-                result["value"] = layer.receive(["loss.in-flight"], block=True)
-            except Exception as exc:  # what Channels would die of
-                result["error"] = exc
-            result["took"] = time.monotonic() - started
+    def receive():
+        started = time.monotonic()
+        try:
+            result["value"] = layer.receive(["loss.in-flight"], block=True)
+        except Exception as exc:  # what Channels would die of
+            result["error"] = exc
+        result["took"] = time.monotonic() - started
 
-        thread = threading.Thread(target=receive)
-        thread.start()
-        wait_until(
-            lambda: _consumers(node, layer, "loss.in-flight") > 0,
-            10,
-            message="the blocking receive's consumer",
-        )
-        node.close_all_connections("in-flight receive test")
-        wait_until(
-            lambda: layer.connection_statistics()["connection_losses"] >= 1,
-            10,
-            message="the layer saw the loss",
-        )
-        sender = _layer(node, prefix=layer.topology.prefix, dead_letter_worker=False)
-        sender.send("loss.in-flight", {"after": "the kill"})
-        thread.join(25)
-        assert not thread.is_alive()
-        assert "error" not in result, result
-        assert result["value"] == ("loss.in-flight", {"after": "the kill"})
-        assert result["took"] < 20.0
-    finally:
-        layer.close()
-        if sender is not None:
-            sender.close()
+    thread = threading.Thread(target=receive)
+    thread.start()
+    wait_until(
+        lambda: _consumers(node, layer, "loss.in-flight") > 0,
+        10,
+        message="the blocking receive's consumer",
+    )
+    node.close_all_connections("in-flight receive test")
+    wait_until(
+        lambda: layer.connection_statistics()["connection_losses"] >= 1,
+        10,
+        message="the layer saw the loss",
+    )
+    sender = _layer(new_layer, node, prefix=layer.topology.prefix, dead_letter_worker=False)
+    sender.send("loss.in-flight", {"after": "the kill"})
+    thread.join(25)
+    assert not thread.is_alive()
+    assert "error" not in result, result
+    assert result["value"] == ("loss.in-flight", {"after": "the kill"})
+    assert result["took"] < 20.0
 
 
 @pytest.mark.faults
 @pytest.mark.slow
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_sends_and_receives_ride_through_repeated_kills(node, queue_type):
+def test_sends_and_receives_ride_through_repeated_kills(node, queue_type, new_layer):
     """Numbered messages through four kills: no call raises, none is lost,
     none is received twice; the copies of publishes whose confirm was lost
     are dropped by the receiving process."""
-    channels = ["loss.a", "loss.b!x"]
-    receive_names = ["loss.a", "loss.b!"]
-    sender = _layer(node, queue_type=queue_type)
-    reader = _layer(node, queue_type=queue_type, prefix=sender.topology.prefix, receive_timeout=0.5)
-    errors = Errors()
-    sent, received = [], []
-    lock = threading.Lock()
-    stop_sending, stop_receiving = threading.Event(), threading.Event()
-
-    def send(index):
-        n = 0
-        while not stop_sending.is_set():
-            n += 1
-            key = (index, n)
-            if errors.call(sender.send, channels[n % 2], {"k": key}) is None:
-                with lock:
-                    sent.append(key)
-
-    def receive(block):
-        while True:
-            value = errors.call(reader.receive, receive_names, block=block)
-            if value and value[0] is not None:
-                with lock:
-                    received.append(tuple(value[1]["k"]))
-            elif stop_receiving.is_set():
-                return
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
-    threads += [threading.Thread(target=receive, args=(block,)) for block in (True, False)]
+    sender = _layer(new_layer, node, queue_type=queue_type)
+    reader = _layer(
+        new_layer, node, queue_type=queue_type, prefix=sender.topology.prefix, receive_timeout=0.5
+    )
+    traffic = Traffic(
+        sender,
+        ["loss.a", "loss.b!x"],
+        senders=3,
+        blocking_receivers=1,
+        polling_receivers=1,
+        reader=reader,
+        receive_from=["loss.a", "loss.b!"],
+        backoff=0,
+        poll_pause=0,
+        drain_on_stop=True,
+    )
+    confirmed = traffic.confirmed
     try:
-        for thread in threads:
-            thread.start()
+        traffic.start()
         for kill in range(4):
-            floor = len(sent) + 300
-            wait_until(lambda floor=floor: len(sent) >= floor, 30, message="300 more sends")
+            floor = len(confirmed) + 300
+            wait_until(lambda floor=floor: len(confirmed) >= floor, 30, message="300 more sends")
             node.close_all_connections("kill %d" % kill)
-        floor = len(sent) + 300
-        wait_until(lambda: len(sent) >= floor, 30, message="sends after the last kill")
-        stop_sending.set()
-        for thread in threads[:3]:
-            thread.join(OPERATION_TIMEOUT + 5)
-        wait_until(lambda: len(received) >= len(sent), 30, message="everything received")
-        stop_receiving.set()
-        for thread in threads[3:]:
-            thread.join(OPERATION_TIMEOUT + 5)
-        counts = collections.Counter(received)
-        duplicates = sum(n - 1 for n in counts.values())
-        lost = set(sent) - set(counts)
+        floor = len(confirmed) + 300
+        wait_until(lambda: len(confirmed) >= floor, 30, message="sends after the last kill")
+        traffic.stop_sending(OPERATION_TIMEOUT + 5)
+        wait_until(lambda: not traffic.missing(), 30, message="everything received")
+        traffic.stop_receiving(OPERATION_TIMEOUT + 5)
+        counts = traffic.counts()
+        lost = traffic.missing()
         stats = sender.connection_statistics()
         print(
             "\n%s: sent=%d received=%d lost=%d duplicates=%d losses=%d retried=%d "
             "republished=%d"
             % (
                 queue_type,
-                len(sent),
-                len(received),
+                counts["confirmed"],
+                counts["received"],
                 len(lost),
-                duplicates,
+                counts["duplicates"],
                 stats["connection_losses"],
                 stats["retried_operations"],
                 stats["republished"],
             )
         )
-        assert not errors.seen, errors.seen
+        assert not traffic.errors, traffic.errors
         assert stats["connection_losses"] >= 4 and stats["connected"]
         # One reading process: it tells every copy, on both kinds of channel.
-        assert duplicates == 0
+        assert counts["duplicates"] == 0
         assert not lost, sorted(lost)[:10]
     finally:
-        stop_sending.set()
-        stop_receiving.set()
-        for thread in threads:
-            thread.join(10)
-        sender.close()
-        reader.close()
+        traffic.stop_sending(10)
+        traffic.stop_receiving(10)
 
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_group_calls_ride_through_kills(node):
+def test_group_calls_ride_through_kills(node, new_layer):
     """group_add, send_group and group_discard, as Channels' consumers and
     its consumer_finished handler make them, raise nothing through kills."""
-    layer = _layer(node)
+    layer = _layer(new_layer, node)
     errors = Errors()
     done = collections.Counter()
     stop = threading.Event()
@@ -222,51 +186,48 @@ def test_group_calls_ride_through_kills(node):
         stop.set()
         for thread in threads:
             thread.join(OPERATION_TIMEOUT * 3)
-        layer.close()
+        layer.close()  # a call still running now raises, and is counted
     assert not errors.seen, errors.seen
     assert layer.connection_statistics()["connection_losses"] >= 3
 
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_an_outage_longer_than_operation_timeout_raises_and_names_it(node):
-    layer = _layer(node, operation_timeout=2.0, receive_timeout=1.0)
+def test_an_outage_longer_than_operation_timeout_raises_and_names_it(node, new_layer):
+    layer = _layer(new_layer, node, operation_timeout=2.0, receive_timeout=1.0)
+    layer.send("loss.outage", {"before": 1})
+    node.stop_app()
     try:
-        layer.send("loss.outage", {"before": 1})
-        node.stop_app()
-        try:
-            wait_until(
-                lambda: not layer.connection_statistics()["connected"],
-                10,
-                message="the layer saw the loss",
-            )
-            started = time.monotonic()
-            with pytest.raises(OperationTimeout) as raised:
-                layer.send("loss.outage", {"during": 1})
-            assert time.monotonic() - started <= 2.0 + 1.0
-            assert "unreachable" in str(raised.value)
-            assert "guest" not in str(raised.value)
-            # Now the outage is older than operation_timeout: receives say so too.
-            with pytest.raises(OperationTimeout, match="unreachable"):
-                layer.receive(["loss.outage"], block=True)
-            with pytest.raises(OperationTimeout, match="unreachable"):
-                layer.receive(["loss.outage"])
-        finally:
-            node.start_app()
-        wait_until(lambda: layer.connection_statistics()["connected"], 20, message="reconnected")
-        layer.send("loss.outage", {"after": 1})
-        # The call that raised was abandoned: it is not sent late.
         wait_until(
-            lambda: layer.receive(["loss.outage"])[1] == {"after": 1}, 10, message="served again"
+            lambda: not layer.connection_statistics()["connected"],
+            10,
+            message="the layer saw the loss",
         )
-        assert layer.receive(["loss.outage"]) == (None, None)
+        started = time.monotonic()
+        with pytest.raises(OperationTimeout) as raised:
+            layer.send("loss.outage", {"during": 1})
+        assert time.monotonic() - started <= 2.0 + 1.0
+        assert "unreachable" in str(raised.value)
+        assert "guest" not in str(raised.value)
+        # Now the outage is older than operation_timeout: receives say so too.
+        with pytest.raises(OperationTimeout, match="unreachable"):
+            layer.receive(["loss.outage"], block=True)
+        with pytest.raises(OperationTimeout, match="unreachable"):
+            layer.receive(["loss.outage"])
     finally:
-        layer.close()
+        node.start_app()
+    wait_until(lambda: layer.connection_statistics()["connected"], 20, message="reconnected")
+    layer.send("loss.outage", {"after": 1})
+    # The call that raised was abandoned: it is not sent late.
+    wait_until(
+        lambda: layer.receive(["loss.outage"])[1] == {"after": 1}, 10, message="served again"
+    )
+    assert layer.receive(["loss.outage"]) == (None, None)
 
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
+def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node, new_layer):
     """Local members get every confirmed group message across a restart.
 
     The broker fans a group message out to process-local members by
@@ -276,9 +237,9 @@ def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
     after an outage in which the broker refused connections.
     """
     members = ["loss.local!m%d" % i for i in range(30)]
-    sender = _layer(node, queue_type="quorum", operation_timeout=60.0)
+    sender = _layer(new_layer, node, queue_type="quorum", operation_timeout=60.0)
     receiver = _layer(
-        node, prefix=sender.topology.prefix, queue_type="quorum", operation_timeout=60.0
+        new_layer, node, prefix=sender.topology.prefix, queue_type="quorum", operation_timeout=60.0
     )
     errors = Errors()
     confirmed = []
@@ -327,7 +288,7 @@ def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node):
     finally:
         stop.set()
         thread.join(70)
-        sender.close()
+        sender.close()  # a call still running now raises, and is counted
         receiver.close()
     assert not errors.seen, errors.seen
     for member in members:
@@ -373,50 +334,41 @@ def _spy_ids(layer):
 
 
 @pytest.mark.parametrize("block", [False, True])
-def test_a_marked_copy_of_a_message_already_handed_out_is_dropped(broker, block):
-    layer = make_layer(broker, receive_timeout=0.5)
-    try:
-        ids = _spy_ids(layer)
-        for channel, receive_as in [
-            ("copy.normal", "copy.normal"),
-            ("copy.local!a", "copy.local!"),
-        ]:
-            layer.send(channel, {"n": 1})
-            assert layer.receive([receive_as], block=block) == (channel, {"n": 1})
-            headers = {"asgi-channel": channel} if "!" in channel else None
-            _publish_copy(broker, layer, channel, ids[-1], {"n": 1}, headers)
-            layer.send(channel, {"n": 2})
-            assert layer.receive([receive_as], block=block) == (channel, {"n": 2})
-            assert layer.receive([receive_as]) == (None, None)
-    finally:
-        layer.close()
+def test_a_marked_copy_of_a_message_already_handed_out_is_dropped(broker, block, new_layer):
+    layer = new_layer(broker, receive_timeout=0.5)
+    ids = _spy_ids(layer)
+    for channel, receive_as in [
+        ("copy.normal", "copy.normal"),
+        ("copy.local!a", "copy.local!"),
+    ]:
+        layer.send(channel, {"n": 1})
+        assert layer.receive([receive_as], block=block) == (channel, {"n": 1})
+        headers = {"asgi-channel": channel} if "!" in channel else None
+        _publish_copy(broker, layer, channel, ids[-1], {"n": 1}, headers)
+        layer.send(channel, {"n": 2})
+        assert layer.receive([receive_as], block=block) == (channel, {"n": 2})
+        assert layer.receive([receive_as]) == (None, None)
 
 
-def test_a_marked_copy_of_a_message_this_process_never_had_is_delivered(broker):
-    layer = make_layer(broker)
-    try:
-        assert layer.receive(["copy.first"]) == (None, None)  # declares the queue
-        _publish_copy(broker, layer, "copy.first", "never-seen.1", {"n": 1})
-        assert layer.receive(["copy.first"]) == ("copy.first", {"n": 1})
-    finally:
-        layer.close()
+def test_a_marked_copy_of_a_message_this_process_never_had_is_delivered(broker, new_layer):
+    layer = new_layer(broker)
+    assert layer.receive(["copy.first"]) == (None, None)  # declares the queue
+    _publish_copy(broker, layer, "copy.first", "never-seen.1", {"n": 1})
+    assert layer.receive(["copy.first"]) == ("copy.first", {"n": 1})
 
 
-def test_one_group_message_reaches_two_local_members_of_one_process(broker):
+def test_one_group_message_reaches_two_local_members_of_one_process(broker, new_layer):
     """The guard tells deliveries apart by channel too, so a message fanned
     out to two members in one process is not taken for a copy, even when a
     marked copy of it arrives."""
-    layer = make_layer(broker)
-    try:
-        layer.group_add("copies", "copy.member!one")
-        layer.group_add("copies", "copy.member!two")
-        layer.send_group("copies", {"g": 1})
-        got = set()
-        wait_until(
-            lambda: got.add(layer.receive(["copy.member!"])[0]) or len(got - {None}) == 2,
-            10,
-            message="both members' copies",
-        )
-        assert got - {None} == {"copy.member!one", "copy.member!two"}
-    finally:
-        layer.close()
+    layer = new_layer(broker)
+    layer.group_add("copies", "copy.member!one")
+    layer.group_add("copies", "copy.member!two")
+    layer.send_group("copies", {"g": 1})
+    got = set()
+    wait_until(
+        lambda: got.add(layer.receive(["copy.member!"])[0]) or len(got - {None}) == 2,
+        10,
+        message="both members' copies",
+    )
+    assert got - {None} == {"copy.member!one", "copy.member!two"}

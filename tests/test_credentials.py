@@ -9,21 +9,19 @@ traceback), and in repr(layer).
 """
 
 import base64
-import json
 import logging
-import socket
 import time
 import traceback
 import urllib.error
-import urllib.request
 import uuid
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 import asgi_amqp
 from asgi_amqp import AMQPChannelLayer
 from asgi_amqp.urls import describe_parameters, parse_urls, redact
+from helpers import Management, free_port, wait_until
 
 SECRET = "s3cr3tPassw0rd"
 PREFIX = "t-cred-%s" % uuid.uuid4().hex[:8]
@@ -75,20 +73,6 @@ def assert_no_leak(secrets, caplog=None, errors=(), objects=()):
     assert not leaks, leaks
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("%s did not happen within %.1f s" % (what, timeout))
-        time.sleep(0.02)
-
-
 def catch(call, exc_type):
     started = time.monotonic()
     with pytest.raises(exc_type) as info:
@@ -117,27 +101,6 @@ def _logged(caplog, logger, text):
     return any(r.name == logger and text in r.getMessage() for r in caplog.records)
 
 
-def management_request(broker, method, path, body=None):
-    parts = urlsplit(broker.management_url)
-    base = "%s://%s:%d%s" % (parts.scheme, parts.hostname, parts.port, parts.path.rstrip("/"))
-    token = base64.b64encode(
-        ("%s:%s" % (unquote(parts.username or "guest"), unquote(parts.password or "guest"))).encode(
-            "utf8"
-        )
-    )
-    request = urllib.request.Request(
-        "%s/api/%s" % (base, path),
-        method=method,
-        data=None if body is None else json.dumps(body).encode("utf8"),
-        headers={
-            "Authorization": "Basic " + token.decode("ascii"),
-            "Content-Type": "application/json",
-        },
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status
-
-
 def with_credentials(url, user, password):
     parts = urlsplit(url)
     host = parts.hostname if ":" not in parts.hostname else "[%s]" % parts.hostname
@@ -161,10 +124,11 @@ def test_closed_port_leaks_no_secret(caplog):
         errors = exercise_failing_layer(layer)
         for error in errors[:5]:
             assert not isinstance(error, asgi_amqp.AuthenticationError)
-        wait_for(
+        wait_until(
             lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "dead-letter worker"),
             5,
-            "a failed dead-letter worker connection",
+            interval=0.02,
+            message="a failed dead-letter worker connection",
         )
     finally:
         layer.close()
@@ -185,10 +149,11 @@ def test_wrong_password_on_the_real_broker_leaks_no_secret(broker, caplog):
         for error in errors[:5]:
             assert isinstance(error, asgi_amqp.AuthenticationError), repr(error)
         assert "credentials" in str(errors[-1])  # the management API's 401
-        wait_for(
+        wait_until(
             lambda: _logged(caplog, "asgi_amqp.engine.deadletter", "AuthenticationError"),
             5,
-            "a refused dead-letter worker connection",
+            interval=0.02,
+            message="a refused dead-letter worker connection",
         )
     finally:
         layer.close()
@@ -276,19 +241,16 @@ def test_bad_management_url_leaks_no_secret(broker, caplog):
 def secret_user(broker):
     """A broker user whose password is a secret; deleted afterwards."""
     user, password = "t-cred-%s" % uuid.uuid4().hex[:8], "Us3r-" + SECRET + "-" + uuid.uuid4().hex
-    vhost = urlsplit(broker.amqp_url).path[1:] or "%2F"
-    management_request(
-        broker, "PUT", "users/%s" % user, {"password": password, "tags": "management"}
-    )
-    management_request(
-        broker,
+    api = Management(broker)
+    api.request("PUT", "users/%s" % user, {"password": password, "tags": "management"})
+    api.request(
         "PUT",
-        "permissions/%s/%s" % (vhost, user),
+        "permissions/%s/%s" % (quote(api.vhost, safe=""), user),
         {"configure": ".*", "write": ".*", "read": ".*"},
     )
     yield user, password
     try:
-        management_request(broker, "DELETE", "users/%s" % user)
+        api.request("DELETE", "users/%s" % user)
     except urllib.error.HTTPError:
         pass
 

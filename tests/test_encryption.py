@@ -7,7 +7,6 @@ queue, ``{prefix}:q:{channel}``. Foreign bodies are published the same way.
 import base64
 import hashlib
 import logging
-import time
 import uuid
 
 import msgpack
@@ -17,6 +16,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 import asgi_amqp
 from asgi_amqp import AMQPChannelLayer
+from helpers import wait_until
 
 PREFIX = "t-enc-%s" % uuid.uuid4().hex[:8]
 OLD = Fernet.generate_key()
@@ -27,11 +27,11 @@ OTHER = Fernet.generate_key()
 # -- fixtures ------------------------------------------------------------------------------
 
 
-def _layer(broker, keys, **config):
+def _layer(factory, broker, keys, **config):
+    """A layer from ``factory`` (new_layer or module_layer) on PREFIX with ``keys``."""
     config.setdefault("dead_letter_worker", False)
-    return AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
+    return factory(
+        broker,
         prefix=PREFIX,
         expiry=60,
         receive_timeout=1,
@@ -41,19 +41,15 @@ def _layer(broker, keys, **config):
 
 
 @pytest.fixture(scope="module")
-def layers(broker):
+def layers(broker, module_layer):
     """Layers on one prefix that differ only in their keys."""
-    made = {
-        "plain": _layer(broker, None, dead_letter_worker=True),
-        "old": _layer(broker, [OLD]),
-        "new+old": _layer(broker, [NEW, OLD]),
-        "old+new": _layer(broker, [OLD, NEW]),
-        "other": _layer(broker, [OTHER]),
+    return {
+        "plain": _layer(module_layer, broker, None, dead_letter_worker=True, flush=True),
+        "old": _layer(module_layer, broker, [OLD]),
+        "new+old": _layer(module_layer, broker, [NEW, OLD]),
+        "old+new": _layer(module_layer, broker, [OLD, NEW]),
+        "other": _layer(module_layer, broker, [OTHER]),
     }
-    yield made
-    made["plain"].flush()
-    for layer in made.values():
-        layer.close()
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +102,12 @@ def put_back(raw, queue, delivery_tag, count):
     basic.get could run before the requeue and find the queue empty.
     """
     raw.basic_nack(delivery_tag, multiple=True, requeue=True)
-    deadline = time.monotonic() + 5
-    while raw.queue_declare(queue, passive=True).method.message_count < count:
-        assert time.monotonic() < deadline, "the requeued messages did not come back"
-        time.sleep(0.01)
+    wait_until(
+        lambda: raw.queue_declare(queue, passive=True).method.message_count >= count,
+        5,
+        interval=0.01,
+        message="the requeued messages coming back",
+    )
 
 
 def take_raw(raw, queue):
@@ -273,7 +271,7 @@ def test_a_single_key_instead_of_a_list_is_a_type_error():
             AMQPChannelLayer(url="amqp://127.0.0.1:1/%2F", symmetric_encryption_keys=keys)
 
 
-def test_keys_as_str_bytes_and_non_fernet_secrets_interoperate(broker, channel_name):
+def test_keys_as_str_bytes_and_non_fernet_secrets_interoperate(broker, channel_name, new_layer):
     """A Fernet key works as bytes or str; any other secret (e.g. a SECRET_KEY) is stretched."""
     secret = "django-insecure-#k3y-that-is-not-a-fernet-key!"
     pairs = [
@@ -282,27 +280,23 @@ def test_keys_as_str_bytes_and_non_fernet_secrets_interoperate(broker, channel_n
         ([secret], [base64.urlsafe_b64encode(hashlib.sha256(secret.encode()).digest())]),
     ]
     for writer_keys, reader_keys in pairs:
-        writer, reader = _layer(broker, writer_keys), _layer(broker, reader_keys)
-        try:
-            writer.send(channel_name, MESSAGE)
-            assert reader.receive([channel_name]) == (channel_name, MESSAGE)
-        finally:
-            writer.close()
-            reader.close()
+        writer = _layer(new_layer, broker, writer_keys)
+        reader = _layer(new_layer, broker, reader_keys)
+        writer.send(channel_name, MESSAGE)
+        assert reader.receive([channel_name]) == (channel_name, MESSAGE)
+        writer.close()
+        reader.close()
 
 
-def test_size_limit_applies_to_the_encrypted_body(broker, channel_name):
+def test_size_limit_applies_to_the_encrypted_body(broker, channel_name, new_layer):
     """Encryption grows a body by about a third; the limit counts what goes to the broker."""
     message = {"bytes": b"x" * 800}
     assert len(msgpack.packb(message, use_bin_type=True)) < 1000
-    layer = _layer(broker, [OLD], max_message_size=1000)
-    try:
-        with pytest.raises(asgi_amqp.MessageTooLarge):
-            layer.send(channel_name, message)
-        layer.send(channel_name, {"bytes": b"x" * 500})
-        assert layer.receive([channel_name]) == (channel_name, {"bytes": b"x" * 500})
-    finally:
-        layer.close()
+    layer = _layer(new_layer, broker, [OLD], max_message_size=1000)
+    with pytest.raises(asgi_amqp.MessageTooLarge):
+        layer.send(channel_name, message)
+    layer.send(channel_name, {"bytes": b"x" * 500})
+    assert layer.receive([channel_name]) == (channel_name, {"bytes": b"x" * 500})
 
 
 # -- malformed bodies from foreign clients ----------------------------------------------------

@@ -3,41 +3,23 @@ stopped and started, the node killed. Calls must succeed or raise a
 BrokerConnectionError within their timeout, never hang, and the layer must
 serve again within seconds of the broker's return without a restart."""
 
-import threading
 import time
 
 import pytest
 
-from asgi_amqp import AMQPChannelLayer, BrokerConnectionError
-from devtools.rabbitmq import RabbitNode
-from helpers import wait_until
+from asgi_amqp import BrokerConnectionError
+from helpers import Traffic, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 OPERATION_TIMEOUT = 3.0
 
 
-@pytest.fixture(scope="module")
-def node():
-    node = RabbitNode()
-    node.start()
-    yield node
-    node.cleanup()
-
-
 @pytest.fixture
-def layer(node):
-    layer = AMQPChannelLayer(
-        url=node.amqp_url,
-        management_url=node.management_url,
-        prefix="faults",
-        expiry=30,
-        capacity=100000,
-        receive_timeout=1,
-        operation_timeout=OPERATION_TIMEOUT,
+def layer(node, new_layer):
+    return new_layer(
+        node, expiry=30, capacity=100000, receive_timeout=1, operation_timeout=OPERATION_TIMEOUT
     )
-    yield layer
-    layer.close()
 
 
 def _serving(layer):
@@ -85,57 +67,30 @@ def test_numbered_messages_survive_connection_churn(node, layer):
     Counts: a send that returned was confirmed and must be received exactly
     once; a send that raised may or may not have been delivered.
     """
-    stop = threading.Event()
-    confirmed, failed, received, blocked = set(), [], [], []
-    lock = threading.Lock()
-
-    def sender(offset):
-        n = offset
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                layer.send("churn", {"n": n})
-                with lock:
-                    confirmed.add(n)
-            except BrokerConnectionError as exc:
-                with lock:
-                    failed.append((n, type(exc).__name__))
-            blocked.append(time.monotonic() - started)
-            n += 2
-
-    def receiver():
-        while not stop.is_set() or True:
-            started = time.monotonic()
-            try:
-                channel, message = layer.receive(["churn"], block=True)
-            except BrokerConnectionError:
-                channel = None
-            blocked.append(time.monotonic() - started)
-            if channel is not None:
-                with lock:
-                    received.append(message["n"])
-            elif stop.is_set():
-                return
-
-    senders = [threading.Thread(target=sender, args=(i,)) for i in range(2)]
-    receivers = [threading.Thread(target=receiver) for _ in range(2)]
-    for thread in senders + receivers:
-        thread.start()
+    traffic = Traffic(
+        layer, ["churn"], senders=2, blocking_receivers=2, backoff=0, drain_on_stop=True
+    ).start()
     for _ in range(3):
         time.sleep(1.5)
         node.close_all_connections("churn")
     time.sleep(1.5)
-    stop.set()
-    for thread in senders + receivers:
-        thread.join(30)
-        assert not thread.is_alive()
-    duplicates = len(received) - len(set(received))
-    lost = confirmed - set(received)
+    traffic.stop_sending(30)
+    traffic.stop_receiving(30)
+    assert not any(thread.is_alive() for thread in traffic.threads)
+    counts = traffic.counts()
+    lost = traffic.missing()
     print(
-        "\nchurn: confirmed=%d raised=%d received=%d duplicates=%d lost=%d longest call=%.2fs"
-        % (len(confirmed), len(failed), len(received), duplicates, len(lost), max(blocked))
+        "\nchurn: confirmed=%d raised=%s received=%d duplicates=%d lost=%d longest call=%.2fs"
+        % (
+            counts["confirmed"],
+            counts["raised"],
+            counts["received"],
+            counts["duplicates"],
+            len(lost),
+            traffic.longest_call(),
+        )
     )
-    assert confirmed, "no send succeeded"
-    assert duplicates == 0
+    assert counts["confirmed"], "no send succeeded"
+    assert counts["duplicates"] == 0
     assert not lost, sorted(lost)[:20]
-    assert max(blocked) <= 1 + OPERATION_TIMEOUT + 1.0
+    assert traffic.longest_call() <= 1 + OPERATION_TIMEOUT + 1.0

@@ -4,15 +4,12 @@ import time
 
 import pytest
 
-from helpers import drain, make_layer, management, wait_until
+from helpers import Management, drain, wait_until
 
 
 @pytest.fixture
-def layer(broker):
-    layer = make_layer(broker, expiry=1, group_expiry=2, capacity=5, receive_timeout=1)
-    yield layer
-    layer.flush()
-    layer.close()
+def layer(broker, new_layer):
+    return new_layer(broker, flush=True, expiry=1, group_expiry=2, capacity=5, receive_timeout=1)
 
 
 def test_group_send_reaches_normal_and_local_members(layer):
@@ -108,29 +105,21 @@ def test_group_send_to_full_member_does_not_raise(layer):
     assert len(drain(layer, ["tiny"])) == 5
 
 
-def test_flush_removes_only_this_layers_objects(broker, layer):
-    other = make_layer(broker, expiry=30)
-    try:
-        other.send("survivor", {"v": 1})
-        layer.send("victim", {"v": 1})
-        layer.group_add("fg", "victim")
-        layer.flush()
-        assert layer.receive(["victim"]) == (None, None)
-        assert layer.group_channels("fg") == []
-        assert other.receive(["survivor"]) == ("survivor", {"v": 1})
-        api = management(broker)
-        own_prefix = layer.topology.prefix + ":"
-        leftovers = set(api.queue_names(own_prefix)) | set(api.exchange_names(own_prefix))
-        assert leftovers <= layer.topology.infrastructure() | {
-            layer.topology.channel_queue("victim")
-        }
-    finally:
-        other.flush()
-        other.close()
+def test_flush_removes_only_this_layers_objects(broker, layer, new_layer):
+    other = new_layer(broker, flush=True, expiry=30)
+    other.send("survivor", {"v": 1})
+    layer.send("victim", {"v": 1})
+    layer.group_add("fg", "victim")
+    layer.flush()
+    assert layer.receive(["victim"]) == (None, None)
+    assert layer.group_channels("fg") == []
+    assert other.receive(["survivor"]) == ("survivor", {"v": 1})
+    leftovers = Management(broker).objects(layer.topology.prefix + ":")
+    assert leftovers <= layer.topology.infrastructure() | {layer.topology.channel_queue("victim")}
 
 
 def test_queues_and_exchanges_go_away_after_their_ttls(broker, layer):
-    api = management(broker)
+    api = Management(broker)
     topology = layer.topology
     layer.group_add("ttl", "short.lived")
     layer.group_discard("ttl", "short.lived")

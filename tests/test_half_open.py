@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from asgi_amqp import AMQPChannelLayer, BrokerConnectionError
+from asgi_amqp import BrokerConnectionError
 from helpers import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -86,43 +86,39 @@ def proxy(broker):
     proxy.close()
 
 
-def test_heartbeats_detect_a_half_open_connection(broker, proxy):
+def test_heartbeats_detect_a_half_open_connection(broker, proxy, new_layer):
     parts = urlsplit(broker.amqp_url)
     url = "amqp://%s@127.0.0.1:%d%s?heartbeat=2" % (
         parts.netloc.rpartition("@")[0],
         proxy.port,
         parts.path,
     )
-    layer = AMQPChannelLayer(
-        url=url,
+    layer = new_layer(
+        url,
+        flush=True,
         management_url=broker.management_url,
-        prefix="halfopen",
         operation_timeout=2,
         receive_timeout=1,
     )
-    try:
-        layer.send("ho", {"n": 1})
-        assert layer.receive(["ho"]) == ("ho", {"n": 1})
-        proxy.freeze()
-        started = time.monotonic()
-        with pytest.raises(BrokerConnectionError):
-            layer.send("ho", {"n": 2})
-        assert time.monotonic() - started < 2 + 1
+    layer.send("ho", {"n": 1})
+    assert layer.receive(["ho"]) == ("ho", {"n": 1})
+    proxy.freeze()
+    started = time.monotonic()
+    with pytest.raises(BrokerConnectionError):
+        layer.send("ho", {"n": 2})
+    assert time.monotonic() - started < 2 + 1
 
-        def serving():
-            try:
-                layer.send("ho", {"n": 3})
-                return True
-            except BrokerConnectionError:
-                return False
+    def serving():
+        try:
+            layer.send("ho", {"n": 3})
+            return True
+        except BrokerConnectionError:
+            return False
 
-        # pika checks for received traffic every heartbeat + 5 s, so a dead
-        # peer is noticed within 2 x 7 s here; then a reconnect through the proxy.
-        wait_until(serving, timeout=2 * 7 + 5, interval=0.2, message="serving on a new connection")
-        recovered = time.monotonic() - started
-        print("\nhalf-open connection detected and replaced after %.1f s" % recovered)
-        got = [layer.receive(["ho"], block=True) for _ in range(2)]
-        assert ("ho", {"n": 3}) in got
-    finally:
-        layer.flush()
-        layer.close()
+    # pika checks for received traffic every heartbeat + 5 s, so a dead
+    # peer is noticed within 2 x 7 s here; then a reconnect through the proxy.
+    wait_until(serving, timeout=2 * 7 + 5, interval=0.2, message="serving on a new connection")
+    recovered = time.monotonic() - started
+    print("\nhalf-open connection detected and replaced after %.1f s" % recovered)
+    got = [layer.receive(["ho"], block=True) for _ in range(2)]
+    assert ("ho", {"n": 3}) in got

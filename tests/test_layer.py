@@ -7,15 +7,12 @@ import time
 import pytest
 
 from asgi_amqp import AMQPChannelLayer, LayerClosed
-from helpers import drain, make_layer, management
+from helpers import Management, drain, make_layer
 
 
 @pytest.fixture
-def layer(broker):
-    layer = make_layer(broker, expiry=30, capacity=10000, receive_timeout=1)
-    yield layer
-    layer.flush()
-    layer.close()
+def layer(broker, new_layer):
+    return new_layer(broker, flush=True, expiry=30, capacity=10000, receive_timeout=1)
 
 
 def test_lazy_connect_starts_nothing_until_first_use(broker):
@@ -138,18 +135,14 @@ def test_process_local_channels_share_a_queue(layer):
     assert sorted(drain(layer, ["daphne!"])) == [("daphne!a", {"n": 1}), ("daphne!b", {"n": 2})]
 
 
-def test_channel_capacity_patterns(broker):
-    layer = make_layer(broker, capacity=100, channel_capacity={"tight.*": 2})
-    try:
+def test_channel_capacity_patterns(broker, new_layer):
+    layer = new_layer(broker, flush=True, capacity=100, channel_capacity={"tight.*": 2})
+    layer.send("tight.one", {})
+    layer.send("tight.one", {})
+    with pytest.raises(layer.ChannelFull):
         layer.send("tight.one", {})
-        layer.send("tight.one", {})
-        with pytest.raises(layer.ChannelFull):
-            layer.send("tight.one", {})
-        for _ in range(5):
-            layer.send("loose", {})
-    finally:
-        layer.flush()
-        layer.close()
+    for _ in range(5):
+        layer.send("loose", {})
 
 
 def test_extensions_and_version():
@@ -206,25 +199,22 @@ def test_dead_threads_are_replaced_on_the_next_call(layer):
     assert sorted(m["n"] for _, m in drain(layer, ["revive"])) == [1, 2]
 
 
-def test_quorum_queues(broker):
-    layer = make_layer(broker, queue_type="quorum", capacity=3, expiry=30, receive_timeout=1)
-    try:
-        for i in range(3):
-            layer.send("q.chan", {"i": i})
-        with pytest.raises(layer.ChannelFull):  # exactly at capacity, as with classic queues
-            layer.send("q.chan", {"i": 3})
-        assert [m["i"] for _, m in drain(layer, ["q.chan"], block=True)] == [0, 1, 2]
-        layer.group_add("qg", "q.member")
-        layer.group_add("qg", "q.local!a")
-        layer.send_group("qg", {"g": 1})
-        assert layer.receive(["q.member"], block=True) == ("q.member", {"g": 1})
-        assert layer.receive(["q.local!"], block=True) == ("q.local!a", {"g": 1})
-        api = management(broker)
-        record = api.queue(layer.topology.channel_queue("q.chan"))
-        assert record["type"] == "quorum"
-    finally:
-        layer.flush()
-        layer.close()
+def test_quorum_queues(broker, new_layer):
+    layer = new_layer(
+        broker, flush=True, queue_type="quorum", capacity=3, expiry=30, receive_timeout=1
+    )
+    for i in range(3):
+        layer.send("q.chan", {"i": i})
+    with pytest.raises(layer.ChannelFull):  # exactly at capacity, as with classic queues
+        layer.send("q.chan", {"i": 3})
+    assert [m["i"] for _, m in drain(layer, ["q.chan"], block=True)] == [0, 1, 2]
+    layer.group_add("qg", "q.member")
+    layer.group_add("qg", "q.local!a")
+    layer.send_group("qg", {"g": 1})
+    assert layer.receive(["q.member"], block=True) == ("q.member", {"g": 1})
+    assert layer.receive(["q.local!"], block=True) == ("q.local!a", {"g": 1})
+    record = Management(broker).queue(layer.topology.channel_queue("q.chan"))
+    assert record["type"] == "quorum"
 
 
 def test_unknown_queue_type_is_refused(broker):

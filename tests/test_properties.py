@@ -10,8 +10,6 @@ import copy
 import datetime
 import decimal
 import math
-import select
-import socket
 import string
 import uuid
 
@@ -19,8 +17,6 @@ import pytest
 from asgiref.base_layer import BaseChannelLayer
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from asgi_amqp import AMQPChannelLayer
 
 PREFIX = "t-prop-%s" % uuid.uuid4().hex[:8]
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
@@ -39,50 +35,13 @@ FAST_PROPERTY = settings(
 
 
 @pytest.fixture(scope="module")
-def layer(broker):
-    layer = AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
-        prefix=PREFIX,
-        expiry=60,
-        receive_timeout=2,
-    )
-    yield layer
-    layer.flush()
-    layer.close()
-
-
-class _SilentBroker(object):
-    def __init__(self):
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self._socket.listen(16)
-        self.url = "amqp://guest:guest@127.0.0.1:%d/%%2F" % self._socket.getsockname()[1]
-
-    def touched(self):
-        return bool(select.select([self._socket], [], [], 0)[0])
-
-    def close(self):
-        self._socket.close()
+def layer(broker, module_layer):
+    return module_layer(broker, flush=True, prefix=PREFIX, expiry=60, receive_timeout=2)
 
 
 @pytest.fixture(scope="module")
-def sink():
-    sink = _SilentBroker()
-    yield sink
-    sink.close()
-
-
-@pytest.fixture(scope="module")
-def offline(sink):
-    layer = AMQPChannelLayer(url=sink.url, prefix=PREFIX + "-off", operation_timeout=1)
-    yield layer
-    layer.close()
-
-
-def assert_untouched(offline, sink):
-    assert offline.threads() == [], "the offline layer started its I/O threads"
-    assert not sink.touched(), "the offline layer connected to its broker"
+def offline(silent_broker, module_layer):
+    return module_layer(silent_broker, prefix=PREFIX + "-off", operation_timeout=1)
 
 
 # -- strategies ----------------------------------------------------------------------------
@@ -286,7 +245,7 @@ def _containers(value, path="message"):
 @PROPERTY
 @given(message=messages, data=st.data())
 def test_an_invalid_value_anywhere_is_refused_before_the_broker(
-    layer, offline, sink, message, data
+    layer, offline, silent_broker, message, data
 ):
     message = copy.deepcopy(message)
     containers = list(_containers(message))
@@ -313,7 +272,7 @@ def test_an_invalid_value_anywhere_is_refused_before_the_broker(
             assert word in str(info.value), (word, str(info.value))
         with pytest.raises(exception):
             candidate.send_group("prop-group", message)
-    assert_untouched(offline, sink)
+    silent_broker.assert_untouched(offline)
     # Had anything been published, the channel's queue would hold it now.
     assert layer.receive(["prop.invalid"]) == (None, None)
 
@@ -395,7 +354,7 @@ def _invalid_group(name):
 
 @FAST_PROPERTY
 @given(name=name_candidates.filter(_invalid_channel))
-def test_invalid_channel_names_are_a_type_error(offline, sink, name):
+def test_invalid_channel_names_are_a_type_error(offline, silent_broker, name):
     calls = [
         lambda: offline.send(name, {"a": 1}),
         lambda: offline.receive([name]),
@@ -408,12 +367,12 @@ def test_invalid_channel_names_are_a_type_error(offline, sink, name):
     for call in calls:
         with pytest.raises(TypeError):
             call()
-    assert_untouched(offline, sink)
+    silent_broker.assert_untouched(offline)
 
 
 @FAST_PROPERTY
 @given(name=name_candidates.filter(_invalid_group))
-def test_invalid_group_names_are_a_type_error(offline, sink, name):
+def test_invalid_group_names_are_a_type_error(offline, silent_broker, name):
     for call in (
         lambda: offline.group_add(name, "prop.valid"),
         lambda: offline.group_discard(name, "prop.valid"),
@@ -422,25 +381,25 @@ def test_invalid_group_names_are_a_type_error(offline, sink, name):
     ):
         with pytest.raises(TypeError):
             call()
-    assert_untouched(offline, sink)
+    silent_broker.assert_untouched(offline)
 
 
 @FAST_PROPERTY
 @given(name=st.from_regex(r"\A%s{1,40}!%s{1,40}\Z" % (_NAME_CHARS, _NAME_CHARS)))
-def test_receive_refuses_process_local_names_past_the_bang(offline, sink, name):
+def test_receive_refuses_process_local_names_past_the_bang(offline, silent_broker, name):
     offline.valid_channel_name(name)  # a fine name to send to...
     with pytest.raises(TypeError):
         offline.receive([name])  # ...but not to receive from
     with pytest.raises(TypeError):
         offline.receive([name[: name.index("!") + 1], name], block=True)
-    assert_untouched(offline, sink)
+    silent_broker.assert_untouched(offline)
 
 
 @FAST_PROPERTY
 @given(pattern=valid_channel_names.filter(lambda n: "?" not in n and "!" not in n))
-def test_new_channel_names_from_valid_patterns(offline, sink, pattern):
+def test_new_channel_names_from_valid_patterns(offline, silent_broker, pattern):
     assume(len(pattern) <= 80)  # longer patterns: see test_bad_input (new_channel bug)
     name = offline.new_channel(pattern + "?")
     assert name.startswith(pattern + "?") and len(name) > len(pattern) + 1
     offline.valid_channel_name(name)
-    assert_untouched(offline, sink)
+    silent_broker.assert_untouched(offline)

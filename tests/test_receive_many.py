@@ -11,15 +11,12 @@ import time
 import pytest
 
 from asgi_amqp.engine import getter
-from helpers import make_layer
+from helpers import drain
 
 
 @pytest.fixture
-def layer(broker):
-    layer = make_layer(broker, expiry=30, capacity=10000, receive_timeout=1)
-    yield layer
-    layer.flush()
-    layer.close()
+def layer(broker, new_layer):
+    return new_layer(broker, flush=True, expiry=30, capacity=10000, receive_timeout=1)
 
 
 def test_a_message_beyond_one_wave_is_found(layer):
@@ -38,10 +35,7 @@ def test_messages_taken_and_put_back_keep_their_order(layer):
         for channel in channels:
             layer.send(channel, {"n": n})
     seen = {channel: [] for channel in channels}
-    while True:
-        channel, message = layer.receive(channels)
-        if channel is None:
-            break
+    for channel, message in drain(layer, channels):
         seen[channel].append(message["n"])
     for channel in channels:
         # each wave takes up to six messages and keeps one: the rest go back
@@ -75,28 +69,17 @@ def test_a_quiet_channel_is_served_while_another_stays_busy(layer):
     assert time.monotonic() - sent_at < getter.RECHECK_EMPTY + 1.0
 
 
-def test_messages_taken_in_the_callers_thread_are_acked_once(broker):
+def test_messages_taken_in_the_callers_thread_are_acked_once(broker, new_layer):
     """A message a consumer was pushed is taken without the I/O thread; its ack
     must still reach the broker, or closing the connection would bring it back."""
-    layer = make_layer(broker, expiry=30, receive_timeout=0.3)
+    layer = new_layer(broker, expiry=30, receive_timeout=0.3)
     prefix = layer.topology.prefix
-    try:
-        assert layer.receive(["pushed"], block=True) == (None, None)  # starts a consumer
-        for n in range(20):
-            layer.send("pushed", {"n": n})
-        seen = []
-        while True:
-            channel, message = layer.receive(["pushed"], block=True)
-            if channel is None:
-                break
-            seen.append(message["n"])
-        assert seen == list(range(20))
-    finally:
-        layer.close()
+    assert layer.receive(["pushed"], block=True) == (None, None)  # starts a consumer
+    for n in range(20):
+        layer.send("pushed", {"n": n})
+    seen = [m["n"] for _, m in drain(layer, ["pushed"], block=True)]
+    assert seen == list(range(20))
+    layer.close()
     # Unacked messages would be back in the queue now that the connection is gone.
-    again = make_layer(broker, expiry=30, prefix=prefix)
-    try:
-        assert again.receive(["pushed"]) == (None, None)
-    finally:
-        again.flush()
-        again.close()
+    again = new_layer(broker, flush=True, expiry=30, prefix=prefix)
+    assert again.receive(["pushed"]) == (None, None)

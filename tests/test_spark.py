@@ -15,7 +15,7 @@ import pyspark  # noqa: F401  (make test installs the spark extra)
 import pytest
 
 from asgi_amqp.spark import SendResult, send_dataframe  # noqa: E402
-from helpers import drain, make_layer  # noqa: E402
+from helpers import drain  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +55,8 @@ def prefix():
 
 
 @pytest.fixture
-def layer(broker, prefix):
-    layer = make_layer(broker, prefix=prefix, capacity=5000)
-    yield layer
-    layer.flush()
-    layer.close()
+def layer(broker, prefix, new_layer):
+    return new_layer(broker, flush=True, prefix=prefix, capacity=5000)
 
 
 def _send(broker, prefix, df, capacity=5000, **kwargs):
@@ -194,7 +191,7 @@ def _one_channel(spark, rows):
     return df.repartition(2)
 
 
-def test_on_full_skip_counts_every_refused_row(spark, broker, prefix):
+def test_on_full_skip_counts_every_refused_row(spark, broker, prefix, new_layer):
     result = _send(
         broker,
         prefix,
@@ -205,15 +202,11 @@ def test_on_full_skip_counts_every_refused_row(spark, broker, prefix):
         on_full="skip",
     )
     assert result == (10, 30, 0)
-    small = make_layer(broker, prefix=prefix, capacity=10)
-    try:
-        assert len(drain(small, ["sp.full"])) == 10
-    finally:
-        small.flush()
-        small.close()
+    small = new_layer(broker, flush=True, prefix=prefix, capacity=10)
+    assert len(drain(small, ["sp.full"])) == 10
 
 
-def test_on_full_fail_stops_each_partition(spark, broker, prefix):
+def test_on_full_fail_stops_each_partition(spark, broker, prefix, new_layer):
     df = _one_channel(spark, 40)
     sizes = df.rdd.glom().map(len).collect()
     assert len(sizes) == 2 and min(sizes) > 10
@@ -222,10 +215,10 @@ def test_on_full_fail_stops_each_partition(spark, broker, prefix):
     )
     # Both partitions have more rows than the channel holds: each stops at its first full.
     assert result == (10, 2, 28)
-    make_layer(broker, prefix=prefix).flush()
+    new_layer(broker, flush=True, prefix=prefix)
 
 
-def test_on_full_retry_gives_up_and_counts_full(spark, broker, prefix):
+def test_on_full_retry_gives_up_and_counts_full(spark, broker, prefix, new_layer):
     result = _send(
         broker,
         prefix,
@@ -237,7 +230,7 @@ def test_on_full_retry_gives_up_and_counts_full(spark, broker, prefix):
         retries=1,
     )
     assert result == (10, 2, 0)
-    make_layer(broker, prefix=prefix).flush()
+    new_layer(broker, flush=True, prefix=prefix)
 
 
 # -- schema errors (nothing is sent) ---------------------------------------------------------------

@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from asgi_amqp import AMQPChannelLayer, ChannelFull, statistics
-from helpers import make_layer, wait_until
+from helpers import wait_until
 
 CAPACITY = 20
 SENT = {"st.a": 7, "st.b": 3, "st.local!": 4}  # per queue
@@ -112,10 +112,6 @@ def test_counters_reject_nonsense():
 # -- against the broker ------------------------------------------------------------------------
 
 
-def _layer(broker, **config):
-    return make_layer(broker, **config)
-
-
 def _publish_aged(broker, queue, arguments):
     connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
     try:
@@ -133,9 +129,11 @@ def _publish_aged(broker, queue, arguments):
 
 
 @pytest.fixture(scope="module")
-def traffic(broker):
+def traffic(broker, module_layer):
     """A layer after known traffic, once the management API shows all of it."""
-    layer = _layer(broker, prefix="st-%s" % uuid.uuid4().hex[:10], capacity=CAPACITY, expiry=120)
+    layer = module_layer(
+        broker, flush=True, prefix="st-%s" % uuid.uuid4().hex[:10], capacity=CAPACITY, expiry=120
+    )
     for i in range(SENT["st.a"]):
         layer.send("st.a", {"i": i})
     for i in range(SENT["st.b"]):
@@ -165,9 +163,7 @@ def traffic(broker):
         )
 
     wait_until(visible, timeout=20, interval=0.25, message="statistics showing the traffic")
-    yield layer
-    layer.flush()
-    layer.close()
+    return layer
 
 
 def test_channel_statistics_has_the_spec_keys(traffic):
@@ -212,19 +208,15 @@ def test_channel_full_count_matches_channel_full_raised(traffic):
     assert statistics.channel_statistics(traffic, "st.a")["channel_full_count"] == 0
 
 
-def test_channel_full_rate_in_the_last_second(broker):
-    layer = _layer(broker, capacity=1)
-    try:
-        layer.send("st.r", {})
-        for _ in range(3):
-            with pytest.raises(ChannelFull):
-                layer.send("st.r", {})
-        figures = statistics.channel_statistics(layer, "st.r")
-        assert figures["channel_full_count"] == 3
-        assert figures["channel_full_count_per_second"] == 3.0
-    finally:
-        layer.flush()
-        layer.close()
+def test_channel_full_rate_in_the_last_second(broker, new_layer):
+    layer = new_layer(broker, flush=True, capacity=1)
+    layer.send("st.r", {})
+    for _ in range(3):
+        with pytest.raises(ChannelFull):
+            layer.send("st.r", {})
+    figures = statistics.channel_statistics(layer, "st.r")
+    assert figures["channel_full_count"] == 3
+    assert figures["channel_full_count_per_second"] == 3.0
 
 
 def test_messages_max_age_from_the_head_message_timestamp(traffic):
@@ -254,18 +246,14 @@ def test_invalid_channel_name_raises_type_error(traffic):
         statistics.channel_statistics(traffic, b"bytes")
 
 
-def test_available_only_when_the_management_api_answers(broker):
-    good = make_layer(broker)
-    bad = AMQPChannelLayer(url=broker.amqp_url, management_url="http://127.0.0.1:1/")
-    try:
-        assert statistics.is_available(good) is True
-        started = time.monotonic()
-        assert statistics.is_available(bad) is False
-        assert statistics.is_available(bad) is False  # cached
-        assert time.monotonic() - started < 5
-    finally:
-        good.close()
-        bad.close()
+def test_available_only_when_the_management_api_answers(broker, new_layer):
+    good = new_layer(broker)
+    bad = new_layer(broker, management_url="http://127.0.0.1:1/")
+    assert statistics.is_available(good) is True
+    started = time.monotonic()
+    assert statistics.is_available(bad) is False
+    assert statistics.is_available(bad) is False  # cached
+    assert time.monotonic() - started < 5
 
 
 def test_extensions_descriptor(broker):
@@ -285,22 +273,15 @@ def test_extensions_descriptor(broker):
         bad.close()
 
 
-def test_layer_integration(broker):
+def test_layer_integration(broker, new_layer):
     """Runs once the layer has the statistics methods and lists the extension."""
-    layer = make_layer(broker, capacity=1)
-    try:
-        assert "statistics" in layer.extensions
+    layer = new_layer(broker, flush=True, capacity=1)
+    assert "statistics" in layer.extensions
+    layer.send("st.i", {})
+    with pytest.raises(ChannelFull):
         layer.send("st.i", {})
-        with pytest.raises(ChannelFull):
-            layer.send("st.i", {})
-        assert layer.channel_statistics("st.i")["channel_full_count"] == 1
-        assert layer.global_statistics()["channel_full_count"] == 1
-    finally:
-        layer.flush()
-        layer.close()
-    bad = AMQPChannelLayer(url=broker.amqp_url, management_url="http://127.0.0.1:1/")
-    try:
-        assert "statistics" not in bad.extensions
-        assert "groups" in bad.extensions
-    finally:
-        bad.close()
+    assert layer.channel_statistics("st.i")["channel_full_count"] == 1
+    assert layer.global_statistics()["channel_full_count"] == 1
+    bad = new_layer(broker, management_url="http://127.0.0.1:1/")
+    assert "statistics" not in bad.extensions
+    assert "groups" in bad.extensions

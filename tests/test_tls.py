@@ -22,9 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 from cryptography.x509.oid import NameOID  # noqa: E402
 
-from asgi_amqp import AMQPChannelLayer, BrokerConnectionError
-from devtools.rabbitmq import RabbitNode, free_port
-from helpers import wait_until
+from asgi_amqp import BrokerConnectionError
+from helpers import Management, free_port, make_layer, private_node, wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -154,7 +153,7 @@ def certs():
 @pytest.fixture(scope="module")
 def tls_node(certs):
     tls_port = free_port()
-    node = RabbitNode(
+    with private_node(
         extra_config=[
             "listeners.ssl.local = 127.0.0.1:%d" % tls_port,
             "ssl_options.cacertfile = %s" % certs["ca.pem"],
@@ -163,13 +162,9 @@ def tls_node(certs):
             "ssl_options.verify = verify_none",
             "ssl_options.fail_if_no_peer_cert = false",
         ]
-    )
-    try:
-        node.start()
+    ) as node:
         node.tls_port = tls_port
         yield node
-    finally:
-        node.cleanup(graceful=False)
 
 
 def tls_url(node, ca_file, **extra):
@@ -179,53 +174,43 @@ def tls_url(node, ca_file, **extra):
     return "amqps://guest:guest@127.0.0.1:%d/%%2F?%s" % (node.tls_port, query)
 
 
-def _layer(node, url, **config):
-    config.setdefault("operation_timeout", OPERATION_TIMEOUT)
-    config.setdefault("receive_timeout", 1)
-    return AMQPChannelLayer(
-        url=url,
+def _layer(factory, node, url):
+    """A layer from ``factory`` (new_layer or make_layer) on ``url``, managed through ``node``."""
+    return factory(
+        url,
         management_url=node.management_url,
-        prefix="tls-%d" % int(time.monotonic() * 1000),
-        **config,
+        operation_timeout=OPERATION_TIMEOUT,
+        receive_timeout=1,
     )
 
 
 def _connections(node):
     """(peer_port, ssl) of every client connection, from the management API."""
-    from asgi_amqp.management import ManagementClient
-
-    client = ManagementClient(node.management_url, "/")
-    return [(c.get("port"), c.get("ssl")) for c in client._get("connections") or []]
+    return [(c.get("port"), c.get("ssl")) for c in Management(node).connections()]
 
 
-def test_round_trip_over_tls_with_ca_verification(tls_node, certs):
-    layer = _layer(tls_node, tls_url(tls_node, certs["ca.pem"]))
-    try:
-        layer.send("tls.chan", {"text": "over TLS", "n": 1})
-        assert layer.receive(["tls.chan"], block=True) == ("tls.chan", {"text": "over TLS", "n": 1})
-        # Groups go through the same connection.
-        layer.group_add("tlsgroup", "tls.member")
-        layer.send_group("tlsgroup", {"g": 1})
-        assert layer.receive(["tls.member"], block=True) == ("tls.member", {"g": 1})
-        # The broker sees the layer's connections on the TLS port, with TLS on.
-        found = wait_until(
-            lambda: [c for c in _connections(tls_node) if c[0] == tls_node.tls_port],
-            timeout=10,
-            message="a TLS connection listed",
-        )
-        assert all(ssl for _, ssl in found), found
-    finally:
-        layer.close()
+def test_round_trip_over_tls_with_ca_verification(tls_node, certs, new_layer):
+    layer = _layer(new_layer, tls_node, tls_url(tls_node, certs["ca.pem"]))
+    layer.send("tls.chan", {"text": "over TLS", "n": 1})
+    assert layer.receive(["tls.chan"], block=True) == ("tls.chan", {"text": "over TLS", "n": 1})
+    # Groups go through the same connection.
+    layer.group_add("tlsgroup", "tls.member")
+    layer.send_group("tlsgroup", {"g": 1})
+    assert layer.receive(["tls.member"], block=True) == ("tls.member", {"g": 1})
+    # The broker sees the layer's connections on the TLS port, with TLS on.
+    found = wait_until(
+        lambda: [c for c in _connections(tls_node) if c[0] == tls_node.tls_port],
+        timeout=10,
+        message="a TLS connection listed",
+    )
+    assert all(ssl for _, ssl in found), found
 
 
-def test_tls_also_works_with_localhost_as_host_name(tls_node, certs):
+def test_tls_also_works_with_localhost_as_host_name(tls_node, certs, new_layer):
     url = tls_url(tls_node, certs["ca.pem"]).replace("127.0.0.1", "localhost")
-    layer = _layer(tls_node, url)
-    try:
-        layer.send("tls.localhost", {"n": 2})
-        assert layer.receive(["tls.localhost"]) == ("tls.localhost", {"n": 2})
-    finally:
-        layer.close()
+    layer = _layer(new_layer, tls_node, url)
+    layer.send("tls.localhost", {"n": 2})
+    assert layer.receive(["tls.localhost"]) == ("tls.localhost", {"n": 2})
 
 
 @pytest.mark.parametrize(
@@ -238,7 +223,7 @@ def test_a_failed_tls_handshake_is_a_clear_error_within_seconds(tls_node, certs,
         url = tls_url(tls_node, certs["ca.pem"], server_hostname="not-this-host.example")
     else:
         url = "amqp://guest:guest@127.0.0.1:%d/%%2F" % tls_node.tls_port
-    layer = _layer(tls_node, url)
+    layer = _layer(make_layer, tls_node, url)
     try:
         started = time.monotonic()
         with pytest.raises(BrokerConnectionError) as caught:
@@ -264,20 +249,17 @@ def test_a_failed_tls_handshake_is_a_clear_error_within_seconds(tls_node, certs,
 
 
 @pytest.mark.faults
-def test_tls_layer_reconnects_after_connections_are_closed(tls_node, certs):
-    layer = _layer(tls_node, tls_url(tls_node, certs["ca.pem"]))
-    try:
-        layer.send("tls.churn", {"n": 0})
-        assert layer.receive(["tls.churn"]) == ("tls.churn", {"n": 0})
-        tls_node.close_all_connections("tls test")
+def test_tls_layer_reconnects_after_connections_are_closed(tls_node, certs, new_layer):
+    layer = _layer(new_layer, tls_node, tls_url(tls_node, certs["ca.pem"]))
+    layer.send("tls.churn", {"n": 0})
+    assert layer.receive(["tls.churn"]) == ("tls.churn", {"n": 0})
+    tls_node.close_all_connections("tls test")
 
-        def serving():
-            try:
-                layer.send("tls.churn", {"n": 1})
-                return layer.receive(["tls.churn"]) == ("tls.churn", {"n": 1})
-            except BrokerConnectionError:
-                return False
+    def serving():
+        try:
+            layer.send("tls.churn", {"n": 1})
+            return layer.receive(["tls.churn"]) == ("tls.churn", {"n": 1})
+        except BrokerConnectionError:
+            return False
 
-        wait_until(serving, timeout=10, interval=0.1, message="serving over TLS again")
-    finally:
-        layer.close()
+    wait_until(serving, timeout=10, interval=0.1, message="serving over TLS again")

@@ -14,8 +14,6 @@ import uuid
 
 import pytest
 
-from helpers import make_layer
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = textwrap.dedent("""
@@ -83,13 +81,10 @@ def test_receive_twisted_fires_on_the_reactor_thread(broker):
     assert results["timeout"] == [[None, None], True]
 
 
-def test_receive_twisted_refuses_bad_names_in_the_caller(broker):
-    layer = make_layer(broker)
-    try:
-        with pytest.raises(TypeError):
-            layer.receive_twisted(["bad name"])
-        with pytest.raises(TypeError):
-            layer.receive_twisted("tw.a")
-        assert layer.threads() == [], "a refused call must not connect"
-    finally:
-        layer.close()
+def test_receive_twisted_refuses_bad_names_in_the_caller(broker, new_layer):
+    layer = new_layer(broker)
+    with pytest.raises(TypeError):
+        layer.receive_twisted(["bad name"])
+    with pytest.raises(TypeError):
+        layer.receive_twisted("tw.a")
+    assert layer.threads() == [], "a refused call must not connect"

@@ -11,10 +11,8 @@ import uuid
 
 import pytest
 
-from asgi_amqp import AMQPChannelLayer, AuthenticationError
-from asgi_amqp.management import ManagementClient
-from devtools.rabbitmq import RabbitNode
-from helpers import wait_until
+from asgi_amqp import AuthenticationError
+from helpers import Management, private_node, wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -24,45 +22,38 @@ VHOSTS = ("vhost-a", "vhost-b")
 
 @pytest.fixture(scope="module")
 def node():
-    node = RabbitNode()
-    try:
-        node.start()
+    with private_node() as node:
         for vhost in VHOSTS + ("vhost-closed",):
             node.ctl("add_vhost", vhost)
         for vhost in VHOSTS:
             node.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
         yield node
-    finally:
-        node.cleanup(graceful=False)
 
 
 def _url(node, vhost):
     return "amqp://guest:guest@127.0.0.1:%d/%s" % (node.amqp_port, vhost)
 
 
+def _layer(new_layer, node, vhost, **config):
+    """A layer on PREFIX in ``vhost``."""
+    config.setdefault("operation_timeout", 5)
+    return new_layer(
+        _url(node, vhost),
+        management_url=node.management_url,
+        prefix=PREFIX,
+        receive_timeout=1,
+        **config,
+    )
+
+
 @pytest.fixture
-def layers(node):
-    made = {
-        vhost: AMQPChannelLayer(
-            url=_url(node, vhost),
-            management_url=node.management_url,
-            prefix=PREFIX,
-            operation_timeout=5,
-            receive_timeout=1,
-        )
-        for vhost in VHOSTS
-    }
-    yield made["vhost-a"], made["vhost-b"]
-    for layer in made.values():
-        try:
-            layer.flush()
-        finally:
-            layer.close()
+def layers(node, new_layer):
+    return tuple(_layer(new_layer, node, vhost, flush=True) for vhost in VHOSTS)
 
 
 def _objects(node, vhost):
     """(queue names, exchange names) under the prefix in ``vhost``, from the management API."""
-    client = ManagementClient(node.management_url, vhost)
+    client = Management(node, vhost)
     return set(client.queue_names(PREFIX + ":")), set(client.exchange_names(PREFIX + ":"))
 
 
@@ -144,14 +135,9 @@ def test_management_client_lists_per_vhost(node, layers):
     assert "%s:q:listed.a" % PREFIX in queues_a and "%s:q:listed.a" % PREFIX not in queues_b
     assert "%s:q:listed.b" % PREFIX in queues_b and "%s:q:listed.b" % PREFIX not in queues_a
     # Depths per vhost: each message is in its own vhost's queue only.
-    depth_a = ManagementClient(node.management_url, "vhost-a").queue("%s:q:listed.a" % PREFIX)
+    depth_a = Management(node, "vhost-a").queue("%s:q:listed.a" % PREFIX)
     wait_until(
-        lambda: (
-            ManagementClient(node.management_url, "vhost-a")
-            .queue("%s:q:listed.a" % PREFIX)
-            .get("messages")
-            == 1
-        ),
+        lambda: Management(node, "vhost-a").queue("%s:q:listed.a" % PREFIX).get("messages") == 1,
         timeout=10,
         message="vhost-a's queue depth reported",
     )
@@ -161,22 +147,14 @@ def test_management_client_lists_per_vhost(node, layers):
 
 
 @pytest.mark.parametrize("vhost", ["vhost-closed", "no-such-vhost"])
-def test_a_vhost_without_access_is_a_clear_error_within_seconds(node, vhost):
-    layer = AMQPChannelLayer(
-        url=_url(node, vhost),
-        management_url=node.management_url,
-        prefix=PREFIX,
-        operation_timeout=3,
-        receive_timeout=1,
-    )
-    try:
-        started = time.monotonic()
-        with pytest.raises(AuthenticationError) as caught:
-            layer.send("chat", {"n": 1})
-        assert time.monotonic() - started < 5
-        assert "vhost" in str(caught.value) and "guest:guest" not in str(caught.value)
-    finally:
-        layer.close()
+def test_a_vhost_without_access_is_a_clear_error_within_seconds(node, vhost, new_layer):
+    layer = _layer(new_layer, node, vhost, operation_timeout=3)
+    started = time.monotonic()
+    with pytest.raises(AuthenticationError) as caught:
+        layer.send("chat", {"n": 1})
+    assert time.monotonic() - started < 5
+    assert "vhost" in str(caught.value) and "guest:guest" not in str(caught.value)
+    layer.close()
     wait_until(
         lambda: _objects(node, "/") == (set(), set()),
         timeout=1,

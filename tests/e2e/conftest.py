@@ -9,6 +9,8 @@ fresh layer prefix, free ports and temporary directories, and are stopped
 import pytest
 from e2e_support import new_stack, run_stack
 
+from helpers import make_layer
+
 
 @pytest.fixture(scope="session")
 def chat_stack(broker):
@@ -20,13 +22,6 @@ def chat_stack(broker):
 @pytest.fixture(scope="session")
 def chat_layer(broker, chat_stack):
     """An AMQPChannelLayer on the shared stack's prefix (for group_channels)."""
-    from asgi_amqp import AMQPChannelLayer
-
-    layer = AMQPChannelLayer(
-        url=broker.amqp_url,
-        management_url=broker.management_url,
-        prefix=chat_stack.prefix,
-        dead_letter_worker=False,
-    )
+    layer = make_layer(broker, prefix=chat_stack.prefix, dead_letter_worker=False)
     yield layer
     layer.close()

@@ -1,4 +1,7 @@
-"""Helpers for the end-to-end tests: WebSocket clients with deadlines."""
+"""Helpers for the end-to-end tests: chat stacks and WebSocket clients with deadlines.
+
+The rest (wait_until, layers, ...) is the tests' shared tests/helpers.py.
+"""
 
 import contextlib
 import json
@@ -11,9 +14,11 @@ import warnings
 import websocket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROJECT_DIR = os.path.join(os.path.dirname(HERE), "project")
-if PROJECT_DIR not in sys.path:
-    sys.path.insert(0, PROJECT_DIR)
+TESTS_DIR = os.path.dirname(HERE)
+PROJECT_DIR = os.path.join(TESTS_DIR, "project")
+for _path in (TESTS_DIR, PROJECT_DIR):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 import chatstack  # noqa: E402  (tests/project/chatstack.py)
 
@@ -90,17 +95,6 @@ class Client(object):
             self.ws.close(timeout=2)
         except Exception:
             pass
-
-
-def wait_until(predicate, timeout, interval=0.1, message="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("%s not met within %.1f s" % (message, timeout))
-        time.sleep(interval)
 
 
 def diagnostics(stack):

@@ -10,11 +10,12 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 import uuid
 
 import pytest
 from e2e_support import diagnostics
+
+from helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -81,9 +82,7 @@ def browser():
         with contextlib.suppress(Exception):
             driver.quit()
         # Whatever survived quit() (it should not): by pid, found by our profile dir.
-        deadline = time.monotonic() + 5
-        while _pids_using(profile) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: not _pids_using(profile), 5, interval=0.1, raise_on_timeout=False)
         for pid in _pids_using(profile):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -91,14 +90,9 @@ def browser():
 
 
 def _wait(driver, script, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = driver.execute_script(script)
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("browser: %s not within %.0f s" % (what, timeout))
-        time.sleep(0.1)
+    return wait_until(
+        lambda: driver.execute_script(script), timeout, interval=0.1, message="browser: " + what
+    )
 
 
 def _send(driver, text):

@@ -13,7 +13,9 @@ import uuid
 
 import pytest
 import websocket
-from e2e_support import Client, chatstack, diagnostics, new_stack, run_stack, wait_until
+from e2e_support import Client, chatstack, diagnostics, new_stack, run_stack
+
+from helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +64,14 @@ def test_http_through_daphne(chat_stack):
     # Requests are spread over both workers.
     worker_pids = {w.pid for w in chat_stack.workers}
     served = set()
-    deadline = time.monotonic() + 20
-    while served != worker_pids and time.monotonic() < deadline:
+
+    def every_worker_served():
         status, body = chatstack.http_get(base + "/hello/")
         assert status == 200
         served.add(json.loads(body.decode("utf-8"))["worker"])
+        return served == worker_pids
+
+    wait_until(every_worker_served, 20, interval=0, raise_on_timeout=False)
     assert served == worker_pids
 
 
@@ -154,6 +159,7 @@ def test_disconnect_removes_the_member_from_the_group(chat_stack, chat_layer):
     wait_until(
         lambda: chat_layer.group_channels("room-" + room) == [],
         timeout=15,
+        interval=0.1,
         message="empty room after both left",
     )
 
@@ -272,9 +278,7 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
             assert victim.popen.returncode == -9
             time.sleep(1.5)  # traffic on the survivor and the replacement
             traffic.stop_sending()
-            deadline = time.monotonic() + 20
-            while traffic.missing() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_until(lambda: not traffic.missing(), 20, interval=0.2, raise_on_timeout=False)
             missing = traffic.missing()
             assert not missing, "%d of %d frames never echoed, e.g. %r\n%s" % (
                 len(missing),

@@ -2,7 +2,9 @@
 processes on asgi_amqp, as child processes of the caller.
 
 Used by ``examples/chat_demo.py`` (``make demo``), the end-to-end tests
-(``tests/e2e``) and ``benchmarks/channels_bench.py``. Standard library only.
+(``tests/e2e``) and ``benchmarks/channels_bench.py``. Standard library only,
+but for ``devtools.rabbitmq.free_port`` (from the repository, also standard
+library only).
 
 * Every child runs in its own session (a ^C in the terminal reaches only the
   caller, which then stops the children in order) and gets SIGTERM from the
@@ -35,6 +37,10 @@ import urllib.request
 
 PROJECT_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(PROJECT_DIR))
+if REPO_ROOT not in sys.path:
+    sys.path.append(REPO_ROOT)
+
+from devtools.rabbitmq import free_port  # noqa: E402  (re-exported: chatstack.free_port)
 
 NATIVE_MODE_LINE = "Using native Twisted mode on channel layer"
 BUSY_LOOP_LINE = "Using busy-loop synchronous mode on channel layer"
@@ -45,12 +51,6 @@ _PR_SET_PDEATHSIG = 1
 
 class StackError(RuntimeError):
     pass
-
-
-def free_port(host="127.0.0.1"):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _child_setup():

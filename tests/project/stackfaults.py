@@ -39,12 +39,15 @@ import uuid
 import websocket
 
 PROJECT_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(PROJECT_DIR))
-for _path in (PROJECT_DIR, REPO_ROOT):
+TESTS_DIR = os.path.dirname(PROJECT_DIR)
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+for _path in (PROJECT_DIR, TESTS_DIR, REPO_ROOT):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
 import chatstack  # noqa: E402
+
+from helpers import make_layer, wait_until  # noqa: E402  (tests/helpers.py)
 
 PING_TIMEOUT = 10.0
 
@@ -257,7 +260,6 @@ def run(
     """
     per_room = max(1, clients // max(1, rooms))
     capacity = max(1000, int(clients * rate * (restart_pause + 15) * per_room))
-    from asgi_amqp import AMQPChannelLayer
     from devtools.rabbitmq import RabbitNode
 
     own_node = node is None
@@ -288,9 +290,8 @@ def run(
     }
     try:
         stack.start(timeout=90)
-        layer = AMQPChannelLayer(
-            url=node.amqp_url,
-            management_url=node.management_url,
+        layer = make_layer(
+            node,
             prefix=prefix,
             queue_type=queue_type,
             dead_letter_worker=False,
@@ -422,15 +423,12 @@ def run(
         for client in members:
             client.close()
         members = []
-        groups_empty = False
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            remaining = _group_members(layer, room_names)
-            if not any(remaining.values()):
-                groups_empty = True
-                break
-            time.sleep(0.5)
-        report["groups_empty"] = groups_empty
+        report["groups_empty"] = wait_until(
+            lambda: not any(_group_members(layer, room_names).values()),
+            30,
+            interval=0.5,
+            raise_on_timeout=False,
+        )
         report.update(_where_lost(layer, lost_ids, handled_log, reply_channels))
         twice = set(report["frames_run_twice"])
         report["duplicated_by_frames_run_twice"] = sum(

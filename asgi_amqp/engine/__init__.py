@@ -33,6 +33,7 @@ import pika
 
 from ..errors import LayerClosed, OperationTimeout
 from .connection import IOThread
+from .consumers import THREADS_WINDOW, ConsumerSettings
 from .deadletter import DeadLetterWorker
 from .declares import (
     Step,
@@ -53,6 +54,9 @@ from .session import Work
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ConsumerSettings",
+    "InFlight",
+    "PublishRequest",
     "Engine",
     "Delivery",
     "Step",
@@ -70,6 +74,8 @@ __all__ = [
 ]
 
 Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
+# exchange, routing key, body, properties, mandatory, what (for errors), fans out
+PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str, bool]
 
 
 class Engine(object):
@@ -87,16 +93,14 @@ class Engine(object):
         topology: Any,
         *,
         operation_timeout: float,
-        linger: float,
-        idle_timeout: float,
+        consumers: ConsumerSettings,
         settle_after_outage: float = 0.0,
         dead_letter_worker: bool = True,
     ) -> None:
         self._parameters = list(parameters)
         self._topology = topology
         self.operation_timeout = operation_timeout
-        self._linger = linger
-        self._idle_timeout = idle_timeout
+        self._consumers = consumers
         self._settle_after_outage = settle_after_outage
         self._run_worker = dead_letter_worker
         self._start_lock = threading.Lock()
@@ -105,6 +109,8 @@ class Engine(object):
         self._worker: Optional[DeadLetterWorker] = None
         self._handed_off = HandedOff()
         self._closed = False
+        self._receivers: Dict[int, float] = {}  # thread -> its last blocking receive
+        self._receivers_pruned = 0.0
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -120,6 +126,8 @@ class Engine(object):
             # forever in the child, which has only the forking thread.
             self._start_lock = threading.Lock()
         with self._start_lock:
+            if self._closed:  # closed while this caller was on its way here
+                raise LayerClosed("the layer is closed")
             if self._io is None or self._pid != os.getpid():
                 # In a forked child the parent's threads do not exist and its
                 # sockets must not be touched: start afresh.
@@ -143,8 +151,7 @@ class Engine(object):
     def _new_io_thread(self) -> IOThread:
         io = IOThread(
             self._parameters,
-            linger=self._linger,
-            idle_timeout=self._idle_timeout,
+            consumer_settings=self._consumers,
             handed_off=self._handed_off,
             settle_after_outage=self._settle_after_outage,
         )
@@ -170,10 +177,16 @@ class Engine(object):
         return found
 
     def close(self) -> None:
-        """Stop both threads; every later call raises ``LayerClosed``."""
-        self._closed = True
-        if not self.started_here:
+        """Stop both threads; every later call raises ``LayerClosed``.
+
+        Marked closed under the start lock, so that a caller racing the
+        close cannot start a new I/O thread after the old one stopped.
+        """
+        if not self.started_here:  # never started here (a forked child's lock may be held)
+            self._closed = True
             return
+        with self._start_lock:
+            self._closed = True
         io, worker = self._io, self._worker
         if worker is not None:
             worker.stop()
@@ -200,6 +213,23 @@ class Engine(object):
         publish.maybe_delivered = marked
         return self._submit_and_wait(publish)
 
+    def start_publishes(self, requests: Sequence[PublishRequest]) -> "InFlight":
+        """Hand many publishes to the I/O thread at once; wait for them later.
+
+        One hand-off and one wake-up for the lot, and the broker confirms
+        them in one stream, so a caller pays the round trip once per window
+        instead of once per message. ``InFlight.outcome`` gives each answer.
+        """
+        publishes = [
+            Publish(
+                Pending(what), exchange, routing_key, body, properties, mandatory, fans_out=fans_out
+            )
+            for exchange, routing_key, body, properties, mandatory, what, fans_out in requests
+        ]
+        io = self._running_io()
+        io.submit_many(publishes)
+        return InFlight(self, io, publishes)
+
     def declare(self, steps: Sequence[Step], what: str) -> Any:
         """Run topology steps in order; the result is the last step's frame."""
         return self._submit_and_wait(Work(Pending(what), "declare", (steps,)))
@@ -220,7 +250,7 @@ class Engine(object):
         deadline = time.monotonic() + receive_timeout
         pending = Pending("blocking receive")
         io = self._running_io()
-        io.submit(Work(pending, "wait", (queues, deadline)))
+        io.submit(Work(pending, "wait", (queues, deadline, self._receiving_threads())))
         if not pending.arrived(receive_timeout + 0.05) and io.outage() and pending.abandon():
             delivery = None
         else:
@@ -230,6 +260,21 @@ class Engine(object):
                 "blocking receive: no answer from the broker"
             )
         return delivery
+
+    def _receiving_threads(self) -> int:
+        """Threads that made a blocking receive in the last ``THREADS_WINDOW`` s,
+        this one included: the consumers' prefetch window follows it."""
+        now = time.monotonic()
+        receivers = self._receivers
+        receivers[threading.get_ident()] = now
+        if len(receivers) > 1 and now - self._receivers_pruned > 1.0:
+            self._receivers_pruned = now
+            self._receivers = {
+                ident: seen
+                for ident, seen in list(receivers.items())
+                if now - seen < THREADS_WINDOW
+            }
+        return len(receivers)
 
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A delivery already pushed to this process for one of ``queues``, or None.
@@ -289,3 +334,31 @@ class Engine(object):
             "republished": io.republished,
             "last_error": io.last_error,
         }
+
+
+class InFlight(object):
+    """Publishes handed over together by ``Engine.start_publishes``."""
+
+    def __init__(self, engine: Engine, io: IOThread, publishes: List[Publish]) -> None:
+        self._engine = engine
+        self._io = io
+        self._publishes = publishes
+
+    def __len__(self) -> int:
+        return len(self._publishes)
+
+    def outcome(self, index: int, deadline: float) -> str:
+        """``ACKED``, ``NACKED`` or ``RETURNED`` for publish ``index``.
+
+        Waits until ``deadline`` (monotonic) at most, then raises
+        ``OperationTimeout``, naming the outage if the broker is away. A
+        publish given up on that way is not sent late if it had not left.
+        """
+        pending = self._publishes[index].pending
+        try:
+            return pending.wait(max(0.0, deadline - time.monotonic()))
+        except OperationTimeout:
+            raise self._engine._outage_error(self._io, pending.description) or OperationTimeout(
+                "%s: no answer from the broker within %.1f s"
+                % (pending.description, self._engine.operation_timeout)
+            ) from None

@@ -46,6 +46,7 @@ from pika.adapters.select_connection import IOLoop
 
 from ..errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ..urls import describe_parameters
+from .consumers import ConsumerSettings
 from .deliveries import HandedOff, HeldMessages, Liveness
 from .futures import Pending
 from .session import Session, Work
@@ -61,16 +62,14 @@ class IOThread(object):
         self,
         parameters,
         name="asgi_amqp-io",
-        linger=0.25,
-        idle_timeout=30.0,
+        consumer_settings=None,
         reconnect_max_delay=0.5,
         handed_off=None,
         settle_after_outage=0.0,
     ):
         self._parameters = list(parameters)
         self._name = name
-        self._linger = linger
-        self._idle_timeout = idle_timeout
+        self._consumer_settings = consumer_settings or ConsumerSettings(0.25, 30.0, 16)
         self._reconnect_max_delay = reconnect_max_delay
         self._settle_after_outage = settle_after_outage
         self._lock = threading.Lock()
@@ -135,10 +134,14 @@ class IOThread(object):
 
         ``work`` must be an object with ``pending`` and ``__call__(session)``.
         """
+        self.submit_many((work,))
+
+    def submit_many(self, works):
+        """``submit`` for a list of work: one lock and at most one wake-up for all."""
         with self._lock:
             if self._stopping:
                 raise LayerClosed("the layer is closed")
-            self._inbox.append(work)
+            self._inbox.extend(works)
             if self._wakeup_sent:
                 return
             self._wakeup_sent = True
@@ -288,8 +291,7 @@ class IOThread(object):
             self._liveness,
             self._handed_off,
             self._held,
-            self._linger,
-            self._idle_timeout,
+            self._consumer_settings,
         )
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:

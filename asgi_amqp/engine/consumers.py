@@ -5,14 +5,23 @@ over the same 10-20 channels. Starting and cancelling a consumer on every
 channel for every call would cost two round trips per channel per call, so
 consumers are kept between calls instead:
 
-* each consumer has ``prefetch_count=1``: the broker pushes at most one
-  message per queue to this process before it is taken, so one round trip
-  (the ack) is spent per message delivered;
+* each consumer has a prefetch window as wide as the number of threads of
+  this process that make blocking receives (seen in the last
+  ``THREADS_WINDOW`` seconds), at most ``ConsumerSettings.prefetch`` (the
+  layer's ``consumer_prefetch``, 16 by default). One thread gets one message
+  pushed at a time, so ``capacity`` is exceeded by at most one held message
+  per process, as before; with ``runworker --threads N`` each thread finds
+  its next message already here and their acks overlap, instead of all
+  waiting one round trip per message for the broker's next push. A consumer
+  started with a narrower window than the threads now need is started again;
 * a delivery is handed to a waiting caller and acked only if the caller takes
   it; with nobody waiting it is *held*, unacked, for the next call;
 * a message held longer than ``linger`` seconds is nacked back to the queue
   and that consumer cancelled, so a message never waits in a busy process
-  while another process is idle; and a consumer nobody has wanted for
+  while another process is idle; ``k`` messages of one queue held while
+  nobody of this process waits for it go back once the oldest has waited
+  ``linger / k``, so a wider prefetch window does not keep more messages
+  from an idle process for longer; and a consumer nobody has wanted for
   ``idle_timeout`` seconds is cancelled to free the broker's resources.
 
 Held messages are unacked: if this process dies they go back to the queue,
@@ -36,17 +45,26 @@ from .futures import Pending
 
 logger = logging.getLogger(__name__)
 
+
+class ConsumerSettings(collections.namedtuple("ConsumerSettings", "linger idle_timeout prefetch")):
+    """How consumers keep messages: see the module docstring."""
+
+
+# A thread counts towards the prefetch window for this long after its last
+# blocking receive.
+THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
 
 
 class _Consumer(object):
-    __slots__ = ("queue", "tag", "active", "wanted_at")
+    __slots__ = ("queue", "tag", "active", "wanted_at", "prefetch")
 
     def __init__(self, queue):
         self.queue = queue
         self.tag = None
         self.active = False
         self.wanted_at = time.monotonic()
+        self.prefetch = 0  # its window, once started
 
 
 class _Waiter(object):
@@ -61,27 +79,30 @@ class _Waiter(object):
 class ConsumerPool(ChannelUser):
     name = "consume"
 
-    def __init__(
-        self, connection, declare_executor, liveness, handed_off, held, linger, idle_timeout
-    ):
+    def __init__(self, connection, declare_executor, liveness, handed_off, held, settings):
         self._declares = declare_executor
         self._held = held
         self._unavailable = {}  # queue -> monotonic time before which it is not retried
         self._liveness = liveness
         self._handed_off = handed_off
-        self._linger = linger
-        self._idle_timeout = idle_timeout
+        self._linger = settings.linger
+        self._idle_timeout = settings.idle_timeout
+        self._prefetch = settings.prefetch
+        self._window = 1  # the prefetch window new consumers get
+        self._qos = 1  # the channel's basic.qos, which new consumers take
         self._consumers = {}  # queue -> _Consumer
         self._by_tag = {}
         self._waiters = []
         self._backlog = collections.deque()  # wait() calls made before the channel opened
         self._housekeeping = None
+        self._housekeeping_at = 0.0
         self._settling = []  # callbacks waiting for a basic.qos round trip
         super(ConsumerPool, self).__init__(connection)
 
     def setup(self, channel, done):
         channel.add_on_cancel_callback(self._on_broker_cancel)
-        channel.basic_qos(prefetch_count=1, callback=done)
+        self._qos = 1
+        channel.basic_qos(prefetch_count=self._qos, callback=done)
 
     def on_ready(self):
         while self._backlog:
@@ -90,7 +111,7 @@ class ConsumerPool(ChannelUser):
 
     # -- serving callers ----------------------------------------------------
 
-    def wait(self, pending, queues, deadline):
+    def wait(self, pending, queues, deadline, threads=1):
         """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``deadline``.
 
         ``deadline`` is a ``time.monotonic()`` time, so a wait handed to the
@@ -99,8 +120,9 @@ class ConsumerPool(ChannelUser):
         if not pending.wanted:
             return
         if not self.ready:
-            self._backlog.append((pending, queues, deadline))
+            self._backlog.append((pending, queues, deadline, threads))
             return
+        self._window = min(self._prefetch, max(1, threads))
         timeout = max(0.0, deadline - time.monotonic())
         names = [queue for queue, _ in queues]
         if self.take_held(pending, names):
@@ -147,7 +169,8 @@ class ConsumerPool(ChannelUser):
             callback()
             return
         self._settling.append(callback)
-        self.channel.basic_qos(prefetch_count=1, callback=self._on_settled)
+        # The same value: a basic.qos applies to the consumers started after it.
+        self.channel.basic_qos(prefetch_count=self._qos, callback=self._on_settled)
 
     def _on_settled(self, _frame):
         # Replies on one channel arrive in order: the oldest waiter is done.
@@ -165,7 +188,9 @@ class ConsumerPool(ChannelUser):
         consumer = self._consumers.get(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
-            return
+            if not (consumer.active and consumer.prefetch < self._window):
+                return
+            self._cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
         consumer = self._consumers[queue] = _Consumer(queue)
@@ -195,6 +220,10 @@ class ConsumerPool(ChannelUser):
 
     def _start(self, consumer, arguments):
         self._liveness.touch(consumer.queue, arguments)
+        if self._qos != self._window:  # applies to the consumers started after it
+            self.channel.basic_qos(prefetch_count=self._window)
+            self._qos = self._window
+        consumer.prefetch = self._window
         consumer.tag = self.channel.basic_consume(consumer.queue, self._on_message, auto_ack=False)
         consumer.active = True
         self._by_tag[consumer.tag] = consumer
@@ -238,6 +267,9 @@ class ConsumerPool(ChannelUser):
                 channel.basic_ack(method.delivery_tag)
                 return
         self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery))
+        since, count = self._held.held_since(consumer.queue)
+        if count > 1:  # its allowed wait just shrank: sweep in time for it
+            self._sweep_by(since + self._linger / count + 0.002)
 
     def _on_broker_cancel(self, frame):
         # The queue was deleted (flush, or expiry); waiters re-declare on their next call.
@@ -254,7 +286,17 @@ class ConsumerPool(ChannelUser):
             interval = max(0.01, min(self._linger, self._idle_timeout) / 2.0)
             if due is not None:
                 interval = max(0.005, min(interval, due))
+            self._housekeeping_at = time.monotonic() + interval
             self._housekeeping = self._connection.ioloop.call_later(interval, self._sweep)
+
+    def _sweep_by(self, when):
+        """Make the next sweep happen by ``when`` (monotonic) at the latest."""
+        if self._housekeeping is not None and self._housekeeping_at <= when:
+            return
+        if self._housekeeping is not None:
+            self._connection.ioloop.remove_timeout(self._housekeeping)
+            self._housekeeping = None
+        self._schedule_housekeeping(max(0.0, when - time.monotonic()))
 
     def _sweep(self):
         """Give back what lingered and cancel what nobody wants.
@@ -274,13 +316,14 @@ class ConsumerPool(ChannelUser):
         for consumer in list(self._consumers.values()):
             if consumer.queue in wanted or not consumer.active:
                 continue
-            since = self._held.held_since(consumer.queue)
-            lingered = since is not None and now - since > self._linger
+            since, count = self._held.held_since(consumer.queue)
+            allowed = self._linger / max(count, 1)
+            lingered = since is not None and now - since > allowed
             idle = since is None and now - consumer.wanted_at > self._idle_timeout
             if lingered or idle:
                 self._cancel(consumer)
             elif since is not None:
-                left = since + self._linger - now + 0.002
+                left = since + allowed - now + 0.002
                 due = left if due is None else min(due, left)
         self._schedule_housekeeping(due)
 

@@ -173,9 +173,10 @@ class HeldMessages(object):
             )
 
     def held_since(self, queue):
+        """(when the oldest was pushed, how many are held) for ``queue``, or (None, 0)."""
         with self._lock:
             waiting = self._by_queue.get(queue)
-            return waiting[0].since if waiting else None
+            return (waiting[0].since, len(waiting)) if waiting else (None, 0)
 
     def withdraw(self, queue):
         with self._lock:

@@ -21,13 +21,13 @@ from .publisher import Publisher
 class Session(object):
     """What lives on one connection: a channel for each kind of work."""
 
-    def __init__(self, connection, liveness, handed_off, held, linger, idle_timeout):
+    def __init__(self, connection, liveness, handed_off, held, consumer_settings):
         self.connection = connection
         self.liveness = liveness
         self.publisher = Publisher(connection)
         self.declares = DeclareExecutor(connection)
         self.consumers = ConsumerPool(
-            connection, self.declares, liveness, handed_off, held, linger, idle_timeout
+            connection, self.declares, liveness, handed_off, held, consumer_settings
         )
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts = (self.publisher, self.declares, self.consumers, self.getter)
@@ -46,9 +46,12 @@ class Session(object):
         """A non-blocking receive: a Delivery from one of ``queues``, or None."""
         self.getter.get(pending, queues)
 
-    def wait(self, pending, queues, deadline):
-        """A blocking receive: a Delivery from one of ``queues``, or None at ``deadline``."""
-        self.consumers.wait(pending, queues, deadline)
+    def wait(self, pending, queues, deadline, threads=1):
+        """A blocking receive: a Delivery from one of ``queues``, or None at ``deadline``.
+
+        ``threads``: how many of the process's threads make blocking receives.
+        """
+        self.consumers.wait(pending, queues, deadline, threads)
 
     def acknowledge(self, pending, queue, held):
         """Ack a held message that a caller took in its own thread."""

@@ -10,12 +10,11 @@ would wait that long too). ``BulkSender`` is that engine; the callers only
 read their rows and say how a failure is reported.
 """
 
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional
 
 from ..errors import AuthenticationError, BrokerConnectionError, ChannelFull
+from ..pipeline import SendPipeline
 
 ON_FULL = ("fail", "skip", "retry")
 RETRY_FIRST_DELAY = 0.1
@@ -56,19 +55,21 @@ def send_one(
 class BulkSender(object):
     """Sends many messages through one layer and counts what became of each.
 
-    ``jobs`` sends are in flight at once: a window of ``4 * jobs`` over a
-    pool of ``jobs`` threads, so reading rows never runs far ahead of
-    sending them; with ``jobs=1`` each send runs in the caller's thread and
-    order is kept.
+    Sends are pipelined (``SendPipeline``, the engine of ``send_many``): a
+    window of messages is in flight and the broker confirms them in a
+    stream, so a bulk send is not one round trip per message. ``submit``
+    may block while the window is full; ``close`` waits for the rest.
+    Everything runs in the caller's thread.
 
-    Every message ends in one count: ``sent``, ``full`` (its channel stayed
-    full under ``on_full``) or ``failed``. ``report(where, exc)`` hears of
-    each failure, in the thread that saw it. Sending stops early when
-    ``on_full="fail"`` meets a full channel (``stopped`` says where), and
-    gives up with ``fatal`` set to the error on an authentication error, or
-    on a connection error before anything was sent or after
-    ``CONSECUTIVE_CONNECTION_ERRORS`` in a row. A message submitted after
-    that is counted as failed without being sent.
+    Every message ends in one count: ``sent`` (the broker confirmed it),
+    ``full`` (its channel stayed full under ``on_full``: "skip" counts it,
+    "retry" sends it again after 0.1 s, 0.2 s, ... up to ``retries`` times,
+    "fail" also stops sending) or ``failed``. ``report(where, exc)`` hears of
+    each failure. Sending gives up, with ``fatal`` set to the error, on an
+    authentication error, or on a connection error before anything was
+    sent or after ``CONSECUTIVE_CONNECTION_ERRORS`` in a row. After a stop
+    (``done``), a message submitted is counted as failed without being
+    sent; messages already in flight count as they turn out.
     """
 
     def __init__(
@@ -80,6 +81,8 @@ class BulkSender(object):
         report: Optional[Callable[[str, BaseException], None]] = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        # ``jobs`` is accepted for compatibility: pipelining made threads
+        # unnecessary for speed.
         if on_full not in ON_FULL:
             raise ValueError("on_full must be one of %s, not %r" % (", ".join(ON_FULL), on_full))
         self.layer = layer
@@ -92,10 +95,8 @@ class BulkSender(object):
         self.fatal: Optional[BaseException] = None  # the error it gave up on
         self._report = report or (lambda where, exc: None)
         self._sleep = sleep
-        self._lock = threading.Lock()
         self._connection_errors = 0
-        self._pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
-        self._window = threading.BoundedSemaphore(jobs * 4)
+        self._pipeline = SendPipeline(layer, self._settled)
 
     @property
     def done(self) -> bool:
@@ -107,68 +108,57 @@ class BulkSender(object):
         return self.sent + self.full + self.failed
 
     def submit(self, kind: str, name: str, message: Dict[str, Any], where: str) -> None:
-        """Send one message (``kind`` "channel" or "group"), now or on the pool."""
-        if self._pool is None:
-            self._send(kind, name, message, where)
+        """Send one message (``kind`` "channel" or "group")."""
+        if self.done:
+            self.failed += 1
             return
-        self._window.acquire()
-        try:
-            self._pool.submit(self._send_in_window, kind, name, message, where)
-        except BaseException:
-            self._window.release()
-            raise
+        self._pipeline.put(kind, name, message, (kind, name, message, where))
 
     def invalid(self, where: str, error: BaseException) -> None:
         """Count a message that could not even be read as failed, and report it."""
-        with self._lock:
-            self.failed += 1
+        self.failed += 1
         self._report(where, error)
 
     def close(self) -> None:
         """Wait for the sends in flight."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        self._pipeline.flush()
 
-    def _send_in_window(self, kind: str, name: str, message: Dict[str, Any], where: str) -> None:
-        try:
-            self._send(kind, name, message, where)
-        finally:
-            self._window.release()
-
-    def _send(self, kind: str, name: str, message: Dict[str, Any], where: str) -> None:
-        if self.done:
-            with self._lock:
-                self.failed += 1
-            return
-        try:
-            sent = send_one(
-                self.layer, kind, name, message, self.on_full, self.retries, sleep=self._sleep
-            )
-        except BrokerConnectionError as exc:
-            self._connection_failed(where, exc)
-            return
-        except Exception as exc:  # invalid, too large, refused by the broker, ...
-            self.invalid(where, exc)
-            return
-        with self._lock:
-            if sent:
-                self.sent += 1
-                self._connection_errors = 0
-                return
+    def _settled(self, tag: Any, error: Optional[BaseException]) -> None:
+        kind, name, message, where = tag
+        if isinstance(error, ChannelFull) and self.on_full == "retry":
+            error = self._retry(kind, name, message)
+        if error is None:
+            self.sent += 1
+            self._connection_errors = 0
+        elif isinstance(error, ChannelFull):
             self.full += 1
             if self.on_full == "fail" and self.stopped is None:
                 self.stopped = "%s: channel %s is full (on_full=fail)" % (where, name)
+        elif isinstance(error, BrokerConnectionError):
+            self._connection_failed(where, error)
+        else:  # invalid, too large, refused by the broker, ...
+            self.invalid(where, error)
+
+    def _retry(self, kind: str, name: str, message: Dict[str, Any]) -> Optional[BaseException]:
+        """Send a message whose channel was full again, with a growing pause."""
+        for attempt in range(self.retries):
+            self._sleep(min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2**attempt))
+            try:
+                if send_one(self.layer, kind, name, message, "fail", 0):
+                    return None
+            except Exception as exc:
+                return exc
+        return ChannelFull("channel %s is full" % name)
 
     def _connection_failed(self, where: str, exc: BrokerConnectionError) -> None:
-        with self._lock:
-            self.failed += 1
-            self._connection_errors += 1
-            give_up = (
-                isinstance(exc, AuthenticationError)
-                or self.sent == 0
-                or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS
-            )
-            if give_up and self.fatal is None:
-                self.fatal = exc
-        if not give_up:
+        self.failed += 1
+        self._connection_errors += 1
+        give_up = (
+            isinstance(exc, AuthenticationError)
+            or self.sent == 0
+            or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS
+        )
+        if give_up:
+            self.fatal = self.fatal or exc
+        else:
             self._report(where, exc)

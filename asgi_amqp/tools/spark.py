@@ -276,9 +276,9 @@ def send_dataframe(
         count as failed), ``"skip"`` counts it and goes on, ``"retry"``
         retries with exponential backoff (0.1 s doubling, at most 2 s per
         wait, ``retries`` times), then counts it as channel full.
-    :param jobs: sends in flight per partition (threads sharing the
-        partition's one connection); above 1 messages to one channel may be
-        reordered within a partition.
+    :param jobs: deprecated and ignored (it must still be 1-64): each
+        partition pipelines its sends, thousands in flight on its one
+        connection, in order per channel.
     :param layer_config: further ``AMQPChannelLayer`` options (``prefix``,
         ``expiry``, ``capacity``, ``channel_capacity``, ...): use the same
         ones as the application.

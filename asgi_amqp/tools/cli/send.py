@@ -227,8 +227,8 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
     type=click.IntRange(min=1, max=64),
     default=1,
     show_default=True,
-    help="Bulk mode: messages in flight at once. More than 1 is faster but may "
-    "reorder messages to one channel.",
+    help="Deprecated and ignored: bulk sends are pipelined (thousands of messages in "
+    "flight on one connection, in order per channel).",
 )
 @click.pass_obj
 def send(settings, channel, message_json, source, on_full, retries, jobs):
@@ -274,6 +274,7 @@ def _send_one(settings, kind, name, message, on_full, retries):
         raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
     sender = bulk.BulkSender(layer, on_full=on_full, retries=retries, report=_reporter())
     sender.submit(kind, name, message, "%s %s" % (kind, name))
+    sender.close()
     if sender.fatal is not None:
         raise _fatal_error(sender)
     if sender.full:

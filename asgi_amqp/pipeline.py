@@ -1,0 +1,251 @@
+"""Pipelined sends: many messages in flight, outcomes in input order.
+
+``send`` waits for its publisher confirm before it returns: one broker
+round trip per message on the caller's time. ``SendPipeline`` keeps a window
+of messages in flight instead. It hands them to the I/O thread a chunk at a
+time (one hand-off and one wake-up per chunk) and collects the confirms
+later, oldest first, so the broker and pika work at their own pace while the
+caller reads and encodes the next rows.
+
+What each message is promised is the same as for ``send``: reported sent
+only once the broker confirmed it; ``ChannelFull`` when its queue was full;
+the exception of ``send`` otherwise. Order per channel holds: every channel's
+queue is declared before the first of its messages leaves (so the broker
+does not return some of them and take later ones), and one connection's
+publishes reach a queue in the order they were sent. A message the broker
+returned anyway (its queue expired meanwhile) or refused although its queue
+is not full goes through ``send``'s own retry, which may put it behind
+later messages of the same channel; both need the queue to vanish or its
+node to fail during the call.
+
+Memory is bounded by the window, whatever the input's size.
+"""
+
+import collections
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set
+
+from . import engine, naming
+from .engine import ACKED
+
+CHUNK = 256  # messages per hand-off to the I/O thread
+WINDOW = 4096  # messages in flight at most
+
+Outcome = Optional[BaseException]  # None: sent
+
+
+class _Entry(object):
+    """One input item on its way: published (``batch``, ``index``) or already decided."""
+
+    __slots__ = (
+        "tag",
+        "kind",
+        "name",
+        "queue",
+        "body",
+        "properties",
+        "batch",
+        "index",
+        "deadline",
+        "error",
+    )
+
+    def __init__(self, tag: Any, kind: str, name: str) -> None:
+        self.tag = tag
+        self.kind = kind
+        self.name = name
+        self.queue: Optional[str] = None
+        self.body = b""
+        self.properties: Any = None
+        self.batch: Optional[engine.InFlight] = None
+        self.index = 0
+        self.deadline = 0.0
+        self.error: Outcome = None
+
+
+class SendPipeline(object):
+    """Sends through ``layer`` with a window of confirms outstanding.
+
+    ``put`` takes one message and may block while the window is full;
+    ``flush`` waits for everything put so far. ``on_outcome(tag, error)``
+    is called for every message in the order they were put, from the
+    calling thread, with ``error`` None once the broker confirmed it.
+    """
+
+    def __init__(
+        self,
+        layer: Any,
+        on_outcome: Callable[[Any, Outcome], None],
+        chunk: int = CHUNK,
+        window: int = WINDOW,
+    ) -> None:
+        self._layer = layer
+        self._on_outcome = on_outcome
+        self._chunk_size = chunk
+        self._window = max(window, chunk)
+        self._waiting: List[_Entry] = []  # validated, not yet handed over
+        self._in_flight: Deque[_Entry] = collections.deque()
+        self._declared: Set[str] = set()
+        self._infrastructure = False
+
+    def put(self, kind: str, name: str, message: Dict[str, Any], tag: Any = None) -> None:
+        """Send ``message`` to channel ``name`` (``kind`` "channel") or group."""
+        entry = _Entry(tag, kind, name)
+        try:
+            self._prepare(entry, message)
+        except Exception as exc:  # invalid name or message: never published
+            entry.error = exc
+        self._in_flight.append(entry)
+        if entry.error is None:
+            self._waiting.append(entry)
+            if len(self._waiting) >= self._chunk_size:
+                self._launch()
+        while len(self._in_flight) > self._window:
+            self._settle_oldest()
+
+    def put_error(self, error: BaseException, tag: Any = None) -> None:
+        """Keep ``error`` as the outcome of an item that was not even a message."""
+        entry = _Entry(tag, "channel", "")
+        entry.error = error
+        self._in_flight.append(entry)
+        while len(self._in_flight) > self._window:
+            self._settle_oldest()
+
+    def flush(self) -> None:
+        """Hand over what is left and wait for every outcome."""
+        self._launch()
+        while self._in_flight:
+            self._settle_oldest()
+
+    # -- steps -------------------------------------------------------------------
+
+    def _prepare(self, entry: _Entry, message: Dict[str, Any]) -> None:
+        """Validate and encode in the caller's thread, before anything is sent."""
+        layer = self._layer
+        if entry.kind == "group":
+            layer.valid_group_name(entry.name)
+            entry.properties = layer._properties()
+        else:
+            layer.valid_channel_name(entry.name)
+            entry.queue = layer.topology.channel_queue(entry.name)
+            headers = (
+                {naming.CHANNEL_HEADER: entry.name} if naming.is_process_local(entry.name) else None
+            )
+            entry.properties = layer._properties(headers)
+        entry.body = layer._serializer.dumps(message)
+
+    def _launch(self) -> None:
+        """Declare the chunk's new queues, then hand its publishes over at once."""
+        entries, self._waiting = self._waiting, []
+        if not entries:
+            return
+        self._declare_queues(entries)
+        ready = [entry for entry in entries if entry.error is None]
+        if not ready:
+            return
+        router = self._layer.topology.group_router
+        requests: List[engine.PublishRequest] = []
+        for entry in ready:
+            if entry.kind == "group":
+                requests.append(
+                    (
+                        router,
+                        entry.name,
+                        entry.body,
+                        entry.properties,
+                        False,
+                        "send to group %s" % entry.name,
+                        True,
+                    )
+                )
+            else:
+                requests.append(
+                    (
+                        "",
+                        entry.queue or "",
+                        entry.body,
+                        entry.properties,
+                        True,
+                        "send to %s" % entry.name,
+                        False,
+                    )
+                )
+        try:
+            batch = self._layer._engine.start_publishes(requests)
+        except Exception as exc:  # the layer is closed
+            for entry in ready:
+                entry.error = exc
+            return
+        deadline = time.monotonic() + self._layer.operation_timeout
+        for index, entry in enumerate(ready):
+            entry.batch, entry.index, entry.deadline = batch, index, deadline
+
+    def _declare_queues(self, entries: List[_Entry]) -> None:
+        layer = self._layer
+        if not self._infrastructure and any(e.kind == "group" for e in entries):
+            try:
+                layer._ensure_infrastructure()
+                self._infrastructure = True
+            except Exception as exc:
+                self._fail(entries, lambda e: e.kind == "group", exc)
+        for entry in entries:
+            queue = entry.queue
+            if queue is None or queue in self._declared or entry.error is not None:
+                continue
+            try:
+                layer._admin([layer._declare_channel_queue(entry.name)], "declare %s" % queue)
+                self._declared.add(queue)
+            except Exception as exc:  # e.g. the queue exists with other arguments
+                self._fail(entries, _for_queue(queue), exc)
+
+    @staticmethod
+    def _fail(entries: List[_Entry], which: Callable[[_Entry], bool], exc: Exception) -> None:
+        for entry in entries:
+            if entry.error is None and which(entry):
+                entry.error = exc
+
+    def _settle_oldest(self) -> None:
+        entry = self._in_flight[0]
+        if entry.batch is None and entry.error is None:
+            self._launch()  # the oldest is still waiting for its chunk
+        self._in_flight.popleft()
+        self._on_outcome(entry.tag, self._outcome(entry))
+
+    def _outcome(self, entry: _Entry) -> Outcome:
+        if entry.error is not None or entry.batch is None:
+            return entry.error
+        try:
+            outcome = entry.batch.outcome(entry.index, entry.deadline)
+            if outcome == ACKED or entry.kind == "group":
+                return None  # a full group member drops the message: the spec
+            # Refused or returned: send's own loop decides, as for one send.
+            return self._layer._finish_send(
+                entry.name, entry.queue, entry.body, entry.properties, outcome
+            )
+        except Exception as exc:
+            return exc
+
+
+def _for_queue(queue: str) -> Callable[[_Entry], bool]:
+    return lambda entry: entry.queue == queue
+
+
+def send_all(layer: Any, items: Any, kind: str) -> List[Outcome]:
+    """The outcome of every ``(name, message)`` in ``items``, in order."""
+    outcomes: List[Outcome] = []
+
+    def collect(tag: Any, error: Outcome) -> None:
+        outcomes.append(error)
+
+    pipeline = SendPipeline(layer, collect)
+    for item in items:
+        try:
+            name, message = item
+        except (TypeError, ValueError):
+            pipeline.put_error(
+                TypeError("items must be (%s name, message) pairs, not %r" % (kind, item))
+            )
+            continue
+        pipeline.put(kind, name, message)
+    pipeline.flush()
+    return outcomes

@@ -23,14 +23,15 @@ from asgiref.base_layer import BaseChannelLayer
 
 from . import engine, naming, pipeline, statistics, twisted_support
 from .engine import ACKED, NACKED, Engine
-from .errors import BrokerConnectionError, BrokerOperationError, ChannelFull, MessageTooLarge
+from .errors import ChannelFull, MessageTooLarge
+from .groups import Groups
 from .management import ManagementClient
-from .serialization import Serializer, UndecodableMessage
+from .sending import SendAttempts
+from .serialization import Message, Serializer, UndecodableMessage
 from .urls import management_url_for, parse_urls, redact, vhost_of
 
 logger = logging.getLogger(__name__)
 
-Message = Dict[str, Any]  # an ASGI message: a dict of msgpack-able values
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
@@ -43,7 +44,7 @@ _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 RESTART_SETTLE_SECONDS = 2.0
 
 
-class AMQPChannelLayer(BaseChannelLayer):
+class AMQPChannelLayer(Groups, BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
     :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
@@ -231,7 +232,7 @@ class AMQPChannelLayer(BaseChannelLayer):
     def _finish_send(self, channel, queue, body, properties, outcome):
         """Carry a publish the broker refused or returned to its end: sent, or raised."""
         what = "send to %s" % channel
-        attempts = _SendAttempts(channel, queue, self.operation_timeout)
+        attempts = SendAttempts(channel, queue, self.operation_timeout)
         marked = False
         while outcome != ACKED:
             if outcome == NACKED:
@@ -243,6 +244,17 @@ class AMQPChannelLayer(BaseChannelLayer):
                 attempts.returned()
                 self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
             outcome = self._publish("", queue, body, properties, True, what, marked)
+
+    def _raise_if_full(self, channel, queue):
+        """A nack means full, unless the queue is not: a queue on a node that
+        is going down, or a quorum queue between leaders, refuses messages
+        too, and that is not ChannelFull."""
+        depth = self._admin(
+            [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
+        ).message_count
+        if depth >= self.get_capacity(channel):
+            self._stats.count_full(channel)
+            raise self.ChannelFull("channel %s is full" % channel)
 
     def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
         """Send every ``(channel, message)`` of ``items``, many in flight at once.
@@ -259,12 +271,6 @@ class AMQPChannelLayer(BaseChannelLayer):
         messages), plus the returned list.
         """
         return pipeline.send_all(self, items, "channel")
-
-    def send_group_many(
-        self, items: Iterable[Tuple[str, Message]]
-    ) -> List[Optional[BaseException]]:
-        """``send_many`` for ``(group, message)`` items: ``send_group`` for each."""
-        return pipeline.send_all(self, items, "group")
 
     def receive(
         self, channels: Iterable[str], block: bool = False
@@ -290,17 +296,6 @@ class AMQPChannelLayer(BaseChannelLayer):
             return self._engine.get(queues)
         return self._engine.wait(queues, self.receive_timeout)
 
-    def _raise_if_full(self, channel, queue):
-        """A nack means full, unless the queue is not: a queue on a node that
-        is going down, or a quorum queue between leaders, refuses messages
-        too, and that is not ChannelFull."""
-        depth = self._admin(
-            [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
-        ).message_count
-        if depth >= self.get_capacity(channel):
-            self._stats.count_full(channel)
-            raise self.ChannelFull("channel %s is full" % channel)
-
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
             raise TypeError("new_channel pattern must end with '?', not %r" % (pattern,))
@@ -317,93 +312,6 @@ class AMQPChannelLayer(BaseChannelLayer):
     def receive_twisted(self, channels: Iterable[str]) -> Any:
         """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
         return twisted_support.receive_twisted(self, channels)
-
-    # -- groups ---------------------------------------------------------------
-
-    def group_add(self, group: str, channel: str) -> None:
-        self._check_group_name(group)
-        self._check_channel_name(channel)
-        self._ensure_infrastructure()
-        topology = self.topology
-        member = topology.member_exchange(channel)
-        # The channel's queue must exist: for a process-local member the
-        # broker dead-letters into it, and dead-lettering into a missing queue
-        # drops the message silently.
-        steps = [self._declare_channel_queue(channel)]
-        if naming.is_process_local(channel):
-            target = topology.local_member_queue(channel)
-            steps.append(
-                engine.queue_declare(target, topology.local_member_queue_arguments(channel))
-            )
-        else:
-            target = topology.channel_queue(channel)
-        marker = topology.marker_queue(group, channel)
-        steps += [
-            engine.exchange_declare(topology.group_exchange(group)),
-            engine.exchange_bind(topology.group_exchange(group), topology.group_router, group),
-            engine.exchange_declare(member, auto_delete=True),
-            engine.queue_bind(target, member),
-            engine.exchange_bind(member, topology.group_exchange(group)),
-            engine.queue_declare(marker, topology.marker_queue_arguments()),
-        ]
-        try:
-            self._admin(steps, "group_add %s %s" % (group, channel))
-        except BrokerOperationError as exc:
-            if exc.reply_code != 404:
-                raise
-            # The member exchange was deleted between two steps (its channel's
-            # message expired at that moment); building it again is correct.
-            self._ensure_infrastructure(again=True)
-            self._admin(steps, "group_add %s %s" % (group, channel))
-        self._renew_marker(group, channel, marker)
-
-    def _renew_marker(self, group, channel, marker):
-        properties = self._properties(
-            {
-                naming.KIND_HEADER: naming.MARKER_KIND,
-                naming.GROUP_HEADER: group,
-                naming.CHANNEL_HEADER: channel,
-            }
-        )
-        outcome = self._publish("", marker, b"", properties, True, "group marker")
-        if outcome != ACKED:
-            raise BrokerOperationError(312, "membership marker for %s was not accepted" % channel)
-
-    def group_discard(self, group: str, channel: str) -> None:
-        self._check_group_name(group)
-        self._check_channel_name(channel)
-        topology = self.topology
-        self._admin(
-            [
-                engine.exchange_unbind(
-                    topology.member_exchange(channel), topology.group_exchange(group)
-                ),
-                engine.queue_delete(topology.marker_queue(group, channel)),
-            ],
-            "group_discard %s %s" % (group, channel),
-        )
-
-    def group_channels(self, group: str) -> List[str]:
-        self._check_group_name(group)
-        destinations = self._management_client().exchange_destinations(
-            self.topology.group_exchange(group)
-        )
-        channels = (self.topology.channel_of_member_exchange(d) for d in destinations)
-        return [c for c in channels if c]
-
-    def send_group(self, group: str, message: Message) -> None:
-        self._check_group_name(group)
-        body = self._serializer.dumps(message)
-        self._ensure_infrastructure()
-        # Full members drop the message (the broker nacks); that is the spec.
-        self._publish(
-            self.topology.group_router,
-            group,
-            body,
-            self._properties(),
-            False,
-            "send to group %s" % group,
-        )
 
     # -- statistics extension -------------------------------------------------
 
@@ -434,49 +342,6 @@ class AMQPChannelLayer(BaseChannelLayer):
             why the last connection was lost or refused, without credentials.
         """
         return self._engine.connection_statistics()
-
-    # -- flush ------------------------------------------------------------------
-
-    def flush(self) -> None:
-        """Delete every queue and exchange under this layer's prefix.
-
-        The shared dead-letter queue and exchange and the group router stay
-        (emptied), because other processes' workers depend on them.
-        """
-        client = self._management_client()
-        prefix = self.topology.prefix + naming.SEPARATOR
-        keep = self.topology.infrastructure()
-        queues = [q for q in client.queue_names(prefix) if q not in keep]
-        exchanges = [x for x in client.exchange_names(prefix) if x not in keep]
-        steps = [engine.queue_delete(q) for q in queues]
-        steps += [engine.exchange_delete(x) for x in exchanges]
-        steps.append(engine.queue_purge(self.topology.dead_letter_queue))
-        self._admin(steps, "flush")
-        self._engine.forget_queues()
-
-    def _ensure_infrastructure(self, again=False):
-        """Declare the shared objects once per process (and again after a 404)."""
-        if self._infrastructure_pid == os.getpid() and not again:
-            return
-        topology = self.topology
-        # Senders need only the exchanges. The dead-letter queue is the
-        # workers' business; its node being down must not stop group_add.
-        self._admin(
-            [
-                engine.exchange_declare(topology.dead_letter_exchange),
-                engine.exchange_declare(topology.group_router, exchange_type="direct"),
-                engine.queue_declare(
-                    topology.dead_letter_queue,
-                    topology.dead_letter_queue_arguments(),
-                    not_found_ok=True,
-                ),
-                engine.queue_bind(
-                    topology.dead_letter_queue, topology.dead_letter_exchange, not_found_ok=True
-                ),
-            ],
-            "declare the layer's shared objects",
-        )
-        self._infrastructure_pid = os.getpid()
 
     # -- helpers ----------------------------------------------------------------
 
@@ -524,45 +389,6 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     _check_channel_name = valid_channel_name
     _check_group_name = valid_group_name
-
-
-class _SendAttempts(object):
-    """How long ``send`` keeps trying after the broker said no.
-
-    A nack from a queue that is not full means it could not take the
-    message (a quorum queue between leaders, a node going down): the
-    message was not delivered, so it is sent again, with a growing pause,
-    until ``operation_timeout``. A return means the queue does not exist:
-    it is declared and the message sent again, three times at most.
-    """
-
-    def __init__(self, channel, queue, timeout):
-        self.channel = channel
-        self.queue = queue
-        self.timeout = timeout
-        self.refusals = 0
-        self.declares = 0
-        self.refused_until = None
-
-    def refused(self):
-        now = time.monotonic()
-        if self.refused_until is None:
-            self.refused_until = now + self.timeout
-        if now >= self.refused_until:
-            raise BrokerConnectionError(
-                "the broker kept refusing the message for %s for %.1f s although its queue "
-                "is not full (its node may be going down); it was not delivered"
-                % (self.channel, self.timeout)
-            )
-        time.sleep(min(0.5, self.refused_until - now, 0.02 * 2 ** min(self.refusals, 4)))
-        self.refusals += 1
-
-    def returned(self):
-        self.declares += 1
-        if self.declares > 3:
-            raise BrokerOperationError(
-                312, "queue %s disappears as soon as it is declared" % self.queue
-            )
 
 
 def _positive(name, value):

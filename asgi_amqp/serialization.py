@@ -6,6 +6,7 @@ offending key.
 """
 
 import logging
+from typing import Any, Dict
 
 import msgpack
 
@@ -16,6 +17,8 @@ logger = logging.getLogger(__name__)
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 MAX_DEPTH = 64
+
+Message = Dict[str, Any]  # an ASGI message: a dict of msgpack-able values
 _SCALARS = (str, bytes, bool, float, type(None))
 
 

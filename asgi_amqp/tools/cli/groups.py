@@ -3,14 +3,14 @@
 import json
 import sys
 
-try:
-    import click
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
-    ) from None
-
-from .base import EPILOG, EXIT_PARTIAL, PROG, _LayerErrors, cli
+from .base import (
+    EPILOG,
+    EXIT_PARTIAL,
+    PROG,
+    _LayerErrors,
+    cli,
+    click,
+)
 
 # -- channels and groups ------------------------------------------------------------------
 

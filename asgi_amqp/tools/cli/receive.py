@@ -4,15 +4,16 @@ import os
 import sys
 import time
 
-try:
-    import click
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
-    ) from None
-
 from ..jsonbytes import dumps
-from .base import EPILOG, EXIT_OK, EXIT_PARTIAL, PROG, _LayerErrors, cli
+from .base import (
+    EPILOG,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    PROG,
+    _LayerErrors,
+    cli,
+    click,
+)
 
 # -- receive ----------------------------------------------------------------------------
 

@@ -9,13 +9,6 @@ import stat
 import sys
 import time
 
-try:
-    import click
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
-    ) from None
-
 from ...errors import BrokerConnectionError
 from ...serialization import validate_message
 from .. import bulk
@@ -34,6 +27,7 @@ from .base import (
     _mismatch_hint,
     _one_line,
     cli,
+    click,
 )
 
 # -- send -----------------------------------------------------------------------------

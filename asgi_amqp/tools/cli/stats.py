@@ -2,15 +2,13 @@
 
 import json
 
-try:
-    import click
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
-    ) from None
-
 from ... import statistics
-from .base import EPILOG, _LayerErrors, cli
+from .base import (
+    EPILOG,
+    _LayerErrors,
+    cli,
+    click,
+)
 
 # -- statistics -------------------------------------------------------------------------------
 

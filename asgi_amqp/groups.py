@@ -1,0 +1,167 @@
+"""Groups and flush: the layer's ``groups`` and ``flush`` extensions.
+
+A mixin of ``AMQPChannelLayer``, kept apart because membership is where the
+topology is busiest: a member exchange per channel bound to the group's
+fanout exchange, a zero-length member queue for a process-local channel
+(the broker dead-letters group messages from it into the process's queue)
+and a marker queue whose expiry ends the membership (see ``naming``). Each
+call states its steps as data and hands them to the engine in one go.
+"""
+
+import os
+from typing import Any, Callable, Iterable, List, Optional, Tuple
+
+from . import engine, naming, pipeline
+from .engine import ACKED
+from .errors import BrokerOperationError
+from .serialization import Message
+
+
+class Groups(object):
+    """``group_add``, ``group_discard``, ``group_channels``, ``send_group``,
+    ``send_group_many`` and ``flush``."""
+
+    # Provided by AMQPChannelLayer (layer.py).
+    topology: naming.Topology
+    _infrastructure_pid: Optional[int]
+    _engine: Any
+    _serializer: Any
+    _check_group_name: Callable[..., bool]
+    _check_channel_name: Callable[..., bool]
+    _admin: Callable[..., Any]
+    _publish: Callable[..., str]
+    _properties: Callable[..., Any]
+    _declare_channel_queue: Callable[..., Any]
+    _management_client: Callable[..., Any]
+
+    def group_add(self, group: str, channel: str) -> None:
+        self._check_group_name(group)
+        self._check_channel_name(channel)
+        self._ensure_infrastructure()
+        topology = self.topology
+        member = topology.member_exchange(channel)
+        # The channel's queue must exist: for a process-local member the
+        # broker dead-letters into it, and dead-lettering into a missing queue
+        # drops the message silently.
+        steps = [self._declare_channel_queue(channel)]
+        if naming.is_process_local(channel):
+            target = topology.local_member_queue(channel)
+            steps.append(
+                engine.queue_declare(target, topology.local_member_queue_arguments(channel))
+            )
+        else:
+            target = topology.channel_queue(channel)
+        marker = topology.marker_queue(group, channel)
+        steps += [
+            engine.exchange_declare(topology.group_exchange(group)),
+            engine.exchange_bind(topology.group_exchange(group), topology.group_router, group),
+            engine.exchange_declare(member, auto_delete=True),
+            engine.queue_bind(target, member),
+            engine.exchange_bind(member, topology.group_exchange(group)),
+            engine.queue_declare(marker, topology.marker_queue_arguments()),
+        ]
+        try:
+            self._admin(steps, "group_add %s %s" % (group, channel))
+        except BrokerOperationError as exc:
+            if exc.reply_code != 404:
+                raise
+            # The member exchange was deleted between two steps (its channel's
+            # message expired at that moment); building it again is correct.
+            self._ensure_infrastructure(again=True)
+            self._admin(steps, "group_add %s %s" % (group, channel))
+        self._renew_marker(group, channel, marker)
+
+    def _renew_marker(self, group, channel, marker):
+        properties = self._properties(
+            {
+                naming.KIND_HEADER: naming.MARKER_KIND,
+                naming.GROUP_HEADER: group,
+                naming.CHANNEL_HEADER: channel,
+            }
+        )
+        outcome = self._publish("", marker, b"", properties, True, "group marker")
+        if outcome != ACKED:
+            raise BrokerOperationError(312, "membership marker for %s was not accepted" % channel)
+
+    def group_discard(self, group: str, channel: str) -> None:
+        self._check_group_name(group)
+        self._check_channel_name(channel)
+        topology = self.topology
+        self._admin(
+            [
+                engine.exchange_unbind(
+                    topology.member_exchange(channel), topology.group_exchange(group)
+                ),
+                engine.queue_delete(topology.marker_queue(group, channel)),
+            ],
+            "group_discard %s %s" % (group, channel),
+        )
+
+    def group_channels(self, group: str) -> List[str]:
+        self._check_group_name(group)
+        destinations = self._management_client().exchange_destinations(
+            self.topology.group_exchange(group)
+        )
+        channels = (self.topology.channel_of_member_exchange(d) for d in destinations)
+        return [c for c in channels if c]
+
+    def send_group(self, group: str, message: Message) -> None:
+        self._check_group_name(group)
+        body = self._serializer.dumps(message)
+        self._ensure_infrastructure()
+        # Full members drop the message (the broker nacks); that is the spec.
+        self._publish(
+            self.topology.group_router,
+            group,
+            body,
+            self._properties(),
+            False,
+            "send to group %s" % group,
+        )
+
+    def send_group_many(
+        self, items: Iterable[Tuple[str, Message]]
+    ) -> List[Optional[BaseException]]:
+        """``send_many`` for ``(group, message)`` items: ``send_group`` for each."""
+        return pipeline.send_all(self, items, "group")
+
+    def flush(self) -> None:
+        """Delete every queue and exchange under this layer's prefix.
+
+        The shared dead-letter queue and exchange and the group router stay
+        (emptied), because other processes' workers depend on them.
+        """
+        client = self._management_client()
+        prefix = self.topology.prefix + naming.SEPARATOR
+        keep = self.topology.infrastructure()
+        queues = [q for q in client.queue_names(prefix) if q not in keep]
+        exchanges = [x for x in client.exchange_names(prefix) if x not in keep]
+        steps = [engine.queue_delete(q) for q in queues]
+        steps += [engine.exchange_delete(x) for x in exchanges]
+        steps.append(engine.queue_purge(self.topology.dead_letter_queue))
+        self._admin(steps, "flush")
+        self._engine.forget_queues()
+
+    def _ensure_infrastructure(self, again=False):
+        """Declare the shared objects once per process (and again after a 404)."""
+        if self._infrastructure_pid == os.getpid() and not again:
+            return
+        topology = self.topology
+        # Senders need only the exchanges. The dead-letter queue is the
+        # workers' business; its node being down must not stop group_add.
+        self._admin(
+            [
+                engine.exchange_declare(topology.dead_letter_exchange),
+                engine.exchange_declare(topology.group_router, exchange_type="direct"),
+                engine.queue_declare(
+                    topology.dead_letter_queue,
+                    topology.dead_letter_queue_arguments(),
+                    not_found_ok=True,
+                ),
+                engine.queue_bind(
+                    topology.dead_letter_queue, topology.dead_letter_exchange, not_found_ok=True
+                ),
+            ],
+            "declare the layer's shared objects",
+        )
+        self._infrastructure_pid = os.getpid()

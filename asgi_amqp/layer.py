@@ -74,6 +74,11 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         worker process (``runworker --threads N``) overlap; the pushed
         messages are unacked, so they are not counted against ``capacity``
         and go back to their queue after ``linger`` or if the process dies.
+    :param max_consumers: consumers this process keeps at most (1000). Every
+        channel received from gets one, non-blocking receives included, so
+        that the next receive takes what the broker already pushed; past
+        this many, the one wanted longest ago is cancelled (daphne polls a
+        reply channel per open connection).
     :param queue_type: ``"classic"`` or ``"quorum"``: quorum channel queues
         survive the loss of a cluster node with their messages.
     :param dead_letter_worker: run the dead-letter worker in this process
@@ -105,6 +110,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         linger: float = 0.25,
         consumer_idle_timeout: float = 30.0,
         consumer_prefetch: int = 16,
+        max_consumers: int = 1000,
         dead_letter_worker: bool = True,
         queue_type: str = "classic",
     ) -> None:
@@ -131,6 +137,12 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
                 "consumer_prefetch must be an integer from 1 to 65535, not %r"
                 % (consumer_prefetch,)
             )
+        if (
+            isinstance(max_consumers, bool)
+            or not isinstance(max_consumers, int)
+            or max_consumers < 1
+        ):
+            raise ValueError("max_consumers must be a positive integer, not %r" % (max_consumers,))
         _positive("max_message_size", max_message_size)
         for _pattern, value in self.channel_capacity:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -155,7 +167,9 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             self._parameters,
             self.topology,
             operation_timeout=operation_timeout,
-            consumers=engine.ConsumerSettings(linger, consumer_idle_timeout, consumer_prefetch),
+            consumers=engine.ConsumerSettings(
+                linger, consumer_idle_timeout, consumer_prefetch, max_consumers
+            ),
             settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker,
         )

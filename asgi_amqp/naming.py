@@ -326,3 +326,14 @@ def non_local_name(channel):
 
 def is_process_local(channel):
     return "!" in channel
+
+
+def is_single_reader_queue(queue):
+    """Whether ``queue`` (``{prefix}:q:{channel}``) is read by one process only.
+
+    ASGI says so of a process-local queue (``foo!``) and of a single-reader
+    channel (``foo?bar``): the receive side may keep a consumer on them
+    without keeping their messages from any other reader.
+    """
+    channel = queue.rpartition(SEPARATOR + "q" + SEPARATOR)[2]
+    return channel.endswith("!") or "?" in channel

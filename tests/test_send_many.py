@@ -102,7 +102,7 @@ def test_send_many_is_an_extension():
 def test_send_many_rides_through_connection_kills(node, new_layer):
     """Every item reported sent arrives exactly once, through three kills."""
     layer = new_layer(node, capacity=1000000, operation_timeout=30)
-    reader = new_layer(node, prefix=layer.topology.prefix, capacity=1000000)
+    reader = new_layer(node, prefix=layer.topology.prefix, capacity=1000000, receive_timeout=1)
     kills = []
     count = 60000
 
@@ -119,7 +119,9 @@ def test_send_many_rides_through_connection_kills(node, new_layer):
     got = {}
 
     def drained():
-        for channel, message in drain(reader, ["many.kill0", "many.kill1", "many.kill2"]):
+        # Blocking receives: consumers with a prefetch window read 60k messages
+        # far faster than one basic.get each, on a loaded machine too.
+        for channel, message in drain(reader, ["many.kill0", "many.kill1", "many.kill2"], True):
             got.setdefault(channel, []).append(message["i"])
         return sum(len(v) for v in got.values()) >= count
 

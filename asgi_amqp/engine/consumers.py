@@ -27,6 +27,24 @@ consumers are kept between calls instead:
 Held messages are unacked: if this process dies they go back to the queue,
 so nothing it had not handed to a caller is lost.
 
+Non-blocking receives use the same consumers (see ``keep``). A queue that
+only this process reads (a process-local ``foo!`` queue, such as daphne's
+reply channels, or a single-reader ``foo?bar`` channel) and that
+``receive(block=False)`` polls at least ``POLLS_TO_CONSUME`` times within
+``linger`` gets a consumer with the full ``prefetch`` window, so the next
+polls take what it was pushed in the caller's own thread, and a poll over
+queues that are all consumed costs one round trip on the consumers'
+channel (``settle``) instead of one ``basic.get`` per queue. What such a
+consumer holds is kept for the poller while it polls, and the consumer is
+cancelled once its queue has not been polled for ``linger``. A channel
+that several processes read is polled with ``basic.get`` only: a consumer
+there would take messages another reader is asking for. A consumed queue
+is never asked with ``basic.get``: a get racing the pushes to a consumer
+of the same queue can take a message ahead of one already on its way to
+us, and the channel's order would be lost. At most ``max_consumers``
+consumers are kept: past that, the one wanted longest ago (and not waited
+on) is cancelled.
+
 Held messages live in ``HeldMessages``, the one structure here that callers'
 threads touch: a caller takes a held message under its lock without a trip
 through the I/O thread, and the ack follows through the inbox without
@@ -38,6 +56,7 @@ import collections
 import logging
 import time
 
+from ..naming import is_single_reader_queue
 from . import declares
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
@@ -46,7 +65,11 @@ from .futures import Pending
 logger = logging.getLogger(__name__)
 
 
-class ConsumerSettings(collections.namedtuple("ConsumerSettings", "linger idle_timeout prefetch")):
+class ConsumerSettings(
+    collections.namedtuple(
+        "ConsumerSettings", "linger idle_timeout prefetch max_consumers", defaults=(1000,)
+    )
+):
     """How consumers keep messages: see the module docstring."""
 
 
@@ -56,15 +79,37 @@ THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
 
 
-class _Consumer(object):
-    __slots__ = ("queue", "tag", "active", "wanted_at", "prefetch")
+# Polls of one queue within ``linger`` after which it gets a consumer.
+POLLS_TO_CONSUME = 3
 
-    def __init__(self, queue):
+
+class _Consumer(object):
+    __slots__ = (
+        "polled",
+        "queue",
+        "tag",
+        "active",
+        "wanted_at",
+        "window",
+        "prefetch",
+        "confirmed",
+        "unacked",
+        "fills",
+        "checked",
+    )
+
+    def __init__(self, queue, window):
         self.queue = queue
         self.tag = None
         self.active = False
         self.wanted_at = time.monotonic()
+        self.window = window  # the window it is to be started with
         self.prefetch = 0  # its window, once started
+        self.confirmed = False  # the broker answered basic.consume
+        self.unacked = 0  # pushed to it, held, and not yet acked or nacked
+        self.fills = 0  # how often its window filled (the broker then keeps messages back)
+        self.checked = -1  # ``fills`` when a poll last found nothing after settling
+        self.polled = False  # started for non-blocking receives: see _sweep
 
 
 class _Waiter(object):
@@ -88,6 +133,7 @@ class ConsumerPool(ChannelUser):
         self._linger = settings.linger
         self._idle_timeout = settings.idle_timeout
         self._prefetch = settings.prefetch
+        self._max_consumers = settings.max_consumers
         self._window = 1  # the prefetch window new consumers get
         self._qos = 1  # the channel's basic.qos, which new consumers take
         self._consumers = {}  # queue -> _Consumer
@@ -97,6 +143,8 @@ class ConsumerPool(ChannelUser):
         self._housekeeping = None
         self._housekeeping_at = 0.0
         self._settling = []  # callbacks waiting for a basic.qos round trip
+        self._polls = {}  # queue -> (polls counted, since when): see keep()
+        self.requeued = False  # a nack was sent since the last barrier
         super(ConsumerPool, self).__init__(connection)
 
     def setup(self, channel, done):
@@ -123,15 +171,132 @@ class ConsumerPool(ChannelUser):
             self._backlog.append((pending, queues, deadline, threads))
             return
         self._window = min(self._prefetch, max(1, threads))
-        timeout = max(0.0, deadline - time.monotonic())
-        names = [queue for queue, _ in queues]
+        if self.await_push(pending, [queue for queue, _ in queues], deadline):
+            for queue, arguments in queues:
+                self._ensure_consumer(queue, arguments, self._window)
+
+    def await_push(self, pending, names, deadline):
+        """Hand ``pending`` what is held or next pushed for ``names``, or None at ``deadline``.
+
+        True if it now waits (nothing was held).
+        """
         if self.take_held(pending, names):
-            return
+            return False
         waiter = _Waiter(pending, set(names))
+        timeout = max(0.0, deadline - time.monotonic())
         waiter.timer = self._connection.ioloop.call_later(timeout, lambda: self._expire(waiter))
         self._waiters.append(waiter)
+        return True
+
+    # -- non-blocking receives ------------------------------------------------
+
+    def keep(self, queues):
+        """Consume each of ``queues`` that a non-blocking receive polls.
+
+        Only queues this connection knows to exist get one, started at once
+        (a consume on a missing queue would close the channel under every
+        other consumer); the getter asks the others with ``basic.get``,
+        which declares them. The getter calls this between two requests,
+        never while a ``basic.get`` is out: a consumer started under a get
+        of the same queue could be pushed the message ahead of the one the
+        get returns.
+        """
+        if not self.ready:
+            return
+        now = time.monotonic()
         for queue, arguments in queues:
-            self._ensure_consumer(queue, arguments)
+            consumer = self._consumers.get(queue)
+            if consumer is not None:
+                consumer.wanted_at = now
+            elif (
+                is_single_reader_queue(queue)
+                and self._polled_often(queue, now)
+                and self._liveness.alive(queue)
+                and self._unavailable.get(queue, 0) <= now
+            ):
+                if len(self._consumers) >= self._max_consumers:
+                    self._evict_one()
+                consumer = self._consumers[queue] = _Consumer(queue, self._prefetch)
+                consumer.polled = True
+                self._start(consumer, arguments)
+
+    def _polled_often(self, queue, now):
+        """Count a poll of ``queue``; True once it has ``POLLS_TO_CONSUME`` within ``linger``."""
+        count, since = self._polls.get(queue, (0, now))
+        if now - since > self._linger:
+            count, since = 0, now
+        count += 1
+        if count >= POLLS_TO_CONSUME:
+            self._polls.pop(queue, None)
+            return True
+        if len(self._polls) > 4096:  # names come and go: forget the stale ones
+            self._polls = {q: v for q, v in self._polls.items() if now - v[1] <= self._linger}
+        self._polls[queue] = (count, since)
+        return False
+
+    def consumes(self, queue):
+        """Whether a consumer of ours is (being) started on ``queue``: then no basic.get."""
+        consumer = self._consumers.get(queue)
+        return consumer is not None and consumer.active
+
+    def count_ready(self, queues, callback):
+        """Ask the broker how many messages wait in ``queues``; ``callback(total)``.
+
+        Passive declares, on the admin channel: they never go to a consumer.
+        A queue gone since counts 0.
+        """
+        counts = []
+
+        def counted(method, error):
+            counts.append(getattr(method, "message_count", 0) if error is None else 0)
+            if len(counts) == len(queues):
+                callback(sum(counts))
+
+        for queue in queues:
+            self._declares.run(
+                Pending("count %s" % queue, on_done=counted),
+                [declares.queue_declare(queue, None, passive=True, not_found_ok=True)],
+            )
+
+    def behind_queues(self, queues):
+        """Those of ``queues`` for which ``behind`` holds."""
+        return [queue for queue in queues if self.behind([queue])]
+
+    def behind(self, queues):
+        """Whether a push for one of ``queues`` may still be on its way after one ``settle``.
+
+        A consumer just started, or whose window filled since a poll last
+        found nothing, is pushed its next messages only once the broker has
+        taken our acks (or the consume) into account, and that can come
+        after the answer to a ``basic.qos``; a second round trip lets them
+        arrive first.
+        """
+        for queue in queues:
+            consumer = self._consumers.get(queue)
+            if consumer is not None and consumer.active:
+                if not consumer.confirmed or consumer.fills != consumer.checked:
+                    return True
+        return False
+
+    def checked(self, queues):
+        """A poll of ``queues`` settled and found nothing: they are not behind."""
+        for queue in queues:
+            consumer = self._consumers.get(queue)
+            if consumer is not None and consumer.confirmed:
+                consumer.checked = consumer.fills
+
+    def adopt(self, queue, channel, delivery_tag, delivery):
+        """Hold a message a ``basic.get`` took from ``queue`` in front of its
+        pushed ones, if this process consumes ``queue``; True if it did."""
+        consumer = self._consumers.get(queue)
+        if consumer is None or not consumer.active or not self.ready:
+            return False
+        self._held.put_back(queue, Held(channel, delivery_tag, delivery))
+        return True
+
+    def drop_adopted(self, channel):
+        """A getter's lane closed: the broker put back what we adopted from it."""
+        self._held.withdraw_where(lambda held: held.channel is channel and held.owner is None)
 
     def take_held(self, pending, queues):
         """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
@@ -153,8 +318,43 @@ class ConsumerPool(ChannelUser):
         consumer = self._consumers.get(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
-        if held.channel is self.channel and self.channel is not None:
-            self.channel.basic_ack(held.delivery_tag)
+        if self._settle_held(held, ack=True) and held.owner is not None:
+            held.owner.unacked -= 1
+
+    def _settle_held(self, held, ack):
+        """Ack or nack a held message on the channel it came by, if that is still open.
+
+        That is the consumers' channel, or for a message adopted from a
+        ``basic.get`` (see ``adopt``) a getter's lane. Once its channel
+        closed the broker has put it back already. True if it was sent.
+        """
+        channel = held.channel
+        if held.owner is not None:
+            if channel is not self.channel or channel is None:
+                return False
+        elif channel is None or not channel.is_open:
+            return False
+        if ack:
+            channel.basic_ack(held.delivery_tag)
+        else:
+            channel.basic_nack(held.delivery_tag, requeue=True)
+            self.requeued = True
+        return True
+
+    def barrier(self, done):
+        """Call ``done`` once the messages put back with a nack are in their queues again.
+
+        A ``basic.get`` through a getter's lane could overtake the nack and
+        take the message behind it (see ``getter._Lane.barrier``); the
+        answer to a ``basic.qos`` on this channel comes after the broker
+        forwarded our nacks.
+        """
+        self.requeued = False
+        if not self.ready:
+            done()
+            return
+        self._settling.append(done)
+        self.channel.basic_qos(prefetch_count=self._qos, callback=self._on_settled)
 
     def settle(self, queues, callback):
         """Call ``callback`` once deliveries already pushed for ``queues`` have arrived.
@@ -184,16 +384,19 @@ class ConsumerPool(ChannelUser):
 
     # -- consumers ----------------------------------------------------------
 
-    def _ensure_consumer(self, queue, arguments):
+    def _ensure_consumer(self, queue, arguments, window):
         consumer = self._consumers.get(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
-            if not (consumer.active and consumer.prefetch < self._window):
+            consumer.polled = False  # a blocking receive wants it: kept for idle_timeout
+            if not (consumer.active and consumer.prefetch < window):
                 return
             self._cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
-        consumer = self._consumers[queue] = _Consumer(queue)
+        if len(self._consumers) >= self._max_consumers:
+            self._evict_one()
+        consumer = self._consumers[queue] = _Consumer(queue, window)
         # Declared first, and on the admin channel: basic.consume on a missing
         # queue would 404 and close this channel under every other consumer,
         # and a queue whose node is down must not starve the others.
@@ -220,13 +423,30 @@ class ConsumerPool(ChannelUser):
 
     def _start(self, consumer, arguments):
         self._liveness.touch(consumer.queue, arguments)
-        if self._qos != self._window:  # applies to the consumers started after it
-            self.channel.basic_qos(prefetch_count=self._window)
-            self._qos = self._window
-        consumer.prefetch = self._window
-        consumer.tag = self.channel.basic_consume(consumer.queue, self._on_message, auto_ack=False)
+        if self._qos != consumer.window:  # applies to the consumers started after it
+            self.channel.basic_qos(prefetch_count=consumer.window)
+            self._qos = consumer.window
+        consumer.prefetch = consumer.window
+        consumer.tag = self.channel.basic_consume(
+            consumer.queue,
+            self._on_message,
+            auto_ack=False,
+            callback=lambda _frame: self._confirmed(consumer),
+        )
         consumer.active = True
         self._by_tag[consumer.tag] = consumer
+
+    def _confirmed(self, consumer):
+        consumer.confirmed = True
+
+    def _evict_one(self):
+        """Cancel the consumer wanted longest ago that no blocking receive waits on."""
+        wanted = set()
+        for waiter in self._waiters:
+            wanted |= waiter.queues
+        idle = [c for c in self._consumers.values() if c.queue not in wanted]
+        if idle:
+            self._cancel(min(idle, key=lambda consumer: consumer.wanted_at))
 
     def _cancel(self, consumer):
         """Stop a consumer and give back what it holds."""
@@ -239,8 +459,7 @@ class ConsumerPool(ChannelUser):
 
     def _requeue(self, consumer):
         for held in self._held.withdraw(consumer.queue):
-            if held.channel is self.channel and self.channel is not None:
-                self.channel.basic_nack(held.delivery_tag, requeue=True)
+            self._settle_held(held, ack=False)
 
     def _on_message(self, channel, method, properties, body):
         consumer = self._by_tag.get(method.consumer_tag)
@@ -266,7 +485,10 @@ class ConsumerPool(ChannelUser):
                 consumer.wanted_at = time.monotonic()
                 channel.basic_ack(method.delivery_tag)
                 return
-        self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery))
+        consumer.unacked += 1
+        if consumer.unacked >= consumer.prefetch:
+            consumer.fills += 1  # the broker keeps what comes next until we ack
+        self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery, consumer))
         since, count = self._held.held_since(consumer.queue)
         if count > 1:  # its allowed wait just shrank: sweep in time for it
             self._sweep_by(since + self._linger / count + 0.002)
@@ -316,10 +538,15 @@ class ConsumerPool(ChannelUser):
         for consumer in list(self._consumers.values()):
             if consumer.queue in wanted or not consumer.active:
                 continue
+            if consumer.polled and now - consumer.wanted_at <= self._linger:
+                # Polled within linger: what it holds is for the next poll.
+                due = self._linger if due is None else min(due, self._linger)
+                continue
             since, count = self._held.held_since(consumer.queue)
             allowed = self._linger / max(count, 1)
             lingered = since is not None and now - since > allowed
-            idle = since is None and now - consumer.wanted_at > self._idle_timeout
+            unused_for = self._linger if consumer.polled else self._idle_timeout
+            idle = since is None and now - consumer.wanted_at > unused_for
             if lingered or idle:
                 self._cancel(consumer)
             elif since is not None:
@@ -329,8 +556,11 @@ class ConsumerPool(ChannelUser):
 
     def on_lost(self, reply_code, reply_text):
         # The broker requeues every unacked delivery of a closed channel, so
-        # what was held is forgotten before anyone can be handed it.
-        self._held.clear()
+        # what was held is forgotten before anyone can be handed it; what
+        # was adopted from a lane that is still open goes back from there.
+        for held in self._held.clear():
+            if held.owner is None:
+                self._settle_held(held, ack=False)
         self._consumers.clear()
         self._by_tag.clear()
         waiters, self._waiters = self._waiters, []

@@ -114,13 +114,14 @@ class Liveness(object):
 class Held(object):
     """A message pushed to one of our consumers, unacked, waiting for a caller."""
 
-    __slots__ = ("channel", "delivery_tag", "delivery", "since")
+    __slots__ = ("channel", "delivery_tag", "delivery", "since", "owner")
 
-    def __init__(self, channel, delivery_tag, delivery):
+    def __init__(self, channel, delivery_tag, delivery, owner=None):
         self.channel = channel  # compared by identity only, outside the I/O thread
         self.delivery_tag = delivery_tag
         self.delivery = delivery
         self.since = time.monotonic()
+        self.owner = owner  # the consumer it was pushed to (its window counts it)
 
 
 class HeldMessages(object):
@@ -182,6 +183,23 @@ class HeldMessages(object):
         with self._lock:
             return list(self._by_queue.pop(queue, ()))
 
-    def clear(self):
+    def withdraw_where(self, predicate):
+        """Remove and return every held message for which ``predicate(held)`` is true."""
         with self._lock:
+            removed = []
+            for queue, waiting in list(self._by_queue.items()):
+                kept = collections.deque(held for held in waiting if not predicate(held))
+                if len(kept) != len(waiting):
+                    removed.extend(held for held in waiting if predicate(held))
+                    if kept:
+                        self._by_queue[queue] = kept
+                    else:
+                        del self._by_queue[queue]
+            return removed
+
+    def clear(self):
+        """Remove every held message; returns them."""
+        with self._lock:
+            removed = [held for waiting in self._by_queue.values() for held in waiting]
             self._by_queue.clear()
+            return removed

@@ -28,6 +28,10 @@ NOT_FOUND = 404
 
 EMPTY = "empty"
 LANES = 16  # basic.get channels, i.e. queues asked at once by one receive
+# A non-blocking receive over consumed queues in which the broker says
+# messages wait, but none was pushed to us yet, waits this long at most for
+# the push (see ``Getter._after_count``).
+PUSH_WAIT = 0.05
 # A queue found empty is asked again, while other queues of the same call
 # have messages, only after this many seconds (it is always asked before a
 # call returns nothing).
@@ -72,10 +76,12 @@ class _Lane(ChannelUser):
 
     name = "get"
 
-    def __init__(self, connection, liveness, handed_off, on_ready):
+    def __init__(self, connection, liveness, handed_off, on_ready, on_closed):
         self._liveness = liveness
         self._handed_off = handed_off
         self._notify_ready = on_ready
+        self._notify_closed = on_closed  # called with the channel that closed
+        self._opened = None
         self._job = None  # (queue, arguments, report)
         self._barrier = None  # called once earlier nacks have reached their queues
         super(_Lane, self).__init__(connection)
@@ -107,6 +113,7 @@ class _Lane(ChannelUser):
             done()
 
     def setup(self, channel, done):
+        self._opened = channel
         channel.add_callback(self._on_empty, [spec.Basic.GetEmpty], one_shot=False)
         done()
 
@@ -157,6 +164,7 @@ class _Lane(ChannelUser):
         self._barrier = None
 
     def on_lost(self, reply_code, reply_text):
+        self._notify_closed(self._opened)
         self._pass_barrier()
         if self._job is None:
             return
@@ -180,19 +188,45 @@ class _Lane(ChannelUser):
 
 
 class _GetRequest(object):
-    __slots__ = ("pending", "queues", "index", "fresh", "outstanding", "results")
+    __slots__ = (
+        "pending",
+        "entries",
+        "asked",
+        "queues",
+        "queue_names",
+        "index",
+        "fresh",
+        "outstanding",
+        "results",
+        "settled",
+    )
 
     def __init__(self, pending, queues, fresh):
         self.pending = pending
-        self.queues = queues  # list of (queue, arguments), in the order to prefer
+        self.entries = queues  # every (queue, arguments) of the call
+        self.asked = set()  # queues asked with basic.get
+        self.queues = queues  # those to ask with basic.get, in the order to prefer
+        self.queue_names = [q for q, _ in queues]  # all of them, asked or covered
         self.fresh = fresh  # queues[:fresh] were not found empty just now
         self.index = 0  # queues before this one have been asked
         self.outstanding = 0
         self.results = []  # (position in queues, result) of the current wave
+        self.settled = 0  # settle round trips made for it
 
-    @property
-    def queue_names(self):
-        return [q for q, _ in self.queues]
+    def leave_out(self, consumed):
+        """Ask with ``basic.get`` only the queues for which ``consumed(queue)`` is False."""
+        kept = [(i, entry) for i, entry in enumerate(self.queues) if not consumed(entry[0])]
+        self.fresh = sum(1 for i, _ in kept if i < self.fresh)
+        self.queues = [entry for _, entry in kept]
+
+    def unasked(self, consumed):
+        """Queues neither asked with basic.get nor consumed now (a consumer went meanwhile)."""
+        return [e for e in self.entries if e[0] not in self.asked and not consumed(e[0])]
+
+    def ask(self, entries):
+        self.queues = entries
+        self.fresh = len(entries)
+        self.index = 0
 
 
 class Getter(object):
@@ -225,7 +259,8 @@ class Getter(object):
         self._barriers = 0  # lanes still putting messages back; no new wave until 0
         self._empty_at = {}  # queue -> monotonic time it last answered empty
         self._lanes = [
-            _Lane(connection, liveness, handed_off, self._on_lane_ready) for _ in range(lanes)
+            _Lane(connection, liveness, handed_off, self._on_lane_ready, consumers.drop_adopted)
+            for _ in range(lanes)
         ]
 
     def get(self, pending, queues):
@@ -250,19 +285,28 @@ class Getter(object):
 
     def _next(self):
         while self._current is None and not self._barriers and self._requests:
+            if self._consumers.requeued:
+                # Messages a consumer gave back must be in their queues first.
+                self._barriers += 1
+                self._consumers.barrier(self._barrier_passed)
+                return
             request = self._requests.popleft()
             if not request.pending.wanted:
                 continue
-            # A consumer of an earlier blocking receive may hold one already.
+            # A consumer of an earlier receive may hold one already.
             if self._consumers.take_held(request.pending, request.queue_names):
                 continue
+            # No basic.get is out now: the queues this process consumes, and
+            # those it may start consuming, are served by their consumers.
+            self._consumers.keep(request.queues)
+            request.leave_out(self._consumers.consumes)
             self._current = request
             self._ask_next_wave()
 
     def _ask_next_wave(self):
         request = self._current
         if request.index >= len(request.queues):
-            self._consumers.settle(request.queue_names, self._after_settle)
+            self._settle(request)
             return
         lanes = [lane for lane in self._lanes if lane.idle]
         if not lanes:
@@ -275,6 +319,7 @@ class Getter(object):
         request.outstanding = len(wave)
         request.results = []
         for lane, (position, (queue, arguments)) in zip(lanes, wave):
+            request.asked.add(queue)
             lane.fetch(
                 queue,
                 arguments,
@@ -300,12 +345,14 @@ class Getter(object):
         errors = [r for _, r in request.results if isinstance(r, Exception)]
         request.results = []
         if taken:
-            winner, others = taken[0], taken[1:]
-            handed = request.pending.resolve(winner.delivery)
-            if handed:
+            winner = taken[0]
+            if request.pending.resolve(winner.delivery):
                 self._handed_off.add(winner.delivery)
-            put_back = [winner.lane] if winner.settle(handed) else []
-            put_back += [other.lane for other in others if other.settle(False)]
+                winner.settle(True)
+                losers = taken[1:]
+            else:
+                losers = taken
+            put_back = [loser.lane for loser in losers if self._give_back(loser)]
             self._current = None
             for lane in put_back:
                 self._barriers += 1
@@ -317,6 +364,19 @@ class Getter(object):
         else:
             self._ask_next_wave()
 
+    def _give_back(self, loser):
+        """Return a message the wave took but nobody gets; True if it was nacked.
+
+        A queue with a consumer of ours keeps it here, in front of what the
+        consumer was pushed meanwhile (those came after it): nacked back to
+        its queue it would be pushed behind them, out of order.
+        """
+        if self._consumers.adopt(
+            loser.delivery.queue, loser.channel, loser.delivery_tag, loser.delivery
+        ):
+            return False
+        return loser.settle(False)
+
     def _done(self):
         self._current = None
         self._next()
@@ -326,14 +386,72 @@ class Getter(object):
         if not self._barriers:
             self._next()
 
-    def _after_settle(self):
+    def _settle(self, request):
+        request.settled += 1
+        self._consumers.settle(request.queue_names, lambda: self._after_settle(request))
+
+    def _after_settle(self, request):
         """Nothing was in the queues; a consumer may have been pushed one meanwhile."""
-        request, self._current = self._current, None
-        if request is not None and not self._consumers.take_held(
-            request.pending, request.queue_names
-        ):
+        if request is not self._current:
+            return  # the connection went: the I/O thread asks again on the next one
+        names = request.queue_names
+        if self._consumers.take_held(request.pending, names):
+            pass
+        elif request.settled == 1 and self._consumers.behind(names):
+            behind = self._consumers.behind_queues(names)
+            self._consumers.count_ready(
+                behind, lambda ready: self._after_count(request, behind, ready)
+            )
+            return
+        else:
+            missed = request.unasked(self._consumers.consumes)
+            if missed:
+                self._ask_again(request, missed)
+                return
+            self._consumers.checked(names)
             request.pending.resolve(None)
+        self._current = None
         self._next()
+
+    def _ask_again(self, request, missed):
+        """Ask with basic.get the queues whose consumer was cancelled during the call.
+
+        What that consumer held went back with a nack: a barrier first, so
+        that the get cannot overtake it.
+        """
+        request.ask(missed)
+        if self._consumers.requeued:
+            self._barriers += 1
+            self._consumers.barrier(lambda: self._resume(request))
+        else:
+            self._ask_next_wave()
+
+    def _resume(self, request):
+        self._barriers -= 1
+        if request is self._current:
+            self._ask_next_wave()
+        elif not self._barriers:
+            self._next()
+
+    def _after_count(self, request, behind, ready):
+        """A consumer's window filled (or it just started) and nothing came.
+
+        Our acks (or the consume) may have reached the broker after the
+        settling round trip, so its next pushes may still be on their way:
+        when the broker says messages wait in those queues, the receive
+        waits for the push, at most ``PUSH_WAIT``; otherwise one more
+        settling round trip lets whatever was already pushed arrive.
+        """
+        if request is not self._current:
+            return
+        if ready and request.pending.wanted and all(map(self._consumers.consumes, behind)):
+            self._current = None
+            self._consumers.await_push(
+                request.pending, request.queue_names, time.monotonic() + PUSH_WAIT
+            )
+            self._next()
+        else:
+            self._settle(request)
 
     def shutdown(self):
         for lane in self._lanes:

@@ -1,0 +1,174 @@
+"""Non-blocking receives served from deliveries the broker already pushed.
+
+A channel that only this process reads (a process-local ``foo!`` queue, a
+single-reader ``foo?bar`` channel) and that is polled often gets a consumer
+(asgi_amqp.engine.consumers.ConsumerPool.keep): the next polls take what it
+was pushed, without a ``basic.get`` each. These tests hold what that must
+never cost: order, a message, a duplicate, expiry, or a bound on consumers.
+The consumer counts come from the broker itself (a passive declare).
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pika
+import pytest
+
+from helpers import drain, wait_until
+
+
+def consumers_on(broker, queue):
+    """The broker's own count of consumers on ``queue``."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.consumer_count
+    finally:
+        connection.close()
+
+
+def poll_until_consumed(layer, broker, channel):
+    """Poll the empty ``channel`` until this layer consumes its queue."""
+    queue = layer.topology.channel_queue(channel)
+    wait_until(
+        lambda: layer.receive([channel]) == (None, None) and consumers_on(broker, queue) == 1,
+        10,
+        message="a consumer on %s" % queue,
+    )
+
+
+@pytest.fixture
+def layer(broker, new_layer):
+    return new_layer(broker, expiry=30, capacity=10000, receive_timeout=1)
+
+
+def _channels(layer, kind):
+    """(names to send to, names to receive from)."""
+    if kind == "single-reader":
+        names = [layer.new_channel("polled%d?" % i) for i in range(3)]
+        return names, names
+    return ["polled%d!reply" % i for i in range(3)], ["polled%d!" % i for i in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["single-reader", "process-local"])
+def test_a_polled_channel_keeps_its_order_and_loses_nothing(layer, broker, kind):
+    channels, readable = _channels(layer, kind)
+    for name in readable:
+        poll_until_consumed(layer, broker, name)
+    per_channel = 400  # many windows' worth: each refill races the next poll
+    for n in range(per_channel):
+        for channel in channels:
+            layer.send(channel, {"n": n})
+    seen = {channel: [] for channel in channels}
+    for channel, message in drain(layer, readable):
+        seen[channel].append(message["n"])
+    for channel in channels:
+        # A None before the end would stop the drain short: no poll may say
+        # "nothing" while the broker still holds messages for it.
+        assert seen[channel] == list(range(per_channel)), channel
+
+
+def test_a_message_sent_is_found_by_the_next_poll(layer, broker):
+    channel = layer.new_channel("next?")
+    poll_until_consumed(layer, broker, channel)
+    for n in range(50):
+        layer.send(channel, {"n": n})
+        assert layer.receive([channel]) == (channel, {"n": n})
+        assert layer.receive([channel]) == (None, None)
+
+
+def test_a_channel_that_several_processes_read_is_never_consumed_by_polls(layer, broker):
+    for _ in range(10):
+        assert layer.receive(["shared.polled"]) == (None, None)
+    assert consumers_on(broker, layer.topology.channel_queue("shared.polled")) == 0
+    layer.send("shared.polled", {"n": 1})
+    assert layer.receive(["shared.polled"]) == ("shared.polled", {"n": 1})
+
+
+def test_consumers_per_process_stay_bounded(broker, new_layer):
+    layer = new_layer(broker, expiry=30, max_consumers=3)
+    channels = [layer.new_channel("bounded?") for _ in range(8)]
+    for channel in channels:
+        for _ in range(5):
+            assert layer.receive([channel]) == (None, None)
+    queues = [layer.topology.channel_queue(channel) for channel in channels]
+    total = wait_until(
+        lambda: (lambda n: n if 1 <= n <= 3 else 0)(sum(consumers_on(broker, q) for q in queues)),
+        10,
+        message="at most 3 consumers",
+    )
+    assert 1 <= total <= 3
+    # An evicted channel is still served, by basic.get or a consumer again.
+    layer.send(channels[0], {"n": 1})
+    assert layer.receive([channels[0]]) == (channels[0], {"n": 1})
+
+
+def test_a_consumer_nobody_polls_gives_its_messages_back(broker, new_layer):
+    reader = new_layer(broker, expiry=30, linger=0.2)
+    channel = "handover!x"
+    poll_until_consumed(reader, broker, "handover!")
+    for n in range(5):
+        reader.send(channel, {"n": n})
+    # Pushed to the reader's consumer, then given back once nobody polls:
+    # a second layer reading the same queue gets every message, in order.
+    other = new_layer(broker, prefix=reader.topology.prefix, expiry=30)
+    queue = reader.topology.channel_queue(channel)
+    wait_until(lambda: consumers_on(broker, queue) == 0, 10, message="the consumer cancelled")
+    assert [m["n"] for _, m in drain(other, ["handover!"])] == [0, 1, 2, 3, 4]
+
+
+_DYING_READER = textwrap.dedent(
+    """
+    import json, os, sys
+    from asgi_amqp import AMQPChannelLayer
+    url, prefix, channel = sys.argv[1:4]
+    layer = AMQPChannelLayer(url=url, prefix=prefix, expiry=30, capacity=10000)
+    taken = []
+    while len(taken) < 3:
+        got, message = layer.receive([channel.partition("!")[0] + "!"])
+        if got is not None:
+            taken.append(message["n"])
+    print(json.dumps(taken), flush=True)
+    os._exit(0)  # no close: what its consumer was pushed is still unacked
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_process_that_dies_holding_pushed_messages_loses_none(layer, broker):
+    channel = "dying!reply"
+    for n in range(100):
+        layer.send(channel, {"n": n})
+    child = subprocess.run(
+        [sys.executable, "-c", _DYING_READER, broker.amqp_url, layer.topology.prefix, channel],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    taken = json.loads(child.stdout)
+    left = [message["n"] for _, message in drain(layer, ["dying!"], block=True)]
+    # The child's acks may not have left before it died: those come back too.
+    assert sorted(set(taken) | set(left)) == list(range(100))
+    assert len(left) == len(set(left))
+    assert left == sorted(left)
+
+
+@pytest.mark.slow
+def test_an_unread_message_of_a_polled_channel_still_expires_and_drops_its_groups(
+    broker, new_layer
+):
+    layer = new_layer(broker, expiry=1, group_expiry=60, linger=0.2)
+    channel = layer.new_channel("member?")
+    layer.group_add("polled-group", channel)
+    poll_until_consumed(layer, broker, channel)
+    layer.send_group("polled-group", {"n": 1})
+    # Nobody polls any more: the consumer gives the message back, it expires
+    # in its queue and the dead-letter worker drops the membership.
+    wait_until(
+        lambda: channel not in layer.group_channels("polled-group"),
+        20,
+        message="membership dropped",
+    )
+    assert layer.receive([channel]) == (None, None)

@@ -13,6 +13,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -230,54 +231,81 @@ def test_not_rabbitmq_exits_2_with_one_line(env, prefix, answer):
             assert "pw-s3cret" not in result.stderr
 
 
-def _run_in_a_terminal(args, env, timeout):
-    """Run ``python -m asgi_amqp ARGS`` with a pty as its terminal: (exit status, output)."""
-    master, slave = pty.openpty()
-    full_env = dict(os.environ, COLUMNS="160", LINES="60", TERM="xterm-256color", **env)
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, full_env.get("PYTHONPATH")] if p)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "asgi_amqp"] + args,
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=full_env,
-        close_fds=True,
-    )
-    os.close(slave)
-    output = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            readable, _, _ = select.select([master], [], [], 0.1)
+class Terminal(object):
+    """``python -m asgi_amqp ARGS`` with a pty as its terminal (160 columns)."""
+
+    def __init__(self, args, env):
+        self._master, slave = pty.openpty()
+        full_env = dict(os.environ, COLUMNS="160", LINES="60", TERM="xterm-256color", **env)
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, full_env.get("PYTHONPATH")] if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "asgi_amqp"] + list(args),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=full_env,
+            close_fds=True,
+        )
+        os.close(slave)
+        self.output = ""
+
+    def read_until(self, predicate, timeout):
+        """Read the output until ``predicate(output)`` or the process ended; the output."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self.output) and time.monotonic() < deadline:
+            readable, _, _ = select.select([self._master], [], [], 0.1)
             if readable:
                 try:
-                    chunk = os.read(master, 65536)
+                    chunk = os.read(self._master, 65536)
                 except OSError:  # the child closed the terminal
                     chunk = b""
                 if not chunk:
                     break
-                output += chunk
-            elif process.poll() is not None:
+                self.output += chunk.decode("utf8", "replace")
+            elif self.process.poll() is not None:
                 break
-        return process.wait(timeout=max(0.1, deadline - time.monotonic())), output.decode()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        os.close(master)
+        return self.output
+
+    def wait(self, timeout):
+        """The exit status, once the output is read to the end."""
+        self.read_until(lambda output: False, timeout)
+        return self.process.wait(timeout=timeout)
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        os.close(self._master)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def test_live_view_refreshes_and_stops(traffic, env, prefix):
-    started = time.monotonic()
-    status, output = _run_in_a_terminal(
-        ["--prefix", prefix, "top", "--iterations", "3", "--interval", "0.3"], env, timeout=30
-    )
+    args = ["--prefix", prefix, "top", "--iterations", "3", "--interval", "0.3"]
+    with Terminal(args, env) as terminal:
+        status = terminal.wait(timeout=30)
+    output = terminal.output
     assert status == 0, output
-    assert time.monotonic() - started < 25
     assert output.count("asgi-amqp top: prefix %r" % prefix) >= 3  # drawn three times
     assert "\x1b[" in output  # a terminal: drawn in place, in colour
     assert "top.deep" in output and "top-room" in output
     assert "Traceback" not in output
+
+
+def test_live_view_ends_cleanly_on_ctrl_c(traffic, env, prefix):
+    header = "asgi-amqp top: prefix %r" % prefix
+    with Terminal(["--prefix", prefix, "top", "--interval", "0.2"], env) as terminal:
+        terminal.read_until(lambda output: output.count(header) >= 2, timeout=30)
+        assert terminal.output.count(header) >= 2, terminal.output
+        terminal.process.send_signal(signal.SIGINT)
+        status = terminal.wait(timeout=10)
+    assert status == 0, terminal.output
+    assert "Traceback" not in terminal.output
+    assert terminal.output.rstrip().endswith("\x1b[?25h")  # the cursor shown again
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ one snapshot as text or (``--json``) as JSON.
 import json
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -188,7 +188,14 @@ class LiveView(object):
     and the next one tries again: the broker may be restarting.
     """
 
-    def __init__(self, collect, sort, interval, iterations, console=None):
+    def __init__(
+        self,
+        collect: Callable[[], Snapshot],
+        sort: str,
+        interval: float,
+        iterations: int,
+        console: Optional[Console] = None,
+    ) -> None:
         self._collect = collect
         self._sort = sort
         self._interval = interval

@@ -117,7 +117,7 @@ class ManagementClient(object):
         try:
             body = self._request("overview", {"columns": ",".join(_OVERVIEW_KEYS)})
         except _NotJSON:
-            body = answer = "a page that is not JSON"
+            body, answer = None, "a page that is not JSON"
         else:
             answer = "HTTP 404" if body is None else "JSON without rabbitmq_version"
         if isinstance(body, dict) and any(body.get(key) for key in _OVERVIEW_KEYS):

@@ -12,10 +12,10 @@ dicts with the keys the ASGI spec names:
     exchange counts it against the queue's name), and a full queue refuses
     publishes. A quorum queue has no such count, so for it ``publish`` is
     the figure, and it can be higher by those publishes (see
-    :func:`messages_taken_in`). The count starts
-    when the queue was (re)created (queues expire when unused and ``flush``
-    deletes them), or when its node restarted: "since the queue exists",
-    not "since server start".
+    :func:`messages_taken_in`). The count starts when the queue was
+    (re)created (queues expire when unused and ``flush`` deletes them), or
+    when its node restarted: "since the queue exists", not "since server
+    start".
 ``messages_count_per_second``
     the broker's publish rate into the queue (``publish_details.rate``).
 ``messages_pending``

@@ -225,7 +225,7 @@ class Collector(object):
         return Snapshot(
             prefix=topology.prefix,
             taken_at=now,
-            management_url=getattr(self._client, "where", ""),
+            management_url=self._client.where,
             channels=shown,
             groups=groups,
             dead_letters=_dead_letter_view(dead_letters, shown, groups),

@@ -135,8 +135,11 @@ def _int(value: Any) -> int:
 
 
 def _rate(stats: Dict[str, Any], key: str) -> float:
-    value = (stats.get(key + "_details") or {}).get("rate")
-    return float(value) if isinstance(value, (int, float)) else 0.0
+    return _per_second((stats.get(key + "_details") or {}).get("rate"))
+
+
+def _per_second(value: Any) -> float:
+    return round(float(value), 2) if isinstance(value, (int, float)) else 0.0
 
 
 def channel_kind(channel: str) -> str:
@@ -267,7 +270,7 @@ def _dead_letter_view(
         exists=bool(record),
         pending=_int(record.get("messages")),
         taken_in=messages_taken_in(record) if record else 0,
-        in_rate=float(in_rate) if isinstance(in_rate, (int, float)) else 0.0,
+        in_rate=_per_second(in_rate),
         handled_rate=_rate(stats, "ack"),
         workers=_int(record.get("consumers")),
         expired_messages=sum(c.expired for c in channels),

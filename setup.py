@@ -30,6 +30,7 @@ setup(
         "pika>=1.3,<2",
         "msgpack>=1.0,<2",
         "asgiref==1.1.2",
+        "rich>=13",  # asgi-amqp top
     ],
     extras_require={
         "crypto": ["cryptography>=3.4"],

@@ -1,8 +1,14 @@
 """A small client for RabbitMQ's management HTTP API.
 
 AMQP 0-9-1 cannot list queues, exchanges or bindings, so ``group_channels``,
-``flush`` and statistics come from here. Only the standard library is used;
-every request has a timeout, and errors never include the credentials.
+``flush``, statistics and ``asgi-amqp top`` come from here. Only the
+standard library is used; every request has a timeout, and errors never
+include the credentials.
+
+Before its first request a client checks, once, that the URL serves
+RabbitMQ's API: a proxy, a web server or a wrong port may answer every path
+with a 404 or an HTML page, and read naively that looks like an empty broker
+(``flush`` deleting nothing, statistics all zero).
 """
 
 import base64
@@ -11,6 +17,7 @@ import logging
 import socket
 import urllib.error
 import urllib.request
+from typing import Any, Dict, List, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import ManagementAPIError
@@ -21,10 +28,26 @@ ENABLE_HINT = (
     "enable it with `rabbitmq-plugins enable rabbitmq_management` or pass "
     "management_url= pointing at it"
 )
+NOT_RABBITMQ_HINT = (
+    "check management_url (RabbitMQ's management plugin listens on port 15672 by default)"
+)
+# Keys that only RabbitMQ's /api/overview carries.
+_OVERVIEW_KEYS = ("rabbitmq_version", "management_version")
+PAGE_SIZE = 500
+
+
+class _NotJSON(ManagementAPIError):
+    """The answer was not JSON: an HTML page, a proxy's text."""
 
 
 class ManagementClient(object):
-    def __init__(self, url, vhost, timeout=5.0):
+    """The management API of one vhost.
+
+    ``url`` may carry credentials (``http://user:password@host:15672/``): they
+    go into the Authorization header, and messages name the URL without them.
+    """
+
+    def __init__(self, url: str, vhost: str, timeout: float = 5.0) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https"):
             raise ValueError("management_url must be an http:// or https:// URL")
@@ -39,18 +62,32 @@ class ManagementClient(object):
         self._auth = "Basic " + token
         self._vhost = quote(vhost, safe="")
         self._timeout = timeout
+        self._is_rabbitmq = False  # set once /api/overview proved it
 
     def __repr__(self):
         return "<ManagementClient %s>" % self._base
 
+    @property
+    def where(self) -> str:
+        """The API's URL without credentials, for messages."""
+        return self._base
+
+    # -- requests ---------------------------------------------------------------
+
     def _get(self, path, params=None):
+        """The JSON body of ``/api/<path>``, or None for a 404 (no such object)."""
+        if not self._is_rabbitmq:
+            self.overview()
+        return self._request(path, params)
+
+    def _request(self, path, params=None):
         url = "%s/api/%s" % (self._base, path)
         if params:
             url += "?" + "&".join("%s=%s" % (k, quote(str(v), safe="")) for k, v in params.items())
         request = urllib.request.Request(url, headers={"Authorization": self._auth})
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                return json.loads(response.read().decode("utf8"))
+                raw = response.read()
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
@@ -66,66 +103,96 @@ class ManagementClient(object):
                 "the RabbitMQ management API is not reachable at %s (%s); %s"
                 % (self._base, getattr(exc, "reason", exc), ENABLE_HINT)
             )
+        try:
+            return json.loads(raw.decode("utf8"))
+        except ValueError:  # UnicodeDecodeError is one too
+            raise _NotJSON("the management API at %s did not answer JSON" % self._base) from None
 
-    def _paged(self, path, name_prefix):
-        """All items under ``path`` whose name starts with ``name_prefix``."""
-        items, page = [], 1
-        while True:
-            body = self._get(
-                path,
-                {
-                    "page": page,
-                    "page_size": 500,
-                    "name": "^" + _regex_escape(name_prefix),
-                    "use_regex": "true",
-                    "columns": "name",
-                },
-            )
-            if body is None:
-                return items
-            items.extend(item["name"] for item in body.get("items", []))
-            if page >= body.get("page_count", 1):
-                return items
-            page += 1
+    def overview(self) -> Dict[str, Any]:
+        """The node's ``/api/overview`` (versions), checked to be RabbitMQ's.
 
-    def ping(self):
-        self._get("overview")
-
-    def queue_names(self, prefix):
-        return self._paged("queues/%s" % self._vhost, prefix)
-
-    def exchange_names(self, prefix):
-        return self._paged("exchanges/%s" % self._vhost, prefix)
-
-    def exchange_destinations(self, exchange):
-        """Names of the exchanges bound from ``exchange`` (its bindings as source)."""
-        body = self._get(
-            "exchanges/%s/%s/bindings/source" % (self._vhost, quote(exchange, safe=""))
+        Raises ManagementAPIError naming the URL when it is not; a client
+        that passed the check once does not check again.
+        """
+        try:
+            body = self._request("overview", {"columns": ",".join(_OVERVIEW_KEYS)})
+        except _NotJSON:
+            body, answer = None, "a page that is not JSON"
+        else:
+            answer = "HTTP 404" if body is None else "JSON without rabbitmq_version"
+        if isinstance(body, dict) and any(body.get(key) for key in _OVERVIEW_KEYS):
+            self._is_rabbitmq = True
+            return body
+        raise ManagementAPIError(
+            "%s is not a RabbitMQ management API: /api/overview answered %s; %s"
+            % (self._base, answer, NOT_RABBITMQ_HINT)
         )
-        return [b["destination"] for b in body or [] if b.get("destination_type") == "exchange"]
 
-    def queue(self, name):
-        return self._get("queues/%s/%s" % (self._vhost, quote(name, safe="")))
-
-    def queues(self, prefix):
-        """Full queue records (depth, rates) for the layer's queues."""
-        items, page = [], 1
+    def _paged(self, path: str, name_prefix: str, columns: Optional[str]) -> List[Dict[str, Any]]:
+        """Every item under ``path`` whose name starts with ``name_prefix``."""
+        params = {
+            "page_size": PAGE_SIZE,
+            "name": "^" + _regex_escape(name_prefix),
+            "use_regex": "true",
+        }
+        if columns:
+            params["columns"] = columns
+        items: List[Dict[str, Any]] = []
+        page = 1
         while True:
-            body = self._get(
-                "queues/%s" % self._vhost,
-                {
-                    "page": page,
-                    "page_size": 500,
-                    "name": "^" + _regex_escape(prefix),
-                    "use_regex": "true",
-                },
-            )
+            body = self._get(path, dict(params, page=page))
             if body is None:
                 return items
             items.extend(body.get("items", []))
             if page >= body.get("page_count", 1):
                 return items
             page += 1
+
+    # -- what the layer asks ----------------------------------------------------
+
+    def ping(self) -> None:
+        self.overview()
+
+    def queue_names(self, prefix: str) -> List[str]:
+        return [q["name"] for q in self._paged("queues/%s" % self._vhost, prefix, "name")]
+
+    def exchange_names(self, prefix: str) -> List[str]:
+        return [x["name"] for x in self._paged("exchanges/%s" % self._vhost, prefix, "name")]
+
+    def exchange_destinations(self, exchange: str) -> List[str]:
+        """Names of the exchanges bound from ``exchange`` (its bindings as source)."""
+        body = self._get(
+            "exchanges/%s/%s/bindings/source" % (self._vhost, quote(exchange, safe=""))
+        )
+        return [b["destination"] for b in body or [] if b.get("destination_type") == "exchange"]
+
+    def queue(self, name: str) -> Optional[Dict[str, Any]]:
+        return self._get("queues/%s/%s" % (self._vhost, quote(name, safe="")))
+
+    def queues(self, prefix: str, columns: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Queue records (depth, rates, arguments) whose name starts with ``prefix``;
+        ``columns`` (``"name,messages"``) keeps only those fields."""
+        return self._paged("queues/%s" % self._vhost, prefix, columns)
+
+    def exchanges(self, prefix: str, columns: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Exchange records (with their publish rates) whose name starts with ``prefix``."""
+        return self._paged("exchanges/%s" % self._vhost, prefix, columns)
+
+    def exchange_bindings(self, source_prefix: str) -> List[Dict[str, Any]]:
+        """The vhost's bindings between exchanges whose source starts with ``source_prefix``.
+
+        The API cannot filter bindings, so this reads all of the vhost's in
+        one request and keeps ``source``, ``destination`` and their types.
+        """
+        body = self._get(
+            "bindings/%s" % self._vhost, {"columns": "source,destination,destination_type"}
+        )
+        return [
+            b
+            for b in body or []
+            if b.get("destination_type") == "exchange"
+            and str(b.get("source", "")).startswith(source_prefix)
+        ]
 
 
 def _regex_escape(text):

@@ -180,6 +180,18 @@ class Topology(object):
     def channel_of_member_exchange(self, exchange):
         return self._strip("m", exchange)
 
+    def group_of_exchange(self, exchange):
+        """``{prefix}:g:foo`` -> ``foo``."""
+        return self._strip("g", exchange)
+
+    def membership_of_marker_queue(self, queue):
+        """``{prefix}:k:{group}:{channel}`` -> ``(group, channel)``, or None."""
+        rest = self._strip("k", queue)
+        if not rest or SEPARATOR not in rest:
+            return None
+        group, _, channel = rest.partition(SEPARATOR)
+        return group, channel
+
     def channel_of_local_member_queue(self, queue):
         return self._strip("l", queue)
 

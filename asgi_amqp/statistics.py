@@ -4,11 +4,18 @@
 dicts with the keys the ASGI spec names:
 
 ``messages_count``
-    messages published into the channel's queue, as the broker counts them
-    (the management API's ``message_stats.publish``). The broker counts a
-    publish that a full queue refused as well, and the count starts when the
-    queue was (re)created: queues expire when unused and ``flush`` deletes
-    them, so it is "since the queue exists", not "since server start".
+    messages the channel's queue took in since it exists: a classic queue's
+    own count (``backing_queue_status.next_seq_id``). The broker's
+    ``message_stats.publish`` is not used for a classic queue because it
+    counts publishes the queue never took: the layer's first send to a
+    queue that does not exist yet comes back unroutable (the default
+    exchange counts it against the queue's name), and a full queue refuses
+    publishes. A quorum queue has no such count, so for it ``publish`` is
+    the figure, and it can be higher by those publishes (see
+    :func:`messages_taken_in`). The count starts when the queue was
+    (re)created (queues expire when unused and ``flush`` deletes them), or
+    when its node restarted: "since the queue exists", not "since server
+    start".
 ``messages_count_per_second``
     the broker's publish rate into the queue (``publish_details.rate``).
 ``messages_pending``
@@ -51,6 +58,7 @@ __all__ = [
     "channel_statistics",
     "all_channel_statistics",
     "is_available",
+    "messages_taken_in",
 ]
 
 KEYS = (
@@ -176,7 +184,7 @@ def _from_queue(record, now):
     if not record:
         return figures
     stats = record.get("message_stats") or {}
-    figures["messages_count"] = int(stats.get("publish") or 0)
+    figures["messages_count"] = messages_taken_in(record)
     figures["messages_count_per_second"] = float(
         (stats.get("publish_details") or {}).get("rate") or 0.0
     )
@@ -186,6 +194,29 @@ def _from_queue(record, now):
     if pending and isinstance(head, (int, float)) and head > 0:
         figures["messages_max_age"] = max(0, int(now - head))
     return figures
+
+
+def messages_taken_in(record: Any) -> int:
+    """How many messages a queue (a management API record) took in since it exists.
+
+    A classic queue numbers what it takes in (``next_seq_id``); returned and
+    refused publishes get no number. That figure comes with the queue's full
+    statistics, a little after its first depth: until then, what the queue
+    holds plus what it delivered. A quorum queue has no such figure: the
+    broker's publish count, which includes returned and refused publishes.
+    """
+    stats = record.get("message_stats") or {}
+    if record.get("type") == "quorum":
+        return _int(stats.get("publish"))
+    taken = (record.get("backing_queue_status") or {}).get("next_seq_id")
+    if taken is not None:
+        return _int(taken)
+    delivered = _int(stats.get("deliver_get")) - _int(stats.get("redeliver"))
+    return _int(record.get("messages")) + max(0, delivered)
+
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _counters(layer):

@@ -11,11 +11,14 @@
 * :class:`SilentBroker`: a listener that never answers, to prove a call did
   not reach for the broker;
 * :class:`Management`: the management API of a broker's vhost;
+* :class:`NotRabbitMQ`: an HTTP server on loopback that answers like a proxy
+  or a web server (404s, an HTML page, JSON that is not RabbitMQ's);
 * :class:`Traffic`: numbered messages sent and received by threads, counted.
 """
 
 import collections
 import contextlib
+import http.server
 import json
 import select
 import socket
@@ -32,6 +35,7 @@ from devtools.rabbitmq import free_port
 __all__ = [
     "LayerFactory",
     "Management",
+    "NotRabbitMQ",
     "SilentBroker",
     "Traffic",
     "drain",
@@ -211,6 +215,56 @@ class Management(ManagementClient):
     def connections(self):
         """Every client connection's record."""
         return self._get("connections") or []
+
+
+class NotRabbitMQ(object):
+    """A real HTTP server on 127.0.0.1 that is not RabbitMQ's management API.
+
+    ``answer`` is what every GET gets: ``"404"`` (a web server without that
+    path), ``"html"`` (a proxy's or a login page, status 200) or ``"json"``
+    (status 200 and ``{"status": "ok"}``, a health endpoint). ``paths``
+    lists the paths asked, in order. Use it as a context manager;
+    :meth:`management_url` gives a URL with a password for it.
+    """
+
+    _PAGES = {
+        "404": (404, "text/html", b"<html><body><h1>Not Found</h1></body></html>"),
+        "html": (200, "text/html", b"<!doctype html><html><body>Sign in</body></html>"),
+        "json": (200, "application/json", b'{"status": "ok"}'),
+    }
+
+    def __init__(self, answer):
+        status, content_type, body = self._PAGES[answer]
+        self.paths = []
+        paths = self.paths
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                paths.append(self.path)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def management_url(self, password="guest"):
+        return "http://guest:%s@127.0.0.1:%d/" % (password, self.port)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
 
 
 # -- traffic --------------------------------------------------------------------------------

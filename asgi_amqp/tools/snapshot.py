@@ -1,0 +1,292 @@
+"""One look at a layer's prefix on the broker, as plain data: what ``asgi-amqp top`` shows.
+
+:func:`collect` asks the management API three things (the prefix's queues
+with their figures, its group exchanges, and the bindings between
+exchanges) and reads the layer's topology (see ``naming``) back out of
+them:
+
+* channels, by kind: normal, single-reader (``foo?bar``) and process-local
+  (``foo!``, the one queue of a process's ``foo!...`` channels, with how
+  many of those channels are members of groups: the ``{prefix}:l:`` queues);
+* for each: messages waiting, the capacity (the queue's ``x-max-length``),
+  the broker's in and out rates, the age of the oldest message (the
+  ``timestamp`` the layer gives each message), the readers (consumers),
+  what the queue took in since it exists and, of that, how many messages
+  left it without being delivered (expired, so dead-lettered);
+* groups, with their members (member exchanges bound to the group
+  exchange) and how many memberships lapsed (the marker queue holds no
+  marker: ``group_expiry`` passed without a ``group_add``, and the
+  dead-letter worker drops or has dropped the membership);
+* the shared dead-letter queue: events waiting and taken in, their rates,
+  and the dead-letter workers reading it.
+
+The result is a tree of dataclasses (:class:`Snapshot`), so the live view,
+the text and the JSON output share one collection. Figures are the broker's,
+sampled every ``collect_statistics_interval`` (5 s by default); rates are 0
+until a queue has two samples.
+"""
+
+import dataclasses
+import fnmatch
+import time
+from typing import Any, Dict, List, Optional
+
+from .. import naming
+from ..statistics import messages_taken_in
+
+KINDS = ("normal", "single-reader", "process-local")
+SORT_KEYS = ("depth", "rate", "age", "name")
+QUEUE_COLUMNS = ",".join(
+    [
+        "name",
+        "type",
+        "arguments",
+        "consumers",
+        "messages",
+        "messages_ready",
+        "messages_unacknowledged",
+        "head_message_timestamp",
+        "message_stats",
+        "backing_queue_status",
+    ]
+)
+
+
+@dataclasses.dataclass
+class ChannelView:
+    """One channel queue (``name`` is ``foo!`` for a process-local queue)."""
+
+    name: str
+    kind: str
+    depth: int  # messages ready
+    unacked: int  # delivered to a reader, not yet acknowledged
+    capacity: Optional[int]
+    in_rate: float  # messages/s the broker routed here
+    out_rate: float  # messages/s delivered to readers
+    oldest_age: Optional[float]  # seconds the head message has waited; None when empty
+    readers: int
+    taken_in: int  # messages the queue took in since it exists
+    expired: int  # of those, how many left without being delivered
+    local_members: int = 0  # process-local: channels of this queue that are group members
+
+    @property
+    def fill(self) -> float:
+        """Depth as a fraction of the capacity (0 when unknown)."""
+        if not self.capacity:
+            return 0.0
+        return min(1.0, (self.depth + self.unacked) / float(self.capacity))
+
+    def as_dict(self) -> Dict[str, Any]:
+        figures = dataclasses.asdict(self)
+        if self.oldest_age is not None:
+            figures["oldest_age"] = round(self.oldest_age, 1)
+        return dict(figures, fill=round(self.fill, 4))
+
+
+@dataclasses.dataclass
+class GroupView:
+    name: str
+    members: int
+    lapsed: int  # memberships whose marker expired: being dropped
+
+
+@dataclasses.dataclass
+class DeadLetterView:
+    """The shared dead-letter queue: group expiry and dropped members go through it."""
+
+    exists: bool
+    pending: int  # events waiting for a worker
+    taken_in: int  # events since the queue exists
+    in_rate: float
+    handled_rate: float
+    workers: int  # dead-letter workers (consumers) of every layer process
+    expired_messages: int  # channel messages that expired (sum over the channels shown)
+    lapsed_memberships: int  # memberships whose marker expired (sum over the groups shown)
+
+
+@dataclasses.dataclass
+class Snapshot:
+    prefix: str
+    taken_at: float  # Unix time
+    management_url: str  # without credentials
+    channels: List[ChannelView]
+    groups: List[GroupView]
+    dead_letters: DeadLetterView
+
+    def by_kind(self, kind: str) -> List[ChannelView]:
+        return [c for c in self.channels if c.kind == kind]
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {
+            "prefix": self.prefix,
+            "taken_at": round(self.taken_at, 3),
+            "management_url": self.management_url,
+            "channels": [c.as_dict() for c in self.channels],
+            "groups": [dataclasses.asdict(g) for g in self.groups],
+            "dead_letters": dataclasses.asdict(self.dead_letters),
+        }
+
+
+# -- reading the broker's records -------------------------------------------------------------
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _rate(stats: Dict[str, Any], key: str) -> float:
+    return _per_second((stats.get(key + "_details") or {}).get("rate"))
+
+
+def _per_second(value: Any) -> float:
+    return round(float(value), 2) if isinstance(value, (int, float)) else 0.0
+
+
+def channel_kind(channel: str) -> str:
+    if naming.is_process_local(channel):
+        return "process-local"
+    if "?" in channel:
+        return "single-reader"
+    return "normal"
+
+
+def _capacity(record: Dict[str, Any]) -> Optional[int]:
+    arguments = record.get("arguments") or {}
+    length = arguments.get("x-max-length")
+    if not isinstance(length, int):
+        return None
+    # naming.Topology: a quorum queue admits one message more than x-max-length.
+    return length + 1 if arguments.get("x-queue-type") == "quorum" else length
+
+
+def _channel_view(channel: str, record: Dict[str, Any], now: float) -> ChannelView:
+    stats = record.get("message_stats") or {}
+    depth = _int(record.get("messages_ready"))
+    unacked = _int(record.get("messages_unacknowledged"))
+    head = record.get("head_message_timestamp")
+    age = None
+    if depth and isinstance(head, (int, float)) and head > 0:
+        age = max(0.0, now - head)
+    taken_in = messages_taken_in(record)
+    delivered = max(0, _int(stats.get("deliver_get")) - _int(stats.get("redeliver")))
+    # The queue's figures and its delivery counts are sampled by different
+    # timers: clamped, so a sample between them cannot show a negative.
+    expired = max(0, taken_in - depth - unacked - delivered)
+    return ChannelView(
+        name=channel,
+        kind=channel_kind(channel),
+        depth=depth,
+        unacked=unacked,
+        capacity=_capacity(record),
+        in_rate=_rate(stats, "publish"),
+        out_rate=_rate(stats, "deliver_get"),
+        oldest_age=age,
+        readers=_int(record.get("consumers")),
+        taken_in=taken_in,
+        expired=expired,
+    )
+
+
+class Collector(object):
+    """Takes snapshots of one layer's prefix through its management API client."""
+
+    def __init__(self, client: Any, topology: naming.Topology) -> None:
+        self._client = client
+        self._topology = topology
+
+    def __call__(self, pattern: Optional[str] = None) -> Snapshot:
+        """A snapshot; ``pattern`` (a glob) keeps the channels and groups it matches."""
+        topology = self._topology
+        now = time.time()
+        records = self._client.queues(topology.prefix + naming.SEPARATOR, QUEUE_COLUMNS)
+        channels: Dict[str, ChannelView] = {}
+        local_members: Dict[str, int] = {}
+        markers: Dict[str, List[Dict[str, Any]]] = {}
+        dead_letters: Optional[Dict[str, Any]] = None
+        for record in records:
+            name = str(record.get("name", ""))
+            channel = topology.channel_of_queue(name)
+            local = topology.channel_of_local_member_queue(name)
+            membership = topology.membership_of_marker_queue(name)
+            if channel:
+                channels[channel] = _channel_view(channel, record, now)
+            elif local:
+                owner = naming.non_local_name(local)
+                local_members[owner] = local_members.get(owner, 0) + 1
+            elif membership:
+                markers.setdefault(membership[0], []).append(record)
+            elif name == topology.dead_letter_queue:
+                dead_letters = record
+        for owner, count in local_members.items():
+            if owner in channels:
+                channels[owner].local_members = count
+        groups = self._groups(markers)
+        if pattern:
+            channels = {c: v for c, v in channels.items() if fnmatch.fnmatchcase(c, pattern)}
+            groups = [g for g in groups if fnmatch.fnmatchcase(g.name, pattern)]
+        shown = list(channels.values())
+        return Snapshot(
+            prefix=topology.prefix,
+            taken_at=now,
+            management_url=self._client.where,
+            channels=shown,
+            groups=groups,
+            dead_letters=_dead_letter_view(dead_letters, shown, groups),
+        )
+
+    def _groups(self, markers: Dict[str, List[Dict[str, Any]]]) -> List[GroupView]:
+        topology = self._topology
+        head = topology.group_exchange("")
+        members: Dict[str, int] = {}
+        for name in self._client.exchange_names(head):
+            group = topology.group_of_exchange(name)
+            if group:
+                members[group] = 0
+        for binding in self._client.exchange_bindings(head):
+            group = topology.group_of_exchange(str(binding.get("source", "")))
+            if group and topology.channel_of_member_exchange(str(binding.get("destination", ""))):
+                members[group] = members.get(group, 0) + 1
+        return [
+            GroupView(
+                name=group,
+                members=count,
+                # A marker queue not sampled yet has no "messages" at all.
+                lapsed=sum(1 for r in markers.get(group, []) if r.get("messages") == 0),
+            )
+            for group, count in members.items()
+        ]
+
+
+def _dead_letter_view(
+    record: Optional[Dict[str, Any]], channels: List[ChannelView], groups: List[GroupView]
+) -> DeadLetterView:
+    record = record or {}
+    stats = record.get("message_stats") or {}
+    queue_status = record.get("backing_queue_status") or {}
+    # Dead-lettered messages reach the queue without a publish, so the
+    # broker's publish rate misses them; the queue's own ingress rate does not.
+    in_rate = queue_status.get("avg_ingress_rate")
+    return DeadLetterView(
+        exists=bool(record),
+        pending=_int(record.get("messages")),
+        taken_in=messages_taken_in(record) if record else 0,
+        in_rate=_per_second(in_rate),
+        handled_rate=_rate(stats, "ack"),
+        workers=_int(record.get("consumers")),
+        expired_messages=sum(c.expired for c in channels),
+        lapsed_memberships=sum(g.lapsed for g in groups),
+    )
+
+
+def sort_channels(channels: List[ChannelView], key: str) -> List[ChannelView]:
+    """``depth``, ``rate`` (in + out) and ``age``: largest first; ``name``: A to Z."""
+    if key not in SORT_KEYS:
+        raise ValueError("sort key must be one of %s, not %r" % (", ".join(SORT_KEYS), key))
+    by_name = sorted(channels, key=lambda c: c.name)
+    if key == "depth":
+        return sorted(by_name, key=lambda c: -(c.depth + c.unacked))
+    if key == "rate":
+        return sorted(by_name, key=lambda c: -(c.in_rate + c.out_rate))
+    if key == "age":
+        return sorted(by_name, key=lambda c: -(c.oldest_age or 0.0))
+    return by_name

@@ -69,6 +69,7 @@ class ManagementClient(object):
 
     def _paged(self, path, name_prefix):
         """All items under ``path`` whose name starts with ``name_prefix``."""
+        _check_name_prefix(name_prefix)
         items, page = [], 1
         while True:
             body = self._get(
@@ -109,6 +110,7 @@ class ManagementClient(object):
 
     def queues(self, prefix):
         """Full queue records (depth, rates) for the layer's queues."""
+        _check_name_prefix(prefix)
         items, page = [], 1
         while True:
             body = self._get(
@@ -126,6 +128,12 @@ class ManagementClient(object):
             if page >= body.get("page_count", 1):
                 return items
             page += 1
+
+
+def _check_name_prefix(name_prefix):
+    """An empty prefix would list every object of the vhost: never what a caller means."""
+    if not isinstance(name_prefix, str) or not name_prefix:
+        raise ValueError("a name prefix is needed to list queues or exchanges")
 
 
 def _regex_escape(text):

@@ -10,6 +10,8 @@ once. What arrives there:
   exchange is unbound from the group. If a fresh marker already sits in the
   marker queue, the member re-joined while the event was in flight and the
   membership stays.
+  The group exchange is auto-delete and goes with its last member; one
+  made before group exchanges were auto-delete is deleted here once unused.
 * a marker pushed out by a repeated ``group_add`` (reason ``maxlen``):
   ignored; that membership was just renewed.
 * a channel message that **expired**: its channel is not being read, so the
@@ -161,10 +163,22 @@ class DeadLetterWorker(object):
         if fresh:
             return
         logger.debug("group membership expired: %s in %s", channel, group)
+        group_exchange = self._topology.group_exchange(group)
         self._actions.exchange_unbind(
-            destination=self._topology.member_exchange(channel),
-            source=self._topology.group_exchange(group),
+            destination=self._topology.member_exchange(channel), source=group_exchange
         )
+        self._delete_if_unused(group_exchange)
+
+    def _delete_if_unused(self, exchange):
+        """Delete a group exchange left without members; one in use stays (a 406).
+
+        A group exchange declared auto-delete is gone already; this is for
+        those an older version made, which would otherwise stay until flush.
+        """
+        try:
+            self._actions.exchange_delete(exchange, if_unused=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            self._actions = self._connection.channel()  # still in use
 
     def _drop_channel(self, headers, deaths):
         channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(deaths)

@@ -86,7 +86,7 @@ class DeadLetterWorker(object):
                 delay = min(self._max_backoff, 0.1 * 2 ** min(self._attempt, 10))
                 logger.warning(
                     "dead-letter worker: %s (%s); retrying in %.1f s",
-                    type(exc).__name__,
+                    _describe_error(exc),
                     describe_parameters(parameters),
                     delay,
                 )
@@ -199,6 +199,15 @@ class DeadLetterWorker(object):
         if channel and not channel.endswith("!"):
             return channel
         return None
+
+
+def _describe_error(exc):
+    """The exception's class, and the broker's reply where there is one (a 403
+    says the user lacks a permission; see docs/permissions.rst)."""
+    code = getattr(exc, "reply_code", None)
+    if code is None:
+        return type(exc).__name__
+    return "%s %s %s" % (type(exc).__name__, code, getattr(exc, "reply_text", ""))
 
 
 def _text(value):

@@ -271,11 +271,12 @@ def test_sender_cli_names_the_refusal(users, layers):
     user = users["sender"]
     env = {"AMQP_URL": user.amqp_url, "AMQP_MANAGEMENT_URL": user.management_url}
 
-    def cli(*args):
+    def cli(*args, stdin=None):
         return subprocess.run(
             [sys.executable, "-m", "asgi_amqp", "--prefix", user.prefix, "--expiry", "30"]
             + list(args),
             env=dict(env, PATH="/usr/bin:/bin"),
+            input=stdin,
             capture_output=True,
             text=True,
             timeout=60,
@@ -289,6 +290,17 @@ def test_sender_cli_names_the_refusal(users, layers):
     assert "403" in refused.stderr and "ACCESS_REFUSED" in refused.stderr, refused.stderr
     assert "cannot reach" not in refused.stderr, refused.stderr
     assert user.password not in refused.stderr + refused.stdout
+    # Bulk mode: the line to a channel nobody made fails, with the same reason; the rest go.
+    lines = "".join(
+        json.dumps({"channel": name, "message": {"n": n}}) + "\n"
+        for n, name in enumerate(["cron", "nobody-made-this", "cron"])
+    )
+    bulk = cli("send", "--from", "-", "--on-full", "skip", stdin=lines)
+    assert bulk.returncode == 1, bulk.stderr
+    assert "line 2:" in bulk.stderr and "403 ACCESS_REFUSED" in bulk.stderr, bulk.stderr
+    assert "cannot reach" not in bulk.stderr, bulk.stderr
+    assert "sent 2, channel full 0, failed 1" in bulk.stderr, bulk.stderr
+    assert [m["n"] for _, m in drain(app, ["cron"])] == [0, 2]
 
 
 # -- monitoring ---------------------------------------------------------------------------------

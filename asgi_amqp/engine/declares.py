@@ -173,7 +173,7 @@ class DeclareExecutor(ChannelUser):
             operation.index += 1
             self._queue.appendleft(operation)
         elif reply_code == PRECONDITION_FAILED and step.inequivalent_ok:
-            logger.info("%s: %s; using it as it is", step.describe(), reply_text)
+            logger.debug("%s: %s; using it as it is", step.describe(), reply_text)
             operation.index += 1
             self._queue.appendleft(operation)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:

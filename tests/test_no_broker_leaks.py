@@ -136,11 +136,13 @@ def test_channels_groups_and_local_channels_all_expire(broker):
             samples.append((round(time.monotonic() - made, 1), now))
             return now == baseline
 
-        wait_until(
-            back_to_baseline,
+        returned = wait_until(
+            back_to_baseline, GROUP_EXPIRY + SETTLE, interval=1.0, raise_on_timeout=False
+        )
+        assert returned, "not back to %s within %.0f s; last samples %s" % (
+            baseline,
             GROUP_EXPIRY + SETTLE,
-            interval=1.0,
-            message="the prefix's objects back to %s (last samples %s)" % (baseline, samples[-3:]),
+            samples[-3:],
         )
         print(
             "made %d channels, %d groups, %d local channels in %.1f s; peak %s; "

@@ -130,7 +130,10 @@ class Groups(object):
         return pipeline.send_all(self, items, "group")
 
     def flush(self) -> None:
-        """Delete every queue and exchange under this layer's prefix.
+        """Delete every queue and exchange the layer made under its prefix.
+
+        Only names of the layer's own kinds (``naming.Topology.owns``) go;
+        anything else under ``{prefix}:`` and every other prefix stays.
 
         The shared dead-letter queue and exchange and the group router stay
         (emptied), because other processes' workers depend on them.

@@ -23,7 +23,7 @@ BENCH = $(VPY) -m benchmarks --redis-python $(REDIS_VENV)/bin/python
 
 .DEFAULT_GOAL := help
 .PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test lint docs demo demo-basic \
-        bench bench-report bench-channels bench-echo faults-stack clean distclean
+        bench bench-report bench-channels bench-echo faults-stack leaks clean distclean
 
 help: ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -93,6 +93,9 @@ bench-echo: broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## = benc
 
 faults-stack: broker-deps ## the Channels stack through broker faults (FAULTS_ARGS)
 	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
+
+leaks: broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)
+	ASGI_AMQP_LEAK_SIZES=full $(VPY) -m pytest -s tests/test_no_broker_leaks.py $(PYTEST_ARGS)
 
 clean: ## caches and build output
 	rm -rf build dist .eggs .pytest_cache .hypothesis .mypy_cache .ruff_cache htmlcov \

@@ -45,23 +45,35 @@ class OperationTimeout(BrokerConnectionError):
     """The broker did not answer within ``operation_timeout``."""
 
 
+ACCESS_REFUSED = 403  # AMQP reply code: the user's permissions forbid it
+
+
 class BrokerOperationError(AMQPLayerError):
     """The broker refused an operation (for example, mismatched queue arguments).
 
     ``reply_code`` and ``reply_text`` hold the broker's reply (such as
     ``406`` and its ``PRECONDITION_FAILED`` text); ``reply_code`` is
     ``None`` when the error is not a broker reply (a client-side call that
-    failed).
+    failed). ``operation`` names the refused AMQP method and its object
+    where the layer knows it. A ``403`` (``ACCESS_REFUSED``) means the
+    user's permissions do not allow it: the broker was reached.
     """
 
-    def __init__(self, reply_code, reply_text):
+    def __init__(self, reply_code, reply_text, operation=None):
         if reply_code is None:
             message = reply_text
         else:
-            message = "broker refused the operation: %s %s" % (reply_code, reply_text)
+            message = "broker refused the operation%s: %s %s" % (
+                " " + operation if operation else "",
+                reply_code,
+                reply_text,
+            )
+            if reply_code == ACCESS_REFUSED:
+                message += " (the user's RabbitMQ permissions do not allow it)"
         super(BrokerOperationError, self).__init__(message)
         self.reply_code = reply_code
         self.reply_text = reply_text
+        self.operation = operation
 
 
 class ManagementAPIError(AMQPLayerError):

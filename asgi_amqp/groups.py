@@ -53,7 +53,11 @@ class Groups(object):
             target = topology.channel_queue(channel)
         marker = topology.marker_queue(group, channel)
         steps += [
-            engine.exchange_declare(topology.group_exchange(group)),
+            engine.exchange_declare(
+                topology.group_exchange(group),
+                auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
+                inequivalent_ok=True,  # made before groups were auto-delete: use it
+            ),
             engine.exchange_bind(topology.group_exchange(group), topology.group_router, group),
             engine.exchange_declare(member, auto_delete=True),
             engine.queue_bind(target, member),
@@ -126,16 +130,24 @@ class Groups(object):
         return pipeline.send_all(self, items, "group")
 
     def flush(self) -> None:
-        """Delete every queue and exchange under this layer's prefix.
+        """Delete every queue and exchange the layer made under its prefix.
+
+        Only names of the layer's own kinds (``naming.Topology.owns``) go;
+        anything else under ``{prefix}:`` and every other prefix stays.
 
         The shared dead-letter queue and exchange and the group router stay
         (emptied), because other processes' workers depend on them.
         """
+        # Checked again here: an empty or wildcard prefix would list, and
+        # delete, other prefixes' objects. Names are filtered here too, not
+        # only by the API's name filter: only the layer's own kinds go.
+        naming.check_prefix(self.topology.prefix)
         client = self._management_client()
         prefix = self.topology.prefix + naming.SEPARATOR
         keep = self.topology.infrastructure()
-        queues = [q for q in client.queue_names(prefix) if q not in keep]
-        exchanges = [x for x in client.exchange_names(prefix) if x not in keep]
+        owns = self.topology.owns
+        queues = [q for q in client.queue_names(prefix) if owns(q) and q not in keep]
+        exchanges = [x for x in client.exchange_names(prefix) if owns(x) and x not in keep]
         steps = [engine.queue_delete(q) for q in queues]
         steps += [engine.exchange_delete(x) for x in exchanges]
         steps.append(engine.queue_purge(self.topology.dead_letter_queue))

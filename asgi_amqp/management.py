@@ -130,6 +130,7 @@ class ManagementClient(object):
 
     def _paged(self, path: str, name_prefix: str, columns: Optional[str]) -> List[Dict[str, Any]]:
         """Every item under ``path`` whose name starts with ``name_prefix``."""
+        _check_name_prefix(name_prefix)
         params = {
             "page_size": PAGE_SIZE,
             "name": "^" + _regex_escape(name_prefix),
@@ -193,6 +194,12 @@ class ManagementClient(object):
             if b.get("destination_type") == "exchange"
             and str(b.get("source", "")).startswith(source_prefix)
         ]
+
+
+def _check_name_prefix(name_prefix):
+    """An empty prefix would list every object of the vhost: never what a caller means."""
+    if not isinstance(name_prefix, str) or not name_prefix:
+        raise ValueError("a name prefix is needed to list queues or exchanges")
 
 
 def _regex_escape(text):

@@ -21,7 +21,10 @@ The topology (all objects are durable; transient messages live in them):
 
 ``{prefix}:g:{group}``
     The fanout exchange of a group, bound from the router with the group
-    name as routing key.
+    name as routing key. It is auto-delete: when its last member leaves
+    (``group_discard``, an expired membership, or a member exchange that
+    went with its channel) the broker deletes it, and the router's binding
+    with it. An exchange has no ``x-expires``; this is how it goes away.
 
 ``{prefix}:m:{channel}``
     The member exchange of a channel: a fanout, auto-delete exchange bound
@@ -73,6 +76,14 @@ MARKER_KIND = "marker"
 REPUBLISHED_HEADER = "asgi-republished"
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}", re.ASCII)
+# The kinds of per-channel and per-group objects (``{prefix}:{kind}:{name}``)
+# and the names of the shared ones (``{prefix}:{name}``): everything the layer
+# creates, and all that ``flush`` may delete or a permission pattern admit.
+KINDS = ("q", "l", "k", "g", "m")
+SHARED_NAMES = ("groups", "dlx", "dead-letters")
+# Group exchanges are auto-delete: the broker removes a group with its last
+# member. Exchanges made before that was so are used as they are (see groups).
+GROUP_EXCHANGE_AUTO_DELETE = True
 # asgiref's own regexes end in "$" (which also matches before a trailing
 # newline) and use Unicode-aware \d and \w; a name that slips through them
 # can be longer than AMQP's 255-byte limit or be renamed by the broker.
@@ -90,8 +101,7 @@ class Topology(object):
     """Maps channels and groups onto queue and exchange names and arguments."""
 
     def __init__(self, prefix, expiry, group_expiry, capacity_for, queue_type="classic"):
-        if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-            raise ValueError("prefix must be 1-40 characters of letters, digits, '-', '_' or '.'")
+        check_prefix(prefix)
         if queue_type not in QUEUE_TYPES:
             raise ValueError(
                 "queue_type must be one of %s, not %r" % (", ".join(QUEUE_TYPES), queue_type)
@@ -122,6 +132,17 @@ class Topology(object):
     def infrastructure(self):
         """Objects shared by all channels and groups; flush empties but keeps them."""
         return {self.dead_letter_exchange, self.dead_letter_queue, self.group_router}
+
+    def owns(self, name):
+        """Whether ``name`` is one of this layer's objects: ``{prefix}:{kind}:...``
+        of a known kind or a shared object. ``flush`` deletes nothing else."""
+        head, separator, rest = name.partition(SEPARATOR)
+        if head != self.prefix or not separator:
+            return False
+        if rest in SHARED_NAMES:
+            return True
+        kind, separator, tail = rest.partition(SEPARATOR)
+        return kind in KINDS and bool(separator) and bool(tail)
 
     def channel_queue(self, channel):
         """The queue that holds messages for ``channel`` (``foo!bar`` -> ``foo!``)."""
@@ -300,6 +321,20 @@ class ReceiveTargets(object):
             self._targets.clear()
         self._targets[channel] = target
         return target
+
+
+def check_prefix(prefix):
+    """Raise ValueError unless ``prefix`` is a valid layer prefix.
+
+    Letters, digits, ``-``, ``_`` and ``.`` only, so a prefix is never empty
+    and never holds ``:``, a glob or a regular-expression wildcard: the
+    names of one prefix never start with another prefix's ``{prefix}:``,
+    and ``.`` is escaped wherever a prefix goes into a pattern.
+    """
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
+        raise ValueError(
+            "prefix must be 1-40 characters of letters, digits, '-', '_' or '.', not %r" % (prefix,)
+        )
 
 
 def check_channel_name(name, receive=False):

@@ -27,6 +27,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set
 
 from . import engine, naming
 from .engine import ACKED
+from .errors import ACCESS_REFUSED, BrokerOperationError
+
+NOT_FOUND = 404
 
 CHUNK = 256  # messages per hand-off to the I/O thread
 WINDOW = 4096  # messages in flight at most
@@ -86,6 +89,8 @@ class SendPipeline(object):
         self._waiting: List[_Entry] = []  # validated, not yet handed over
         self._in_flight: Deque[_Entry] = collections.deque()
         self._declared: Set[str] = set()
+        # The 403 of a user that may not declare queues: only check them after it.
+        self._passive_only: Optional[BrokerOperationError] = None
         self._infrastructure = False
 
     def put(self, kind: str, name: str, message: Dict[str, Any], tag: Any = None) -> None:
@@ -193,10 +198,33 @@ class SendPipeline(object):
             if queue is None or queue in self._declared or entry.error is not None:
                 continue
             try:
-                layer._admin([layer._declare_channel_queue(entry.name)], "declare %s" % queue)
+                self._declare(entry.name, queue)
                 self._declared.add(queue)
             except Exception as exc:  # e.g. the queue exists with other arguments
                 self._fail(entries, _for_queue(queue), exc)
+
+    def _declare(self, channel: str, queue: str) -> None:
+        """Declare ``channel``'s queue; for a user that may only send, check it exists.
+
+        A user with the ``sender`` permissions (docs/permissions.rst) may not
+        declare queues: a 403. A passive declare needs no permission; if the
+        queue is there, the messages go to it, else the 403 is their error.
+        """
+        layer = self._layer
+        if not self._passive_only:
+            try:
+                layer._admin([layer._declare_channel_queue(channel)], "declare %s" % queue)
+                return
+            except BrokerOperationError as exc:
+                if exc.reply_code != ACCESS_REFUSED:
+                    raise
+                self._passive_only = exc
+        try:
+            layer._admin([engine.queue_declare(queue, None, passive=True)], "check %s" % queue)
+        except BrokerOperationError as exc:
+            if exc.reply_code == NOT_FOUND:
+                raise self._passive_only from None
+            raise
 
     @staticmethod
     def _fail(entries: List[_Entry], which: Callable[[_Entry], bool], exc: Exception) -> None:

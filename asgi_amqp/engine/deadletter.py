@@ -10,6 +10,8 @@ once. What arrives there:
   exchange is unbound from the group. If a fresh marker already sits in the
   marker queue, the member re-joined while the event was in flight and the
   membership stays.
+  The group exchange is auto-delete and goes with its last member; one
+  made before group exchanges were auto-delete is deleted here once unused.
 * a marker pushed out by a repeated ``group_add`` (reason ``maxlen``):
   ignored; that membership was just renewed.
 * a channel message that **expired**: its channel is not being read, so the
@@ -84,7 +86,7 @@ class DeadLetterWorker(object):
                 delay = min(self._max_backoff, 0.1 * 2 ** min(self._attempt, 10))
                 logger.warning(
                     "dead-letter worker: %s (%s); retrying in %.1f s",
-                    type(exc).__name__,
+                    _describe_error(exc),
                     describe_parameters(parameters),
                     delay,
                 )
@@ -161,10 +163,22 @@ class DeadLetterWorker(object):
         if fresh:
             return
         logger.debug("group membership expired: %s in %s", channel, group)
+        group_exchange = self._topology.group_exchange(group)
         self._actions.exchange_unbind(
-            destination=self._topology.member_exchange(channel),
-            source=self._topology.group_exchange(group),
+            destination=self._topology.member_exchange(channel), source=group_exchange
         )
+        self._delete_if_unused(group_exchange)
+
+    def _delete_if_unused(self, exchange):
+        """Delete a group exchange left without members; one in use stays (a 406).
+
+        A group exchange declared auto-delete is gone already; this is for
+        those an older version made, which would otherwise stay until flush.
+        """
+        try:
+            self._actions.exchange_delete(exchange, if_unused=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            self._actions = self._connection.channel()  # still in use
 
     def _drop_channel(self, headers, deaths):
         channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(deaths)
@@ -185,6 +199,15 @@ class DeadLetterWorker(object):
         if channel and not channel.endswith("!"):
             return channel
         return None
+
+
+def _describe_error(exc):
+    """The exception's class, and the broker's reply where there is one (a 403
+    says the user lacks a permission; see docs/permissions.rst)."""
+    code = getattr(exc, "reply_code", None)
+    if code is None:
+        return type(exc).__name__
+    return "%s %s %s" % (type(exc).__name__, code, getattr(exc, "reply_text", ""))
 
 
 def _text(value):

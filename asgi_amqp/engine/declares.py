@@ -8,7 +8,9 @@ this executor alone deals with callbacks and channel errors.
 Operations run strictly one after another on their own channel. A channel
 error (404, 406) closes that channel; the executor fails only the operation
 that caused it, unless the step said a 404 is fine (deleting or unbinding
-something already gone), reopens the channel and carries on with the next.
+something already gone) or a 406 is (an exchange that exists with other
+flags, made by an older version), reopens the channel and carries on with
+the next. A failed step's error names the step and its object.
 """
 
 import collections
@@ -22,6 +24,7 @@ from .channel_user import ChannelUser
 logger = logging.getLogger(__name__)
 
 NOT_FOUND = 404
+PRECONDITION_FAILED = 406
 STATE_ERRORS = (
     pika.exceptions.ConnectionWrongStateError,
     pika.exceptions.ChannelWrongStateError,
@@ -31,8 +34,20 @@ STATE_ERRORS = (
 )
 
 
-class Step(collections.namedtuple("Step", "method kwargs not_found_ok")):
+class Step(
+    collections.namedtuple("Step", "method kwargs not_found_ok inequivalent_ok", defaults=(False,))
+):
     """One RPC on a pika channel: ``getattr(channel, method)(callback=..., **kwargs)``."""
+
+    def describe(self):
+        """``queue_declare p:q:foo``: the RPC and the objects it names, for errors."""
+        kwargs = self.kwargs
+        names = [
+            kwargs[key]
+            for key in ("queue", "exchange", "source", "destination")
+            if kwargs.get(key) is not None
+        ]
+        return " ".join([self.method] + ["'%s'" % name for name in names])
 
 
 def queue_declare(queue, arguments, passive=False, not_found_ok=False):
@@ -55,11 +70,13 @@ def queue_bind(queue, exchange, not_found_ok=False):
     return Step("queue_bind", dict(queue=queue, exchange=exchange, routing_key=""), not_found_ok)
 
 
-def exchange_declare(exchange, auto_delete=False, exchange_type="fanout"):
+def exchange_declare(exchange, auto_delete=False, exchange_type="fanout", inequivalent_ok=False):
+    """``inequivalent_ok``: an exchange of that name with other flags (406) is used as it is."""
     return Step(
         "exchange_declare",
         dict(exchange=exchange, exchange_type=exchange_type, durable=True, auto_delete=auto_delete),
         False,
+        inequivalent_ok,
     )
 
 
@@ -155,12 +172,18 @@ class DeclareExecutor(ChannelUser):
             # Already gone is what we wanted; go on once the channel is back.
             operation.index += 1
             self._queue.appendleft(operation)
+        elif reply_code == PRECONDITION_FAILED and step.inequivalent_ok:
+            logger.debug("%s: %s; using it as it is", step.describe(), reply_text)
+            operation.index += 1
+            self._queue.appendleft(operation)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:
             operation.pending.fail(
                 BrokerConnectionError("connection to the broker lost during %s" % step.method)
             )
         else:
-            operation.pending.fail(BrokerOperationError(reply_code, reply_text))
+            operation.pending.fail(
+                BrokerOperationError(reply_code, reply_text, operation=step.describe())
+            )
 
     def fail_all(self, error):
         if self._current is not None:

@@ -39,7 +39,7 @@ import logging
 
 import pika
 
-from ..errors import BrokerConnectionError
+from ..errors import ACCESS_REFUSED, BrokerConnectionError, BrokerOperationError
 from ..naming import REPUBLISHED_HEADER
 from .channel_user import ChannelUser
 
@@ -166,10 +166,15 @@ class Publisher(ChannelUser):
         return tags
 
     def on_lost(self, reply_code, reply_text):
-        error = BrokerConnectionError(
-            "the publishing channel closed (%s %s) before the broker confirmed; "
-            "the message may or may not have been delivered" % (reply_code, reply_text)
-        )
+        if reply_code == ACCESS_REFUSED:
+            # The user may not publish to that exchange: the broker was
+            # reached, and the refused message was not delivered.
+            error = BrokerOperationError(reply_code, reply_text, operation="basic_publish")
+        else:
+            error = BrokerConnectionError(
+                "the publishing channel closed (%s %s) before the broker confirmed; "
+                "the message may or may not have been delivered" % (reply_code, reply_text)
+            )
         for request in self._outstanding.values():
             request.pending.fail(error)
         self._outstanding.clear()

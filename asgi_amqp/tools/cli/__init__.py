@@ -1,4 +1,4 @@
-"""The ``asgi-amqp`` command: send, receive, groups, flush and statistics.
+"""The ``asgi-amqp`` command: send, receive, groups, flush, statistics, top and permissions.
 
 Run ``asgi-amqp --help`` (or ``python -m asgi_amqp --help``). Needs click,
 and tqdm for the progress bar of bulk sends: ``pip install 'asgi-amqp-layer[cli]'``.
@@ -7,7 +7,7 @@ One module per command family; ``base`` holds the group, the global options
 and the error handling they share.
 """
 
-from . import groups, receive, send, stats, top  # noqa: F401  (each registers its commands)
+from . import groups, permissions, receive, send, stats, top  # noqa: F401  (each registers its commands)
 from .base import PROG, cli
 
 __all__ = ["cli", "main"]

@@ -9,7 +9,7 @@ import stat
 import sys
 import time
 
-from ...errors import BrokerConnectionError
+from ...errors import AuthenticationError, BrokerConnectionError
 from ...serialization import validate_message
 from .. import bulk
 from ..jsonbytes import loads
@@ -51,6 +51,8 @@ def _reporter(write=None):
 
 
 def _describe(exc):
+    if isinstance(exc, AuthenticationError):  # the broker answered: it was reached
+        return _one_line(exc)
     if isinstance(exc, BrokerConnectionError):
         return "cannot reach the broker: %s" % _one_line(exc)
     return _one_line(exc) + _mismatch_hint(exc)

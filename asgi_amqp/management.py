@@ -141,7 +141,14 @@ class ManagementClient(object):
         items: List[Dict[str, Any]] = []
         page = 1
         while True:
-            body = self._get(path, dict(params, page=page))
+            try:
+                body = self._get(path, dict(params, page=page))
+            except ManagementAPIError:
+                if page == 1:
+                    raise
+                # Objects went away meanwhile and this page no longer exists
+                # (the API answers 400 past the last page).
+                return items
             if body is None:
                 return items
             items.extend(body.get("items", []))

@@ -11,7 +11,8 @@
 * :class:`SilentBroker`: a listener that never answers, to prove a call did
   not reach for the broker;
 * :class:`Management`: the management API of a broker's vhost;
-* :class:`Traffic`: numbered messages sent and received by threads, counted.
+* :class:`Traffic`: numbered messages sent and received by threads, counted;
+* :func:`run_cli`: the ``asgi-amqp`` command, run in-process.
 """
 
 import collections
@@ -38,6 +39,7 @@ __all__ = [
     "free_port",
     "make_layer",
     "private_node",
+    "run_cli",
     "wait_until",
 ]
 
@@ -443,3 +445,20 @@ class Traffic(object):
                 "lost to broker restart": len(in_restart),
                 "longest call": {k: round(v, 2) for k, v in sorted(self.longest.items())},
             }
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def run_cli(args, env=None, input=None):
+    """``asgi-amqp ARGS`` run in-process (click's CliRunner): a click Result,
+    its ``stdout`` and ``stderr`` apart; ``env`` is added to the environment."""
+    from click.testing import CliRunner
+
+    from asgi_amqp.tools import cli
+
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(cli.cli, list(args), env=env, input=input, catch_exceptions=False)

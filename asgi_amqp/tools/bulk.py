@@ -80,6 +80,7 @@ class BulkSender(object):
         jobs: int = 1,
         report: Optional[Callable[[str, BaseException], None]] = None,
         sleep: Callable[[float], None] = time.sleep,
+        keep_existing: bool = False,
     ) -> None:
         # ``jobs`` is accepted for compatibility: pipelining made threads
         # unnecessary for speed.
@@ -96,7 +97,7 @@ class BulkSender(object):
         self._report = report or (lambda where, exc: None)
         self._sleep = sleep
         self._connection_errors = 0
-        self._pipeline = SendPipeline(layer, self._settled)
+        self._pipeline = SendPipeline(layer, self._settled, keep_existing=keep_existing)
 
     @property
     def done(self) -> bool:

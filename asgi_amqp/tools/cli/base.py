@@ -1,17 +1,24 @@
-"""The ``asgi-amqp`` command's group, global options and errors.
+"""The ``asgi-amqp`` command's group, shared options, settings and errors.
 
 Every command module registers itself on ``cli``; each one turns the
 layer's exceptions into one line on stderr and an exit status here.
+
+The layer options (``--capacity``, ``--expiry`` ...) and the settings
+sources (``--django-settings``, ``--config``) are accepted before the
+command and after it: ``layer_options`` puts the same options on the group
+and on every command, and each given value is remembered in the context's
+``meta``, which click shares between a group and its command. ``Settings``
+resolves them once, on first use: explicit option > environment variable >
+config file > Django settings > the layer's defaults.
 """
 
+import logging
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-try:
-    import click
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
-    ) from None
+import click
 
 from ... import __version__
 from ...errors import (
@@ -20,30 +27,39 @@ from ...errors import (
     BrokerOperationError,
     ManagementAPIError,
 )
-from ...urls import redact
+from ...urls import parse_urls, redact
+from .. import layerconfig
 from ..jsonbytes import loads
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1  # some messages were skipped or failed (or fewer than --count received)
-EXIT_ERROR = 2  # usage, configuration or connection error
+EXIT_ERROR = 2  # usage, configuration or connection error, or a message left unread
 
 PROG = "asgi-amqp"
 MAX_REPORTED_ERRORS = 20
+ENV_PREFIX = "ASGI_AMQP_"
+
+logger = logging.getLogger(__name__)
 
 EPILOG = """\b
 Exit status:
   0  everything was sent (received, done)
   1  some messages were skipped because a channel was full, or failed;
-     receive: fewer than --count messages arrived; flush: not confirmed
-  2  usage error, invalid name, or the broker (or its management API)
-     cannot be reached
+     receive: fewer than --count messages arrived; flush: not confirmed;
+     requeue: a destination channel was full
+  2  usage or configuration error, invalid name, a message that cannot
+     be decrypted or decoded (left in its queue), or the broker (or its
+     management API) cannot be reached
 
 \b
-Bytes in JSON: {"__bytes__": "<base64>"} stands for a bytes value, in
-messages given to send and in the output of receive.
+JSON: {"__bytes__": "<base64>"} stands for bytes and {"__float__": "nan"}
+("inf", "-inf") for floats JSON cannot carry, in messages given to send
+and in the output of receive and peek.
 
-Give the password in AMQP_URL rather than --url: a command line is visible
-to other users of the machine and stays in the shell history.
+Settings, highest first: options (before or after the command),
+ASGI_AMQP_* environment variables, --config FILE, the Django settings'
+CHANNEL_LAYERS, the layer's defaults. Give the password in AMQP_URL rather
+than --url: a command line is visible to other users of the machine.
 """
 
 
@@ -76,7 +92,7 @@ def _error_for(exc):
         return CLIError(_one_line(exc))
     if isinstance(exc, BrokerOperationError):
         return CLIError("%s%s" % (_one_line(exc), _mismatch_hint(exc)), EXIT_PARTIAL)
-    if isinstance(exc, (TypeError, ValueError)):
+    if isinstance(exc, (TypeError, ValueError, ImportError)):
         return CLIError(_one_line(exc))
     return None
 
@@ -84,8 +100,8 @@ def _error_for(exc):
 def _mismatch_hint(exc):
     if getattr(exc, "reply_code", None) == 406:
         return (
-            " (do --expiry and --capacity match the settings of the application "
-            "that uses this prefix?)"
+            " (load the application's settings with --django-settings or --config, "
+            "or give the same --expiry, --capacity and --queue-type)"
         )
     return ""
 
@@ -105,9 +121,6 @@ class _LayerErrors(object):
         raise error from None
 
 
-# JSON with bytes: see jsonbytes.
-
-
 def _message_argument(text):
     try:
         message = loads(text)
@@ -118,108 +131,416 @@ def _message_argument(text):
     return message
 
 
+# -- the group: one-line usage errors -------------------------------------------------
+
+
+class _Group(click.Group):
+    """click's group, with every error as one line on stderr.
+
+    click prints a usage error as the usage, a hint and the error on
+    separate lines; here it is one line that ends with the hint to --help.
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super(_Group, self).main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super(_Group, self).main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else PROG
+            click.echo(
+                "%s: error: %s (see '%s --help')" % (PROG, _one_line(exc.format_message()), where),
+                err=True,
+            )
+            sys.exit(EXIT_ERROR)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("%s: aborted" % PROG, err=True)
+            sys.exit(EXIT_PARTIAL)
+        except ImportError as exc:  # an optional package a setting needs
+            click.echo("%s: error: %s" % (PROG, _one_line(exc)), err=True)
+            sys.exit(EXIT_ERROR)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+# -- shared options -------------------------------------------------------------------
+
+_GIVEN = "asgi_amqp.given"  # ctx.meta key: {option name: (rank, value)}
+_RANK = {
+    click.core.ParameterSource.COMMANDLINE: 2,
+    click.core.ParameterSource.ENVIRONMENT: 1,
+}
+
+
+def _remember(ctx, param, value):
+    """Keep an option that was given; the command's own wins over the group's."""
+    rank = _RANK.get(ctx.get_parameter_source(param.name))
+    if rank is not None:
+        given = ctx.meta.setdefault(_GIVEN, {})
+        if param.name not in given or rank >= given[param.name][0]:
+            given[param.name] = (rank, value)
+    return value
+
+
+class _ListOf(click.ParamType):
+    """A repeatable option whose environment variable is a comma-separated list."""
+
+    envvar_list_splitter = ","
+
+    def __init__(self, name, convert=None):
+        self.name = name
+        self._convert = convert
+
+    def convert(self, value, param, ctx):
+        if self._convert is None or not isinstance(value, str):
+            return value
+        try:
+            return self._convert(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+    def split_envvar_value(self, rv):
+        return [item.strip() for item in rv.split(",") if item.strip()]
+
+
+def _capacity_pattern(text):
+    pattern, sep, number = text.rpartition("=")
+    if not sep or not pattern:
+        raise ValueError("%r is not PATTERN=N, e.g. 'http.request=200'" % text)
+    try:
+        capacity = int(number)
+    except ValueError:
+        raise ValueError("%r: the capacity %r is not an integer" % (text, number)) from None
+    if capacity < 1:
+        raise ValueError("%r: the capacity must be at least 1" % text)
+    return pattern, capacity
+
+
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+
+# (flags, layer option or None, click keyword arguments); env var ASGI_AMQP_<NAME>
+# unless given. Each one is a keyword argument of AMQPChannelLayer (see
+# layerconfig.LAYER_OPTIONS) except the settings sources and verbosity.
+_OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
+    (
+        ("--url",),
+        dict(
+            envvar="AMQP_URL",
+            metavar="URL[,URL...]",
+            help="AMQP URL of the broker, or a comma-separated list of cluster nodes "
+            "tried in turn [default: amqp://guest:guest@localhost:5672/%2F].",
+        ),
+    ),
+    (
+        ("--management-url",),
+        dict(
+            envvar="AMQP_MANAGEMENT_URL",
+            metavar="URL",
+            help="RabbitMQ management API, for group-members, flush and stats "
+            "[default: the broker's host, port 15672].",
+        ),
+    ),
+    (
+        ("--django-settings", "django_settings"),
+        dict(
+            envvar="DJANGO_SETTINGS_MODULE",
+            metavar="MODULE",
+            help="Read CHANNEL_LAYERS[--layer]['CONFIG'] from this Django settings module "
+            "(imported from the current directory or PYTHONPATH).",
+        ),
+    ),
+    (
+        ("--layer", "layer_alias"),
+        dict(
+            envvar=ENV_PREFIX + "LAYER",
+            metavar="ALIAS",
+            help="The CHANNEL_LAYERS entry to read [default: default].",
+        ),
+    ),
+    (
+        ("--config", "config_file"),
+        dict(
+            envvar=ENV_PREFIX + "CONFIG",
+            metavar="FILE",
+            type=click.Path(dir_okay=False),
+            help="A JSON or TOML (.toml) file: an object of the layer's options.",
+        ),
+    ),
+    (("--prefix",), dict(help="The layer's prefix [default: asgi].")),
+    (
+        ("--expiry",),
+        dict(type=_POSITIVE, metavar="SECONDS", help="Message expiry [default: 60]."),
+    ),
+    (
+        ("--group-expiry",),
+        dict(type=_POSITIVE, metavar="SECONDS", help="Group membership expiry [default: 86400]."),
+    ),
+    (
+        ("--capacity",),
+        dict(type=click.IntRange(min=1), metavar="N", help="Channel capacity [default: 100]."),
+    ),
+    (
+        ("--channel-capacity",),
+        dict(
+            type=_ListOf("PATTERN=N", _capacity_pattern),
+            multiple=True,
+            metavar="PATTERN=N",
+            help="Capacity of the channels matching a glob PATTERN, e.g. "
+            "'http.request=200'; repeatable, put before the application's patterns.",
+        ),
+    ),
+    (
+        ("--queue-type",),
+        dict(type=click.Choice(["classic", "quorum"]), help="[default: classic]"),
+    ),
+    (
+        ("--symmetric-encryption-key", "symmetric_encryption_keys"),
+        dict(
+            type=_ListOf("KEY"),
+            multiple=True,
+            envvar=ENV_PREFIX + "SYMMETRIC_ENCRYPTION_KEYS",
+            metavar="KEY",
+            help="Encrypt with the first key, decrypt with any; repeatable "
+            "(the environment variable is comma-separated).",
+        ),
+    ),
+    (
+        ("--max-message-size",),
+        dict(type=click.IntRange(min=1), metavar="BYTES", help="[default: 8 MiB]"),
+    ),
+    (
+        ("--operation-timeout",),
+        dict(type=_POSITIVE, metavar="SECONDS", help="Broker call timeout [default: 10]."),
+    ),
+    (
+        ("--receive-timeout",),
+        dict(type=_POSITIVE, metavar="SECONDS", help="The layer's receive_timeout [default: 5]."),
+    ),
+    (("--linger",), dict(type=_POSITIVE, metavar="SECONDS", help="[default: 0.25]")),
+    (
+        ("--consumer-idle-timeout",),
+        dict(type=_POSITIVE, metavar="SECONDS", help="[default: 30]"),
+    ),
+    (
+        ("--consumer-prefetch",),
+        dict(type=click.IntRange(1, 65535), metavar="N", help="[default: 16]"),
+    ),
+    (
+        ("-v", "--verbose"),
+        dict(count=True, envvar=None, help="More log output on stderr (-vv: debug)."),
+    ),
+    (("-q", "--quiet"), dict(count=True, envvar=None, help="Errors only (-qq: none).")),
+]
+
+# Options that are not layer options.
+_NOT_LAYER = {"django_settings", "layer_alias", "config_file", "verbose", "quiet"}
+
+
+def _option(flags: Tuple[str, ...], kwargs: Dict[str, Any]) -> Callable[[Any], Any]:
+    names = [f for f in flags if f.startswith("-")]
+    dest = [f for f in flags if not f.startswith("-")]
+    name = dest[0] if dest else names[-1].lstrip("-").replace("-", "_")
+    kwargs = dict(kwargs)
+    kwargs.setdefault("envvar", ENV_PREFIX + name.upper())
+    if kwargs["envvar"] is None:
+        del kwargs["envvar"]
+    else:
+        kwargs["show_envvar"] = True
+    return click.option(
+        *names, name, expose_value=False, callback=_remember, is_eager=False, **kwargs
+    )
+
+
+def layer_options(function):
+    """Put every shared option on a group or command (so both positions work)."""
+    for flags, kwargs in reversed(_OPTIONS):
+        function = _option(flags, kwargs)(function)
+    return function
+
+
+def command(*args, **kwargs):
+    """``cli.command`` with the shared options and the epilog."""
+    kwargs.setdefault("epilog", EPILOG)
+
+    def decorate(function):
+        return cli.command(*args, **kwargs)(layer_options(function))
+
+    return decorate
+
+
 # -- settings and the layer --------------------------------------------------------
 
 
 class Settings(object):
-    """The global options; makes the layer on first use and closes it at exit."""
+    """The given options, resolved once into the layer's config; the layer on first use."""
 
-    def __init__(self, url, management_url, prefix, expiry, capacity):
-        self.url = url
-        self.management_url = management_url
-        self.prefix = prefix
-        self.expiry = expiry
-        self.capacity = capacity
+    def __init__(self, given: Dict[str, Tuple[int, Any]]) -> None:
+        self._given = given
+        self._config: Optional[Dict[str, Any]] = None
         self._layer = None
+
+    def given(self, name: str, default: Any = None) -> Any:
+        entry = self._given.get(name)
+        return default if entry is None else entry[1]
+
+    def config(self) -> Dict[str, Any]:
+        """The layer's keyword arguments, from every source in precedence order."""
+        if self._config is None:
+            _note_passwords(self._given)
+            _configure_logging(self.given("verbose", 0) - self.given("quiet", 0))
+            overrides = {
+                name: _layer_value(name, entry[1])
+                for name, entry in self._given.items()
+                if name not in _NOT_LAYER
+            }
+            try:
+                config = layerconfig.layer_config(
+                    django_settings=self.given("django_settings"),
+                    alias=self.given("layer_alias") or "default",
+                    config_file=self.given("config_file"),
+                    overrides=overrides,
+                )
+            except layerconfig.ConfigError as exc:
+                raise CLIError(_one_line(exc)) from None
+            config["dead_letter_worker"] = False
+            logger.info("layer settings: %s", _printable(config))
+            self._config = config
+        return self._config
+
+    def urls(self):
+        from ...layer import DEFAULT_URL
+
+        url = self.config().get("url") or os.environ.get("AMQP_URL") or DEFAULT_URL
+        return [url] if isinstance(url, str) else list(url)
 
     def layer(self):
         if self._layer is None:
             from ...layer import AMQPChannelLayer
 
-            config = {"prefix": self.prefix, "dead_letter_worker": False}
-            if self.url:
-                config["url"] = self.url
-            if self.management_url:
-                config["management_url"] = self.management_url
-            if self.expiry is not None:
-                config["expiry"] = self.expiry
-            if self.capacity is not None:
-                config["capacity"] = self.capacity
+            config = self.config()
             with _LayerErrors():
                 self._layer = AMQPChannelLayer(**config)
         return self._layer
 
-    def where(self):
-        from ...layer import DEFAULT_URL
+    def reader(self):
+        """A QueueReader on the same broker, names and keys as the layer."""
+        from ...serialization import Serializer
+        from ..reader import QueueReader
 
-        return redact(self.url or DEFAULT_URL)
+        layer = self.layer()
+        config = self.config()
+        with _LayerErrors():
+            serializer = Serializer(
+                config.get("max_message_size", layerconfig.LAYER_OPTIONS["max_message_size"]),
+                config.get("symmetric_encryption_keys"),
+            )
+            return QueueReader(
+                parse_urls(self.urls()),
+                layer.topology,
+                serializer,
+                encrypted=bool(config.get("symmetric_encryption_keys")),
+            )
+
+    @property
+    def quiet(self) -> bool:
+        return self.given("quiet", 0) > self.given("verbose", 0)
+
+    def note(self, text: str) -> None:
+        """An informational line on stderr (a summary, a count), unless --quiet."""
+        if not self.quiet:
+            click.echo("%s: %s" % (PROG, text), err=True)
+
+    def where(self):
+        return ", ".join(redact(url) for url in self.urls())
 
     def close(self):
         if self._layer is not None:
             self._layer.close()
 
 
+def _printable(config):
+    """The resolved settings for the log: no passwords, no keys."""
+    shown = dict(config)
+    if shown.get("url"):
+        urls = shown["url"]
+        shown["url"] = [redact(u) for u in urls] if isinstance(urls, list) else redact(urls)
+    if shown.get("management_url"):
+        shown["management_url"] = redact(shown["management_url"])
+    if shown.get("symmetric_encryption_keys"):
+        shown["symmetric_encryption_keys"] = "(%d keys)" % len(shown["symmetric_encryption_keys"])
+    return ", ".join("%s=%r" % item for item in sorted(shown.items(), key=lambda kv: kv[0]))
+
+
+def _layer_value(name, value):
+    """A command-line or environment value as the layer takes it."""
+    if name == "url" and isinstance(value, str) and "," in value:
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if name == "channel_capacity":
+        return dict(value)
+    if name == "symmetric_encryption_keys":
+        return list(value)
+    return value
+
+
+_LOG_HANDLER = "asgi_amqp.cli"
+
+
+def _configure_logging(verbosity):
+    """Log records on stderr: errors by default (the command reports failures
+    itself, in one line), -v adds warnings and information, -vv debug, -q nothing."""
+    levels = {-1: logging.CRITICAL + 1, 0: logging.ERROR, 1: logging.INFO}
+    level = levels.get(max(-1, min(verbosity, 2)), logging.DEBUG)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if handler.get_name() == _LOG_HANDLER:
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_LOG_HANDLER)
+    handler.setFormatter(logging.Formatter(PROG + ": %(levelname)s: %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    # pika logs what the tools expect (a passive declare's 404, a returned
+    # publish, with the first bytes of its body) as warnings: debug only.
+    logging.getLogger("pika").setLevel(level if verbosity >= 2 else logging.CRITICAL)
+
+
 def _has_password(url):
     try:
-        return bool(url) and urlsplit(url).password is not None
+        return bool(url) and any(urlsplit(u).password is not None for u in url.split(","))
     except ValueError:
         return False
 
 
-def _note_password(ctx, name, variable):
-    source = ctx.get_parameter_source(name)
-    if source == click.core.ParameterSource.COMMANDLINE and _has_password(ctx.params.get(name)):
-        click.echo(
-            "%s: note: --%s holds a password, which other users can see in the "
-            "process list and which stays in the shell history; set %s instead"
-            % (PROG, name.replace("_", "-"), variable),
-            err=True,
-        )
+def _note_passwords(given):
+    for name, variable in (("url", "AMQP_URL"), ("management_url", "AMQP_MANAGEMENT_URL")):
+        entry = given.get(name)
+        if entry is not None and entry[0] == _RANK[click.core.ParameterSource.COMMANDLINE]:
+            if _has_password(entry[1]):
+                click.echo(
+                    "%s: note: --%s holds a password, which other users can see in the "
+                    "process list and which stays in the shell history; set %s instead"
+                    % (PROG, name.replace("_", "-"), variable),
+                    err=True,
+                )
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--url",
-    envvar="AMQP_URL",
-    metavar="URL",
-    help="AMQP URL of the broker [env var: AMQP_URL; default: "
-    "amqp://guest:guest@localhost:5672/%2F].",
+@click.group(
+    cls=_Group,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option(
-    "--management-url",
-    envvar="AMQP_MANAGEMENT_URL",
-    metavar="URL",
-    help="RabbitMQ management API, for group-members, flush and stats "
-    "[env var: AMQP_MANAGEMENT_URL; default: the broker's host, port 15672].",
-)
-@click.option(
-    "--prefix",
-    default="asgi",
-    show_default=True,
-    help="The layer's prefix (the application's 'prefix' setting).",
-)
-@click.option(
-    "--expiry",
-    type=click.FloatRange(min=0, min_open=True),
-    metavar="SECONDS",
-    help="The application's 'expiry' setting [default: 60]; queues are declared with it.",
-)
-@click.option(
-    "--capacity",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="The application's 'capacity' setting [default: 100].",
-)
+@layer_options
 @click.version_option(__version__, "-V", "--version", prog_name=PROG)
 @click.pass_context
-def cli(ctx, url, management_url, prefix, expiry, capacity):
-    """Send and receive ASGI 1.0 messages on RabbitMQ through asgi_amqp.
+def cli(ctx):
+    """Send, receive, inspect and move ASGI 1.0 messages on RabbitMQ through asgi_amqp.
 
-    Use the same --prefix, --expiry and --capacity as the application:
-    RabbitMQ refuses to declare a channel's queue with other settings.
+    Load the application's layer settings (--django-settings, --config, or
+    the options): a command that creates a channel's queue creates it with
+    them. A queue that exists is used with the arguments it has.
     """
-    _note_password(ctx, "url", "AMQP_URL")
-    _note_password(ctx, "management_url", "AMQP_MANAGEMENT_URL")
-    settings = Settings(url, management_url, prefix, expiry, capacity)
+    settings = Settings(ctx.meta.setdefault(_GIVEN, {}))
     ctx.obj = settings
     ctx.call_on_close(settings.close)

@@ -4,18 +4,17 @@ import json
 import sys
 
 from .base import (
-    EPILOG,
     EXIT_PARTIAL,
     PROG,
     _LayerErrors,
-    cli,
     click,
+    command,
 )
 
 # -- channels and groups ------------------------------------------------------------------
 
 
-@cli.command("new-channel", epilog=EPILOG)
+@command("new-channel")
 @click.argument("pattern")
 @click.pass_obj
 def new_channel(settings, pattern):
@@ -24,7 +23,7 @@ def new_channel(settings, pattern):
         click.echo(settings.layer().new_channel(pattern))
 
 
-@cli.command("group-add", epilog=EPILOG)
+@command("group-add")
 @click.argument("group")
 @click.argument("channel")
 @click.pass_obj
@@ -34,7 +33,7 @@ def group_add(settings, group, channel):
         settings.layer().group_add(group, channel)
 
 
-@cli.command("group-discard", epilog=EPILOG)
+@command("group-discard")
 @click.argument("group")
 @click.argument("channel")
 @click.pass_obj
@@ -44,7 +43,7 @@ def group_discard(settings, group, channel):
         settings.layer().group_discard(group, channel)
 
 
-@cli.command("group-members", epilog=EPILOG)
+@command("group-members")
 @click.argument("group")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.pass_obj
@@ -59,7 +58,7 @@ def group_members(settings, group, as_json):
             click.echo(member)
 
 
-@cli.command(epilog=EPILOG)
+@command()
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def flush(settings, yes):
@@ -82,4 +81,4 @@ def flush(settings, yes):
             sys.exit(EXIT_PARTIAL)
     with _LayerErrors():
         layer.flush()
-    click.echo("%s: flushed prefix %r" % (PROG, layer.topology.prefix), err=True)
+    settings.note("flushed prefix %r" % layer.topology.prefix)

@@ -14,7 +14,6 @@ from ...serialization import validate_message
 from .. import bulk
 from ..jsonbytes import loads
 from .base import (
-    EPILOG,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_PARTIAL,
@@ -26,8 +25,8 @@ from .base import (
     _message_argument,
     _mismatch_hint,
     _one_line,
-    cli,
     click,
+    command,
 )
 
 # -- send -----------------------------------------------------------------------------
@@ -113,6 +112,16 @@ def _parse_line(text, layer):
     return kind, name, message
 
 
+def _text(line):
+    """A line of input as text; one that is not UTF-8 is an error of that line only."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            "not UTF-8 text (byte 0x%02x at column %d)" % (line[exc.start], exc.start + 1)
+        ) from None
+
+
 def _count_lines(stream):
     """Number of non-blank lines of a regular file (for the progress bar), else None."""
     try:
@@ -121,7 +130,7 @@ def _count_lines(stream):
         position = stream.tell()
         count = sum(1 for line in stream if line.strip())
         stream.seek(position)
-    except (AttributeError, OSError, ValueError):  # not a file, or not UTF-8
+    except (AttributeError, OSError, ValueError):  # not a file
         try:
             stream.seek(0)
         except (AttributeError, OSError, ValueError):
@@ -148,7 +157,12 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
     bar = _progress(total)
     write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
     sender = bulk.BulkSender(
-        layer, on_full=on_full, retries=retries, jobs=jobs, report=_reporter(write)
+        layer,
+        on_full=on_full,
+        retries=retries,
+        jobs=jobs,
+        report=_reporter(write),
+        keep_existing=True,
     )
     started = time.monotonic()
     try:
@@ -159,15 +173,13 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
                 continue
             where = "line %d" % number
             try:
-                kind, name, message = _parse_line(line, layer)
+                kind, name, message = _parse_line(_text(line), layer)
             except ValueError as exc:
                 sender.invalid(where, exc)
             else:
                 sender.submit(kind, name, message, where)
             if bar is not None:
                 bar.update(1)
-    except UnicodeDecodeError as exc:
-        sender.invalid("input", ValueError("not UTF-8 text: %s" % exc))
     except KeyboardInterrupt:
         sender.stopped = sender.stopped or "an interrupt"
     finally:
@@ -185,17 +197,18 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
             % (PROG, sender.stopped.replace("(on_full=fail)", "(--on-full=fail)")),
             err=True,
         )
-    click.echo(_summary(sender, elapsed), err=True)
+    if not settings.quiet:
+        click.echo(_summary(sender, elapsed), err=True)
     return _exit_code(sender)
 
 
-@cli.command(epilog=EPILOG)
+@command()
 @click.argument("channel", required=False)
 @click.argument("message_json", metavar="[MESSAGE_JSON]", required=False)
 @click.option(
     "--from",
     "source",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     metavar="FILE",
     help="Send every line of FILE ('-' for stdin), JSON Lines of "
     '{"channel": ..., "message": {...}} or '
@@ -242,7 +255,7 @@ def send(settings, channel, message_json, source, on_full, retries, jobs):
     _send_one(settings, "channel", channel, message, on_full, retries)
 
 
-@cli.command("send-group", epilog=EPILOG)
+@command("send-group")
 @click.argument("group")
 @click.argument("message_json", metavar="MESSAGE_JSON")
 @click.pass_obj
@@ -266,7 +279,9 @@ def _send_one(settings, kind, name, message, on_full, retries):
         validate_message(message)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
-    sender = bulk.BulkSender(layer, on_full=on_full, retries=retries, report=_reporter())
+    sender = bulk.BulkSender(
+        layer, on_full=on_full, retries=retries, report=_reporter(), keep_existing=True
+    )
     sender.submit(kind, name, message, "%s %s" % (kind, name))
     sender.close()
     if sender.fatal is not None:

@@ -4,10 +4,9 @@ import json
 
 from ... import statistics
 from .base import (
-    EPILOG,
     _LayerErrors,
-    cli,
     click,
+    command,
 )
 
 # -- statistics -------------------------------------------------------------------------------
@@ -29,7 +28,7 @@ def _cell(value):
     return str(value)
 
 
-@cli.command(epilog=EPILOG)
+@command()
 @click.argument("channels", nargs=-1, metavar="[CHANNEL...]")
 @click.option(
     "--json",

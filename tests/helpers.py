@@ -461,4 +461,6 @@ def run_cli(args, env=None, input=None):
         runner = CliRunner(mix_stderr=False)  # click < 8.2
     except TypeError:
         runner = CliRunner()
-    return runner.invoke(cli.cli, list(args), env=env, input=input, catch_exceptions=False)
+    return runner.invoke(
+        cli.cli, list(args), env=env, input=input, catch_exceptions=False, prog_name=cli.PROG
+    )

@@ -19,9 +19,13 @@ unknown key is an error that names the source and the key.
 import importlib
 import inspect
 import json
+import logging
 import os
+import re
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ConfigError",
@@ -30,6 +34,8 @@ __all__ = [
     "from_file",
     "merge",
     "checked",
+    "layer_config",
+    "with_existing_capacities",
 ]
 
 # Options the tools decide for themselves: a command-line run or a Spark
@@ -223,3 +229,58 @@ def layer_config(
     if overrides:
         sources.append(checked(overrides, "the options"))
     return merge(sources)
+
+
+# -- queues that exist -----------------------------------------------------------------------
+
+
+def with_existing_capacities(config: Mapping[str, Any], urls: List[str]) -> Dict[str, Any]:
+    """``config`` with the capacity of every existing channel queue whose
+    ``x-max-length`` differs from what ``config`` would give it.
+
+    A tool publishes to a queue that exists without declaring it again, so
+    the queue keeps its own arguments; this makes the layer count a refusal
+    from such a queue as ChannelFull at the queue's real capacity. Needs the
+    management API (AMQP cannot read a queue's arguments); without it the
+    config is returned as it is.
+    """
+    from asgiref.base_layer import BaseChannelLayer
+
+    from ..management import ManagementClient
+    from ..urls import management_url_for, vhost_of
+
+    prefix = "%s:q:" % config.get("prefix", LAYER_OPTIONS["prefix"])
+    url = (
+        config.get("management_url")
+        or os.environ.get("AMQP_MANAGEMENT_URL")
+        or management_url_for(urls[0])
+    )
+    try:
+        queues = ManagementClient(url, vhost_of(urls[0]), timeout=5.0).queues(prefix)
+    except Exception as exc:  # unreachable, refused, not RabbitMQ's: go without
+        logger.info("existing queues' capacities unknown: %s", exc)
+        return dict(config)
+    expected = BaseChannelLayer(
+        capacity=config.get("capacity", LAYER_OPTIONS["capacity"]),
+        channel_capacity=config.get("channel_capacity"),
+    )
+    found: Dict[Any, int] = {}
+    for queue in queues:
+        channel = queue.get("name", "")[len(prefix) :]
+        capacity = _capacity_of(queue.get("arguments") or {})
+        if channel and capacity is not None and capacity != expected.get_capacity(channel):
+            # "foo!" holds every "foo!..." channel.
+            pattern = re.escape(channel) + (".*" if channel.endswith("!") else "") + r"\Z"
+            found[re.compile(pattern)] = capacity
+    if not found:
+        return dict(config)
+    logger.info("%d existing queue(s) keep their own capacity", len(found))
+    return merge([config, {"channel_capacity": found}])
+
+
+def _capacity_of(arguments: Mapping[str, Any]) -> Optional[int]:
+    length = arguments.get("x-max-length")
+    if not isinstance(length, int):
+        return None
+    # naming.Topology: a quorum queue is declared one short of its capacity.
+    return length + 1 if arguments.get("x-queue-type") == "quorum" else length

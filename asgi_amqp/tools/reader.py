@@ -69,8 +69,12 @@ class QueueReader(object):
         self._serializer = serializer
         self._encrypted = encrypted
         self._connection = self._connect(list(parameters))
+        # Messages are taken, acked and published on one channel; a probe
+        # that fails (404, 406) closes its channel, so probes have their own,
+        # where the tags of the messages taken are never lost with it.
         self._channel = self._open_channel()
-        self._ready: Set[str] = set()  # destination queues known to exist
+        self._control = self._connection.channel()
+        self._known: Set[str] = set()  # queues known to exist
 
     # -- connection --------------------------------------------------------------
 
@@ -95,6 +99,8 @@ class QueueReader(object):
         """A channel error (404, 406) closes the AMQP channel: carry on on a new one."""
         if not self._channel.is_open:
             self._channel = self._open_channel()
+        if not self._control.is_open:
+            self._control = self._connection.channel()
 
     def close(self) -> None:
         """Close the connection; the broker puts every unacked message back."""
@@ -123,10 +129,13 @@ class QueueReader(object):
 
     def get(self, queue: str) -> Optional[Fetched]:
         """The next message of ``queue``, unacked; None when it is empty or does not exist."""
+        if queue not in self._known and not self.exists(queue):
+            return None
         try:
             method, properties, body = self._channel.basic_get(queue, auto_ack=False)
         except pika.exceptions.ChannelClosedByBroker as exc:
-            self._reopen()
+            self._reopen()  # deleted meanwhile: what this channel held goes back
+            self._known.discard(queue)
             if exc.reply_code == NOT_FOUND:
                 return None
             raise BrokerOperationError(exc.reply_code, exc.reply_text) from None
@@ -162,8 +171,10 @@ class QueueReader(object):
     # -- moving -----------------------------------------------------------------
 
     def exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists (a passive declare, which never changes it)."""
         try:
-            self._channel.queue_declare(queue, passive=True)
+            self._control.queue_declare(queue, passive=True)
+            self._known.add(queue)
             return True
         except pika.exceptions.ChannelClosedByBroker as exc:
             self._reopen()
@@ -180,10 +191,8 @@ class QueueReader(object):
         ChannelFull when the broker refuses the message.
         """
         queue = self.topology.channel_queue(channel)
-        if queue not in self._ready:
-            if not self.exists(queue):
-                self._declare(channel, queue)
-            self._ready.add(queue)
+        if queue not in self._known and not self.exists(queue):
+            self._declare(channel, queue)
         properties = self._properties_for(channel, fetched.properties)
         for attempt in range(2):
             try:
@@ -201,9 +210,10 @@ class QueueReader(object):
 
     def _declare(self, channel, queue):
         try:
-            self._channel.queue_declare(
+            self._control.queue_declare(
                 queue, durable=True, arguments=self.topology.channel_queue_arguments(channel)
             )
+            self._known.add(queue)
         except pika.exceptions.ChannelClosedByBroker as exc:
             self._reopen()
             raise BrokerOperationError(exc.reply_code, exc.reply_text) from None

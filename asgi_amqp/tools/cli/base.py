@@ -379,7 +379,7 @@ class Settings(object):
     def __init__(self, given: Dict[str, Tuple[int, Any]]) -> None:
         self._given = given
         self._config: Optional[Dict[str, Any]] = None
-        self._layer = None
+        self._layer: Any = None
 
     def given(self, name: str, default: Any = None) -> Any:
         entry = self._given.get(name)
@@ -415,11 +415,16 @@ class Settings(object):
         url = self.config().get("url") or os.environ.get("AMQP_URL") or DEFAULT_URL
         return [url] if isinstance(url, str) else list(url)
 
-    def layer(self):
+    def layer(self, existing_capacities: bool = False):
+        """The layer (made on first use). With ``existing_capacities``, for
+        sending: channels whose queue exists count as full at the queue's own
+        capacity (read through the management API when it answers)."""
         if self._layer is None:
             from ...layer import AMQPChannelLayer
 
             config = self.config()
+            if existing_capacities:
+                config = layerconfig.with_existing_capacities(config, self.urls())
             with _LayerErrors():
                 self._layer = AMQPChannelLayer(**config)
         return self._layer

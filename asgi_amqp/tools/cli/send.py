@@ -152,7 +152,7 @@ def _progress(total, stream=None):
 
 
 def _send_bulk(settings, stream, on_full, retries, jobs):
-    layer = settings.layer()
+    layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)
     write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
@@ -269,7 +269,7 @@ def send_group(settings, group, message_json):
 
 
 def _send_one(settings, kind, name, message, on_full, retries):
-    layer = settings.layer()
+    layer = settings.layer(existing_capacities=True)
     with _LayerErrors():
         if kind == "channel":
             layer.valid_channel_name(name)

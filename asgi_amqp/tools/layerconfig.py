@@ -47,6 +47,11 @@ class ConfigError(ValueError):
     """A settings source that cannot be read or holds an unknown option."""
 
 
+class UnknownOption(ConfigError, TypeError):
+    """A key that is no ``AMQPChannelLayer`` option: a TypeError too, as an
+    unexpected keyword argument is."""
+
+
 def _layer_parameters() -> Dict[str, Any]:
     from ..layer import AMQPChannelLayer
 
@@ -72,7 +77,7 @@ def checked(config: Mapping[str, Any], source: str) -> Dict[str, Any]:
             hint = ""
             if key == "hosts":
                 hint = "; give the broker as 'url' (one AMQP URL or a list of them)"
-            raise ConfigError(
+            raise UnknownOption(
                 "%s has the unknown layer option %r%s (known: %s)"
                 % (source, key, hint, ", ".join(sorted(LAYER_OPTIONS)))
             )

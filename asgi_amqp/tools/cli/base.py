@@ -338,6 +338,18 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
 _NOT_LAYER = {"django_settings", "layer_alias", "config_file", "verbose", "quiet"}
 
 
+class _Option(click.Option):
+    """An option whose error names its environment variable only when the bad
+    value came from it (click names it whenever the help shows it)."""
+
+    def get_error_hint(self, ctx):
+        hint = click.Parameter.get_error_hint(self, ctx)
+        if ctx is not None and self.envvar:
+            if ctx.get_parameter_source(self.name) == click.core.ParameterSource.ENVIRONMENT:
+                hint += " (from %s)" % self.envvar
+        return hint
+
+
 def _option(flags: Tuple[str, ...], kwargs: Dict[str, Any]) -> Callable[[Any], Any]:
     names = [f for f in flags if f.startswith("-")]
     dest = [f for f in flags if not f.startswith("-")]
@@ -348,9 +360,7 @@ def _option(flags: Tuple[str, ...], kwargs: Dict[str, Any]) -> Callable[[Any], A
         del kwargs["envvar"]
     else:
         kwargs["show_envvar"] = True
-    return click.option(
-        *names, name, expose_value=False, callback=_remember, is_eager=False, **kwargs
-    )
+    return click.option(*names, name, cls=_Option, expose_value=False, callback=_remember, **kwargs)
 
 
 def layer_options(function):

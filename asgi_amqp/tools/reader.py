@@ -150,10 +150,11 @@ class QueueReader(object):
             raise UndecodableMessage("it names no process-local channel")
         try:
             return channel, self._serializer.loads(fetched.body)
-        except UndecodableMessage as exc:
+        except UndecodableMessage:
             if not self._encrypted and fetched.body.startswith(FERNET_TOKEN_START):
                 raise UndecodableMessage(
-                    "%s; it looks encrypted: give the application's symmetric_encryption_keys" % exc
+                    "it looks encrypted, and no symmetric_encryption_keys were given "
+                    "(--symmetric-encryption-key, or the application's settings)"
                 ) from None
             raise
 

@@ -57,7 +57,7 @@ def test_verbose_logs_the_settings_without_secrets_and_quiet_keeps_stderr_empty(
     options = ["--symmetric-encryption-key", "k-secret", "send", "h.v", "{}"]
     result = run_cli(["-v"] + options, env=cli_env)
     assert result.exit_code == 0, result.stderr
-    assert "INFO: asgi_amqp.tools.cli.base: layer settings:" in result.stderr
+    assert "INFO: asgi_amqp.tools.cli.settings: layer settings:" in result.stderr
     assert "k-secret" not in result.stderr and "guest:guest" not in result.stderr
 
     assert "layer settings" not in run_cli(options, env=cli_env).stderr

@@ -4,17 +4,18 @@ import json
 import sys
 
 from .base import (
+    EPILOG,
     EXIT_PARTIAL,
     PROG,
     _LayerErrors,
+    cli,
     click,
-    command,
 )
 
 # -- channels and groups ------------------------------------------------------------------
 
 
-@command("new-channel")
+@cli.command("new-channel", epilog=EPILOG)
 @click.argument("pattern")
 @click.pass_obj
 def new_channel(settings, pattern):
@@ -23,7 +24,7 @@ def new_channel(settings, pattern):
         click.echo(settings.layer().new_channel(pattern))
 
 
-@command("group-add")
+@cli.command("group-add", epilog=EPILOG)
 @click.argument("group")
 @click.argument("channel")
 @click.pass_obj
@@ -33,7 +34,7 @@ def group_add(settings, group, channel):
         settings.layer().group_add(group, channel)
 
 
-@command("group-discard")
+@cli.command("group-discard", epilog=EPILOG)
 @click.argument("group")
 @click.argument("channel")
 @click.pass_obj
@@ -43,7 +44,7 @@ def group_discard(settings, group, channel):
         settings.layer().group_discard(group, channel)
 
 
-@command("group-members")
+@cli.command("group-members", epilog=EPILOG)
 @click.argument("group")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.pass_obj
@@ -58,7 +59,7 @@ def group_members(settings, group, as_json):
             click.echo(member)
 
 
-@command()
+@cli.command(epilog=EPILOG)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def flush(settings, yes):

@@ -14,18 +14,19 @@ from ...naming import check_channel_name
 from ..jsonbytes import dumps
 from ..reader import UndecodableMessage
 from .base import (
+    EPILOG,
     EXIT_ERROR,
     EXIT_PARTIAL,
     PROG,
     _LayerErrors,
     _one_line,
+    cli,
     click,
-    command,
 )
 from .receive import report_unreadable
 
 
-@command()
+@cli.command(epilog=EPILOG)
 @click.argument("channel")
 @click.option(
     "-n",
@@ -69,7 +70,7 @@ def peek(settings, channel, count):
         sys.exit(EXIT_ERROR)
 
 
-@command()
+@cli.command(epilog=EPILOG)
 @click.argument("source", metavar="SRC")
 @click.argument("destination", metavar="DST")
 @click.option(

@@ -13,13 +13,14 @@ import time
 from ..jsonbytes import dumps
 from ..reader import UndecodableMessage
 from .base import (
+    EPILOG,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_PARTIAL,
     PROG,
     _LayerErrors,
+    cli,
     click,
-    command,
 )
 
 # Waits between polls of empty queues: short at first, at most IDLE_MAX.
@@ -40,7 +41,7 @@ def report_unreadable(channel, exc):
     )
 
 
-@command()
+@cli.command(epilog=EPILOG)
 @click.argument("channels", nargs=-1, required=True, metavar="CHANNEL...")
 @click.option(
     "-n", "--count", type=click.IntRange(min=1), metavar="N", help="Stop after N messages."

@@ -14,6 +14,7 @@ from ...serialization import validate_message
 from .. import bulk
 from ..jsonbytes import loads
 from .base import (
+    EPILOG,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_PARTIAL,
@@ -25,8 +26,8 @@ from .base import (
     _message_argument,
     _mismatch_hint,
     _one_line,
+    cli,
     click,
-    command,
 )
 
 # -- send -----------------------------------------------------------------------------
@@ -202,7 +203,7 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
     return _exit_code(sender)
 
 
-@command()
+@cli.command(epilog=EPILOG)
 @click.argument("channel", required=False)
 @click.argument("message_json", metavar="[MESSAGE_JSON]", required=False)
 @click.option(
@@ -255,7 +256,7 @@ def send(settings, channel, message_json, source, on_full, retries, jobs):
     _send_one(settings, "channel", channel, message, on_full, retries)
 
 
-@command("send-group")
+@cli.command("send-group", epilog=EPILOG)
 @click.argument("group")
 @click.argument("message_json", metavar="MESSAGE_JSON")
 @click.pass_obj

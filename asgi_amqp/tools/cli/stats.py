@@ -4,9 +4,10 @@ import json
 
 from ... import statistics
 from .base import (
+    EPILOG,
     _LayerErrors,
+    cli,
     click,
-    command,
 )
 
 # -- statistics -------------------------------------------------------------------------------
@@ -28,7 +29,7 @@ def _cell(value):
     return str(value)
 
 
-@command()
+@cli.command(epilog=EPILOG)
 @click.argument("channels", nargs=-1, metavar="[CHANNEL...]")
 @click.option(
     "--json",

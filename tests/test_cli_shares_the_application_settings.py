@@ -8,12 +8,17 @@ test reads the arguments the broker gave a queue the command created.
 """
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 import uuid
 
 import pytest
 
 from helpers import Management, drain, run_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -219,3 +224,40 @@ def test_a_settings_module_that_does_not_import_is_one_line(cli_env, tmp_path, m
         result.stderr
     )
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def _python_m(args, env, cwd):
+    """``python -m asgi_amqp ARGS`` in a process of its own (Django is set up there)."""
+    path = os.pathsep.join([str(cwd), ROOT])
+    return subprocess.run(
+        [sys.executable, "-m", "asgi_amqp"] + list(args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(cwd),
+        env=dict(os.environ, PYTHONPATH=path, **env),
+    )
+
+
+def test_django_setup_reads_the_settings_through_django(
+    cli_env, django_settings, arguments, app, tmp_path
+):
+    result = _python_m(
+        ["--django-settings", django_settings, "--django-setup", "send", "cfg.dj", "{}"],
+        cli_env,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert arguments("cfg.dj")["x-max-length"] == 5
+
+    settings = tmp_path / django_settings.replace(".", "/")
+    with open(str(settings) + ".py", "a") as handle:
+        handle.write("INSTALLED_APPS = ['no_such_app_here']\n")
+    result = _python_m(
+        ["--django-settings", django_settings, "--django-setup", "send", "cfg.dj", "{}"],
+        cli_env,
+        tmp_path,
+    )
+    assert result.returncode == 2
+    assert "Django could not be set up" in result.stderr and "no_such_app_here" in result.stderr
+    assert "Traceback" not in result.stderr

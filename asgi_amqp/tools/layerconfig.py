@@ -87,17 +87,24 @@ def checked(config: Mapping[str, Any], source: str) -> Dict[str, Any]:
 # -- Django ----------------------------------------------------------------------------
 
 
-def from_django(settings_module: str, alias: str = "default") -> Dict[str, Any]:
+def from_django(
+    settings_module: str, alias: str = "default", setup: bool = False
+) -> Dict[str, Any]:
     """``CHANNEL_LAYERS[alias]["CONFIG"]`` of a Django settings module.
 
     The module is imported as it is, without setting Django up, so a plain
-    settings file works without the application's apps. A settings module
-    that needs Django itself (it reads ``django.conf.settings`` while it is
-    imported) is imported again after ``django.setup()``. The current
-    directory is on the import path, as for ``manage.py``.
+    settings file works without the application's apps or even Django. With
+    ``setup``, Django is set up first (``django.setup()``) and the settings
+    are read from ``django.conf.settings``, for a project whose settings
+    only make sense through Django. The current directory is on the import
+    path, as for ``manage.py``.
     """
-    module = _import_settings(settings_module)
-    layers = getattr(module, "CHANNEL_LAYERS", None)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    if setup:
+        layers = _django_settings(settings_module)
+    else:
+        layers = getattr(_import_settings(settings_module), "CHANNEL_LAYERS", None)
     source = "CHANNEL_LAYERS in %s" % settings_module
     if not isinstance(layers, Mapping):
         raise ConfigError("%s has no CHANNEL_LAYERS setting" % settings_module)
@@ -117,8 +124,6 @@ def from_django(settings_module: str, alias: str = "default") -> Dict[str, Any]:
 
 
 def _import_settings(name: str) -> Any:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
         return importlib.import_module(name)
     except ImportError as exc:
@@ -129,24 +134,25 @@ def _import_settings(name: str) -> Any:
             ) from None
         raise ConfigError("the Django settings module %r failed to import: %s" % (name, exc))
     except Exception as exc:
-        if not _needs_django(exc):
-            raise ConfigError("the Django settings module %r failed to import: %s" % (name, exc))
-    return _import_with_django(name)
+        raise ConfigError("the Django settings module %r failed to import: %s" % (name, exc))
 
 
-def _needs_django(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("django.")
-
-
-def _import_with_django(name: str) -> Any:
+def _django_settings(name: str) -> Any:
+    """``CHANNEL_LAYERS`` through Django itself, after ``django.setup()``."""
     os.environ["DJANGO_SETTINGS_MODULE"] = name
     try:
         import django  # type: ignore[import-untyped,unused-ignore]
+        from django.conf import settings  # type: ignore[import-untyped,unused-ignore]
 
         django.setup()
-        return importlib.import_module(name)
+        return getattr(settings, "CHANNEL_LAYERS", None)
     except Exception as exc:
-        raise ConfigError("the Django settings module %r failed to load: %s" % (name, exc))
+        raise ConfigError("Django could not be set up with %r: %s" % (name, _first_line(exc)))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 # -- files ------------------------------------------------------------------------------
@@ -224,11 +230,12 @@ def layer_config(
     alias: str = "default",
     config_file: Optional[str] = None,
     overrides: Optional[Mapping[str, Any]] = None,
+    django_setup: bool = False,
 ) -> Dict[str, Any]:
     """Keyword arguments for ``AMQPChannelLayer`` from every source, checked."""
     sources: List[Mapping[str, Any]] = []
     if django_settings:
-        sources.append(from_django(django_settings, alias))
+        sources.append(from_django(django_settings, alias, setup=django_setup))
     if config_file:
         sources.append(from_file(config_file))
     if overrides:

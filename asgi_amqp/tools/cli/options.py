@@ -97,6 +97,14 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         ),
     ),
     (
+        ("--django-setup", "django_setup"),
+        dict(
+            is_flag=True,
+            help="Set Django up (django.setup()) and read the settings through it, "
+            "for settings that need Django; by default the module is only imported.",
+        ),
+    ),
+    (
         ("--layer", "layer_alias"),
         dict(
             envvar=ENV_PREFIX + "LAYER",
@@ -180,7 +188,7 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
 ]
 
 # Options that are not layer options.
-_NOT_LAYER = {"django_settings", "layer_alias", "config_file", "verbose", "quiet"}
+_NOT_LAYER = {"django_settings", "django_setup", "layer_alias", "config_file", "verbose", "quiet"}
 
 
 class _Option(click.Option):

@@ -49,6 +49,7 @@ class Settings(object):
                     alias=self.given("layer_alias") or "default",
                     config_file=self.given("config_file"),
                     overrides=overrides,
+                    django_setup=bool(self.given("django_setup")),
                 )
             except layerconfig.ConfigError as exc:
                 raise CLIError(_one_line(exc)) from None

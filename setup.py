@@ -30,6 +30,10 @@ setup(
         "pika>=1.3,<2",
         "msgpack>=1.0,<2",
         "asgiref==1.1.2",
+        # The asgi-amqp command is a core use case: a plain install runs it.
+        "click>=8.0",
+        "tqdm>=4",
+        'tomli>=1.1; python_version < "3.11"',
         "rich>=13",  # asgi-amqp top
     ],
     extras_require={
@@ -39,8 +43,6 @@ setup(
             "hypothesis>=6",
             "cryptography>=3.4",
             "docker>=6",
-            "click>=8.0",
-            "tqdm>=4",
             "websocket-client>=1.0",
             "selenium>=4.10",
             # make lint (run by make test): pinned, so that a new release's
@@ -49,7 +51,7 @@ setup(
             "mypy==2.4.1",
             "types-pika==1.2.0b1",
         ],
-        "cli": ["click>=8.0", "tqdm>=4"],
+        "cli": [],  # kept for old install commands: click and tqdm are core now
         "spark": ["pyspark>=3.4"],
         "twisted": ["twisted"],
         "channels": [
@@ -62,7 +64,7 @@ setup(
         "bench": ["tqdm", "pyarrow", "matplotlib", "pyspark>=3.5"],
         "docs": ["sphinx>=7", "furo", "sphinx-click>=5", "click>=8.0"],
     },
-    entry_points={"console_scripts": ["asgi-amqp=asgi_amqp.tools.cli:main"]},
+    entry_points={"console_scripts": ["asgi-amqp=asgi_amqp.tools.console:main"]},
     classifiers=[
         "Framework :: Django",
         "Programming Language :: Python :: 3",

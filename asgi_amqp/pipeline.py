@@ -81,8 +81,13 @@ class SendPipeline(object):
         on_outcome: Callable[[Any, Outcome], None],
         chunk: int = CHUNK,
         window: int = WINDOW,
+        keep_existing: bool = False,
     ) -> None:
         self._layer = layer
+        # A tool sending for an application (the command line, Spark) must not
+        # re-declare a queue the application made: a passive declare first,
+        # and a queue that exists is used with the arguments it has.
+        self._keep_existing = keep_existing
         self._on_outcome = on_outcome
         self._chunk_size = chunk
         self._window = max(window, chunk)
@@ -198,6 +203,9 @@ class SendPipeline(object):
             if queue is None or queue in self._declared or entry.error is not None:
                 continue
             try:
+                if self._keep_existing and self._exists(queue):
+                    self._declared.add(queue)
+                    continue
                 self._declare(entry.name, queue)
                 self._declared.add(queue)
             except Exception as exc:  # e.g. the queue exists with other arguments
@@ -225,6 +233,10 @@ class SendPipeline(object):
             if exc.reply_code == NOT_FOUND:
                 raise self._passive_only from None
             raise
+
+    def _exists(self, queue: str) -> bool:
+        step = engine.queue_declare(queue, None, passive=True, not_found_ok=True)
+        return self._layer._admin([step], "check %s" % queue) is not None
 
     @staticmethod
     def _fail(entries: List[_Entry], which: Callable[[_Entry], bool], exc: Exception) -> None:

@@ -10,11 +10,13 @@ Locally::
     spark-submit --master 'local[2]' examples/notify_job.py notifications.parquet \\
         --channel-col channel --message-col payload
 
-    # or without spark-submit (Spark runs in-process, local[*]):
+    # or without spark-submit (Spark runs in-process, local[*]), with the
+    # application's own layer settings:
     python examples/notify_job.py notifications.csv --group-col room \\
-        --message-cols title,body --on-full skip
+        --message-cols title,body --on-full skip --django-settings mysite.settings
 
-The last line on stderr is a summary: sent, channel full, failed, rows/s.
+Spark logs at WARN. The first failed rows are listed (channel and reason),
+and the last line on stderr is the summary: sent, channel full, failed, rows/s.
 Exit status: 0 every row sent, 1 some rows hit a full channel or failed,
 2 bad arguments, input or schema, or the broker cannot be reached.
 """
@@ -60,14 +62,24 @@ def parse_args(argv=None):
     message.add_argument(
         "--message-cols", help="comma-separated columns that become the message's keys"
     )
-    parser.add_argument("--prefix", default="asgi", help="the layer's prefix (default: asgi)")
+    parser.add_argument(
+        "--django-settings",
+        default=os.environ.get("DJANGO_SETTINGS_MODULE"),
+        help="read the layer options from CHANNEL_LAYERS of this Django settings module "
+        "(default: $DJANGO_SETTINGS_MODULE)",
+    )
+    parser.add_argument("--layer", default="default", help="the CHANNEL_LAYERS entry")
+    parser.add_argument("--config", help="a JSON or TOML file of layer options")
+    parser.add_argument("--prefix", help="the layer's prefix (default: asgi)")
     parser.add_argument("--capacity", type=int, help="the application's capacity setting")
     parser.add_argument("--expiry", type=float, help="the application's expiry setting (s)")
+    parser.add_argument("--group-expiry", type=float, help="the application's group_expiry (s)")
+    parser.add_argument("--queue-type", choices=["classic", "quorum"])
     parser.add_argument(
         "--on-full",
         choices=["fail", "skip", "retry"],
-        default="retry",
-        help="when a channel is full (default: retry)",
+        default="fail",
+        help="when a channel is full (default: fail, as asgi-amqp send)",
     )
     parser.add_argument("--retries", type=int, default=5, help="retries with --on-full retry")
     parser.add_argument(
@@ -106,14 +118,26 @@ def main(argv=None, spark=None):
     except ImportError as exc:
         print("notify_job: %s" % exc, file=sys.stderr)
         return 2
+    from asgi_amqp.tools import layerconfig
     from asgi_amqp.urls import redact
 
+    try:
+        config = layerconfig.layer_config(
+            args.django_settings, args.layer, args.config, _options(args)
+        )
+    except layerconfig.ConfigError as exc:
+        print("notify_job: %s" % exc, file=sys.stderr)
+        return 2
     own_session = spark is None
     if own_session:
-        builder = SparkSession.builder.appName("asgi-amqp notify_job")
+        builder = SparkSession.builder.appName("asgi-amqp notify_job").config(
+            "spark.log.level", "WARN"
+        )
         if args.master:
             builder = builder.master(args.master)
         spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    summary = None
     try:
         try:
             df = read(spark, args.input, args.format)
@@ -125,11 +149,6 @@ def main(argv=None, spark=None):
             return 2
         if args.partitions:
             df = df.repartition(args.partitions)
-        config = {"prefix": args.prefix}
-        if args.capacity:
-            config["capacity"] = args.capacity
-        if args.expiry:
-            config["expiry"] = args.expiry
         started = time.monotonic()
         try:
             result = send_dataframe(
@@ -142,7 +161,7 @@ def main(argv=None, spark=None):
                 on_full=args.on_full,
                 retries=args.retries,
                 jobs=args.jobs,
-                **config,
+                layer_config=config,
             )
         except (TypeError, ValueError) as exc:
             print("notify_job: %s" % exc, file=sys.stderr)
@@ -150,19 +169,17 @@ def main(argv=None, spark=None):
         elapsed = time.monotonic() - started
         print(
             "notify_job: %s -> %s prefix %r"
-            % (args.input, redact(args.url or "(default)"), args.prefix),
+            % (args.input, redact(args.url or "(default)"), config.get("prefix", "asgi")),
             file=sys.stderr,
         )
-        print(
-            "sent %d, channel full %d, failed %d in %.2f s (%.0f rows/s)"
-            % (
-                result.sent,
-                result.channel_full,
-                result.failed,
-                elapsed,
-                result.sent / elapsed if elapsed else 0.0,
-            ),
-            file=sys.stderr,
+        for failure in result.failures:
+            print("notify_job: failed: %s: %s" % (failure.channel, failure.reason), file=sys.stderr)
+        summary = "sent %d, channel full %d, failed %d in %.2f s (%.0f rows/s)" % (
+            result.sent,
+            result.channel_full,
+            result.failed,
+            elapsed,
+            result.sent / elapsed if elapsed else 0.0,
         )
         if result.rows and result.failed == result.rows:
             return 2  # nothing got through: most likely the broker is unreachable
@@ -170,6 +187,20 @@ def main(argv=None, spark=None):
     finally:
         if own_session:
             spark.stop()
+        if summary is not None:  # the last line, after Spark's own
+            print(summary, file=sys.stderr)
+
+
+def _options(args):
+    """The layer options given on the command line."""
+    given = {
+        "prefix": args.prefix,
+        "capacity": args.capacity,
+        "expiry": args.expiry,
+        "group_expiry": args.group_expiry,
+        "queue_type": args.queue_type,
+    }
+    return {key: value for key, value in given.items() if value is not None}
 
 
 if __name__ == "__main__":

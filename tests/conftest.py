@@ -4,8 +4,12 @@
   its own (helpers.make_layer), closed after the test, flushed first if made
   with ``flush=True``; ``module_layer`` is the same for module fixtures;
 * ``silent_broker``: a helpers.SilentBroker, one per module;
-* ``node``: a private RabbitMQ node, one per module, for tests that break it.
+* ``node``: a private RabbitMQ node, one per module, for tests that break it;
+* ``cli_prefix``, ``cli_env``, ``cli_layer``: a prefix, the environment of
+  the ``asgi-amqp`` command on it (``helpers.run_cli``), and a layer on it.
 """
+
+import uuid
 
 import pytest
 
@@ -33,3 +37,28 @@ def silent_broker():
 def node():
     with private_node() as node:
         yield node
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_prefix():
+    """A prefix of the test's own for the asgi-amqp command."""
+    return "cli-%s" % uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def cli_env(broker, cli_prefix):
+    """The environment the command runs with: the broker and ``ASGI_AMQP_PREFIX``."""
+    return {
+        "AMQP_URL": broker.amqp_url,
+        "AMQP_MANAGEMENT_URL": broker.management_url,
+        "ASGI_AMQP_PREFIX": cli_prefix,
+    }
+
+
+@pytest.fixture
+def cli_layer(broker, cli_prefix, new_layer):
+    """A layer on the command's prefix (to check what it did), flushed afterwards."""
+    return new_layer(broker, flush=True, prefix=cli_prefix)

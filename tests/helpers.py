@@ -13,7 +13,8 @@
 * :class:`Management`: the management API of a broker's vhost;
 * :class:`NotRabbitMQ`: an HTTP server on loopback that answers like a proxy
   or a web server (404s, an HTML page, JSON that is not RabbitMQ's);
-* :class:`Traffic`: numbered messages sent and received by threads, counted.
+* :class:`Traffic`: numbered messages sent and received by threads, counted;
+* :func:`run_cli`: the ``asgi-amqp`` command, run in-process.
 """
 
 import collections
@@ -42,6 +43,7 @@ __all__ = [
     "free_port",
     "make_layer",
     "private_node",
+    "run_cli",
     "wait_until",
 ]
 
@@ -497,3 +499,22 @@ class Traffic(object):
                 "lost to broker restart": len(in_restart),
                 "longest call": {k: round(v, 2) for k, v in sorted(self.longest.items())},
             }
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def run_cli(args, env=None, input=None):
+    """``asgi-amqp ARGS`` run in-process (click's CliRunner): a click Result,
+    its ``stdout`` and ``stderr`` apart; ``env`` is added to the environment."""
+    from click.testing import CliRunner
+
+    from asgi_amqp.tools import cli
+
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(
+        cli.cli, list(args), env=env, input=input, catch_exceptions=False, prog_name=cli.PROG
+    )

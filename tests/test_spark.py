@@ -7,6 +7,7 @@ through PYTHONPATH (set here, for a checkout that is not installed).
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -352,3 +353,110 @@ def test_notify_job_bad_column_exits_2(spark, broker, prefix, tmp_path, capsys):
     status = notify_job.main([str(path), "--url", broker.amqp_url, "--prefix", prefix], spark=spark)
     assert status == 2
     assert "'channel' is not a column" in capsys.readouterr().err
+
+
+# -- the application's settings, failures, the job's output ----------------------------------------
+
+
+def test_failures_sample_names_the_first_rows_channel_and_reason(spark, broker, prefix, layer):
+    rows = [("sp.ok", '{"i": 0}')] + [("sp.bad%d" % i, "{not json") for i in range(25)]
+    df = spark.createDataFrame(rows, "ch string, m string").coalesce(1)
+    result = _send(broker, prefix, df, channel_col="ch", message_col="m")
+    assert result == (1, 0, 25)
+    assert len(result.failures) == 20
+    assert [f.channel for f in result.failures] == ["sp.bad%d" % i for i in range(20)]
+    assert all(f.reason.startswith("invalid JSON") for f in result.failures)
+    assert drain(layer, ["sp.ok"]) == [("sp.ok", {"i": 0})]
+
+
+def test_failures_sample_tells_why_a_partition_stopped(spark, broker, prefix, new_layer):
+    result = _send(
+        broker,
+        prefix,
+        _one_channel(spark, 20).coalesce(1),
+        capacity=5,
+        channel_col="ch",
+        message_col="m",
+        on_full="fail",
+    )
+    assert result.sent == 5
+    assert result.failures[-1].channel == "sp.full"
+    assert "is full (on_full=fail): the partition stopped" in result.failures[-1].reason
+    new_layer(broker, flush=True, prefix=prefix)
+
+
+def test_layer_config_gives_queues_the_applications_arguments(spark, broker, prefix, new_layer):
+    from helpers import Management
+
+    new_layer(broker, flush=True, prefix=prefix)
+    config = {"prefix": prefix, "capacity": 7, "expiry": 33, "group_expiry": 99}
+    df = spark.createDataFrame([("sp.cfg", "{}"), ("sp.cfg2", "{}")], "ch string, m string")
+    result = send_dataframe(
+        df,
+        url=broker.amqp_url,
+        channel_col="ch",
+        message_col="m",
+        layer_config=config,
+        channel_capacity={"sp.cfg2": 8},  # keyword options add to and override layer_config
+    )
+    assert result == (2, 0, 0)
+    management = Management(broker)
+    arguments = management.queue("%s:q:sp.cfg" % prefix)["arguments"]
+    assert (arguments["x-max-length"], arguments["x-message-ttl"]) == (7, 33000)
+    assert management.queue("%s:q:sp.cfg2" % prefix)["arguments"]["x-max-length"] == 8
+
+
+def test_an_existing_queue_keeps_its_arguments_and_its_capacity(spark, broker, prefix, new_layer):
+    app = new_layer(broker, flush=True, prefix=prefix, capacity=4, expiry=25)
+    app.send("sp.old", {"i": -1})  # its queue: capacity 4, expiry 25
+    df = spark.createDataFrame(
+        [("sp.old", '{"i": %d}' % i) for i in range(5)], "ch string, m string"
+    )
+    result = _send(
+        broker, prefix, df.coalesce(1), channel_col="ch", message_col="m", on_full="skip"
+    )
+    assert result == (3, 2, 0)  # the queue's own capacity, 4, not the sender's 5000
+    assert [m["i"] for _, m in drain(app, ["sp.old"])] == [-1, 0, 1, 2]
+
+
+def test_unknown_layer_options_are_refused_on_the_driver(typed, broker):
+    with pytest.raises(TypeError, match="unknown layer option 'hosts'; give the broker as 'url'"):
+        send_dataframe(
+            typed, channel_col="ch", message_col="m", layer_config={"hosts": [broker.amqp_url]}
+        )
+
+
+def test_notify_job_defaults_and_its_summary_is_the_last_line(broker, prefix, layer, tmp_path):
+    assert notify_job.parse_args(["x.csv"]).on_full == "fail"  # as asgi-amqp send
+    path = tmp_path / "n.csv"
+    path.write_text('channel,message\nsp.j,"{""n"": 1}"\nbad name,{}\n')
+    env = dict(
+        os.environ,
+        AMQP_URL=broker.amqp_url,
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH", "")] if p),
+    )
+    config = tmp_path / "layer.json"
+    config.write_text(json.dumps({"prefix": prefix, "capacity": 5000}))
+    job = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "notify_job.py"),
+            str(path),
+            "--config",
+            str(config),
+            "--master",
+            "local[1]",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert job.returncode == 1, job.stderr
+    lines = job.stderr.strip().splitlines()
+    assert re.match(r"^sent 1, channel full 0, failed 1 in [\d.]+ s \(\d+ rows/s\)$", lines[-1])
+    assert "notify_job: failed: bad name: " in job.stderr
+    assert not [line for line in lines if " INFO " in line]  # Spark logs at WARN
+    assert drain(layer, ["sp.j"]) == [("sp.j", {"n": 1})]

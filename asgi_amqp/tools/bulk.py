@@ -78,8 +78,9 @@ class BulkSender(object):
         on_full: str = "fail",
         retries: int = 5,
         jobs: int = 1,
-        report: Optional[Callable[[str, BaseException], None]] = None,
+        report: Optional[Callable[[Any, BaseException], None]] = None,
         sleep: Callable[[float], None] = time.sleep,
+        keep_existing: bool = False,
     ) -> None:
         # ``jobs`` is accepted for compatibility: pipelining made threads
         # unnecessary for speed.
@@ -92,11 +93,12 @@ class BulkSender(object):
         self.full = 0
         self.failed = 0
         self.stopped: Optional[str] = None  # where on_full="fail" stopped it
+        self.stopped_at: Any = None  # the ``where`` of the message it stopped at
         self.fatal: Optional[BaseException] = None  # the error it gave up on
         self._report = report or (lambda where, exc: None)
         self._sleep = sleep
         self._connection_errors = 0
-        self._pipeline = SendPipeline(layer, self._settled)
+        self._pipeline = SendPipeline(layer, self._settled, keep_existing=keep_existing)
 
     @property
     def done(self) -> bool:
@@ -107,14 +109,14 @@ class BulkSender(object):
     def processed(self) -> int:
         return self.sent + self.full + self.failed
 
-    def submit(self, kind: str, name: str, message: Dict[str, Any], where: str) -> None:
+    def submit(self, kind: str, name: str, message: Dict[str, Any], where: Any) -> None:
         """Send one message (``kind`` "channel" or "group")."""
         if self.done:
             self.failed += 1
             return
         self._pipeline.put(kind, name, message, (kind, name, message, where))
 
-    def invalid(self, where: str, error: BaseException) -> None:
+    def invalid(self, where: Any, error: BaseException) -> None:
         """Count a message that could not even be read as failed, and report it."""
         self.failed += 1
         self._report(where, error)
@@ -134,6 +136,7 @@ class BulkSender(object):
             self.full += 1
             if self.on_full == "fail" and self.stopped is None:
                 self.stopped = "%s: channel %s is full (on_full=fail)" % (where, name)
+                self.stopped_at = where
         elif isinstance(error, BrokerConnectionError):
             self._connection_failed(where, error)
         else:  # invalid, too large, refused by the broker, ...
@@ -150,7 +153,7 @@ class BulkSender(object):
                 return exc
         return ChannelFull("channel %s is full" % name)
 
-    def _connection_failed(self, where: str, exc: BrokerConnectionError) -> None:
+    def _connection_failed(self, where: Any, exc: BrokerConnectionError) -> None:
         self.failed += 1
         self._connection_errors += 1
         give_up = (

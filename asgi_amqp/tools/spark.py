@@ -6,8 +6,11 @@
 
     result = send_dataframe(df, url="amqp://user:pw@rabbit:5672/%2F",
                             channel_col="channel", message_col="payload",
-                            on_full="retry", capacity=1000)
+                            on_full="retry",
+                            layer_config=settings.CHANNEL_LAYERS["default"]["CONFIG"])
     print(result.sent, result.channel_full, result.failed)
+    for failure in result.failures:  # the first 20 failed rows
+        print(failure.channel, failure.reason)
 
 Every partition opens one layer (one connection) on its executor, sends its
 rows and closes it; the counts come back through accumulators. The schema
@@ -23,12 +26,13 @@ import functools
 import itertools
 import logging
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
-from . import jsonbytes
+from . import jsonbytes, layerconfig
 from .bulk import ON_FULL, BulkSender
 
 try:
+    from pyspark.accumulators import AccumulatorParam
     from pyspark.sql import Row
     from pyspark.sql import types as T
 except ImportError:  # pragma: no cover - depends on the installation
@@ -36,11 +40,17 @@ except ImportError:  # pragma: no cover - depends on the installation
         "asgi_amqp.spark needs pyspark: pip install 'asgi-amqp-layer[spark]'"
     ) from None
 
-__all__ = ["send_dataframe", "SendResult"]
+__all__ = ["send_dataframe", "SendResult", "Failure"]
 
 logger = logging.getLogger(__name__)
 
 LOGGED_ERRORS = 10  # per partition
+SAMPLED_FAILURES = 20  # in SendResult.failures
+
+
+class Failure(collections.namedtuple("Failure", "channel reason")):
+    """A row that was not sent: its channel (the group's name with
+    ``group_col``; None when the name is null) and why, in one line."""
 
 
 class SendResult(collections.namedtuple("SendResult", "sent channel_full failed")):
@@ -50,11 +60,45 @@ class SendResult(collections.namedtuple("SendResult", "sent channel_full failed"
     a message the layer refuses), rows whose send failed on the broker, and,
     with ``on_full="fail"`` or after repeated connection errors, the rows of
     a partition that were not sent because it stopped.
+
+    ``failures`` is a sample: the first 20 failed rows in the DataFrame's
+    order (and each partition's stop), as :class:`Failure`. It is not part
+    of the tuple, so ``result == (sent, channel_full, failed)`` still holds.
     """
+
+    def __new__(cls, sent, channel_full, failed, failures=()):
+        result = super(SendResult, cls).__new__(cls, sent, channel_full, failed)
+        result.failures = [Failure(*failure) for failure in failures]
+        return result
 
     @property
     def rows(self):
         return self.sent + self.channel_full + self.failed
+
+
+class _FirstFailures(AccumulatorParam):
+    """Accumulates (partition, row, channel, reason), keeping the first
+    SAMPLED_FAILURES in the DataFrame's order."""
+
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, value1, value2):
+        return sorted(value1 + value2, key=lambda failure: failure[:2])[:SAMPLED_FAILURES]
+
+
+class _Row(object):
+    """Where a row is, for the BulkSender's reports: printed as "row N of partition P"."""
+
+    __slots__ = ("partition", "number", "name")
+
+    def __init__(self, partition, number, name):
+        self.partition = partition
+        self.number = number
+        self.name = name
+
+    def __str__(self):
+        return "row %d of partition %d" % (self.number, self.partition)
 
 
 # -- schema -------------------------------------------------------------------------
@@ -195,15 +239,30 @@ def _message(row, columns, mode):
 # -- the executor side ---------------------------------------------------------------------
 
 
-def _log_failure(counter=None):
-    """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS warnings."""
+def _one_line(exc):
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _log_failure(sample, counter=None):
+    """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS
+    warnings, and the first SAMPLED_FAILURES rows kept in ``sample``."""
     counter = counter or itertools.count(1)
 
     def report(where, exc):
-        if next(counter) <= LOGGED_ERRORS:
-            logger.warning("asgi_amqp.spark: %s: %s", where, exc)
+        count = next(counter)
+        if count <= LOGGED_ERRORS:
+            logger.warning("asgi_amqp.spark: %s (%s): %s", where, where.name, exc)
+        if count <= SAMPLED_FAILURES:
+            sample.append((where.partition, where.number, where.name, _one_line(exc)))
 
     return report
+
+
+def _partition_index():
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else 0
 
 
 def _send_partition(
@@ -213,14 +272,22 @@ def _send_partition(
 
     layer = None
     sender = None
+    sample = []
+    partition = _partition_index()
     try:
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             if layer is None:
                 layer = AMQPChannelLayer(**layer_config)
                 sender = BulkSender(
-                    layer, on_full=on_full, retries=retries, jobs=jobs, report=_log_failure()
+                    layer,
+                    on_full=on_full,
+                    retries=retries,
+                    jobs=jobs,
+                    report=_log_failure(sample),
+                    keep_existing=True,
                 )
             name = row[name_col]
+            where = _Row(partition, number, name)
             try:
                 if not isinstance(name, str):
                     raise ValueError("the %s name is null" % kind)
@@ -230,21 +297,36 @@ def _send_partition(
                     layer.valid_group_name(name)
                 message = _message(row, columns, mode)
             except (TypeError, ValueError) as exc:
-                sender.invalid("skipped a row", exc)
+                sender.invalid(where, exc)
                 continue
-            sender.submit(kind, name, message, "send to %s failed" % name)
+            sender.submit(kind, name, message, where)
     finally:
         if sender is not None:
             sender.close()
         if layer is not None:
             layer.close()
         if sender is not None:
-            sent, full, failed = accumulators
-            sent.add(sender.sent)
-            full.add(sender.full)
-            failed.add(sender.failed)
-            if sender.fatal is not None:
-                logger.warning("asgi_amqp.spark: the partition stopped: %s", sender.fatal)
+            _account(sender, sample, partition, accumulators)
+
+
+def _account(sender, sample, partition, accumulators):
+    """Add a partition's counts and failures to the driver's accumulators."""
+    sent, full, failed, failures = accumulators
+    sent.add(sender.sent)
+    full.add(sender.full)
+    failed.add(sender.failed)
+    if sender.stopped_at is not None:  # on_full="fail"
+        row = sender.stopped_at
+        reason = "channel %s is full (on_full=fail): the partition stopped" % row.name
+        sample.append((partition, row.number, row.name, reason))
+    if sender.fatal is not None:
+        logger.warning("asgi_amqp.spark: the partition stopped: %s", sender.fatal)
+        reason = "the partition stopped: %s" % _one_line(sender.fatal)
+        sample.append((partition, _LAST, None, reason))
+    failures.add(sample)
+
+
+_LAST = 1 << 62  # sorts after every row of its partition
 
 
 # -- the driver side -----------------------------------------------------------------------
@@ -260,7 +342,8 @@ def send_dataframe(
     on_full: str = "fail",
     retries: int = 5,
     jobs: int = 1,
-    **layer_config: Any,
+    layer_config: Optional[Mapping[str, Any]] = None,
+    **options: Any,
 ) -> SendResult:
     """Send every row of ``df`` as one ASGI message; returns a :class:`SendResult`.
 
@@ -279,12 +362,23 @@ def send_dataframe(
     :param jobs: deprecated and ignored (it must still be 1-64): each
         partition pipelines its sends, thousands in flight on its one
         connection, in order per channel.
-    :param layer_config: further ``AMQPChannelLayer`` options (``prefix``,
-        ``expiry``, ``capacity``, ``channel_capacity``, ...): use the same
-        ones as the application.
+    :param layer_config: the application's layer options, e.g.
+        ``settings.CHANNEL_LAYERS["default"]["CONFIG"]`` (or
+        ``asgi_amqp.tools.layerconfig.from_file(path)``): every
+        ``AMQPChannelLayer`` option, so the queues a send creates get the
+        application's arguments.
+    :param options: further ``AMQPChannelLayer`` options (``prefix``,
+        ``expiry``, ``group_expiry``, ``capacity``, ``channel_capacity``,
+        ``queue_type``, ``symmetric_encryption_keys``, ...); they override
+        ``layer_config``.
+
+    A channel whose queue exists already is sent to as it is, never
+    declared again, and counts as full at the queue's own capacity (read on
+    the driver through the management API when it answers).
 
     Raises ValueError or TypeError, before anything is sent, when a column
-    is missing or has a type an ASGI message cannot carry.
+    is missing or has a type an ASGI message cannot carry, or an option is
+    unknown.
     """
     if on_full not in ON_FULL:
         raise ValueError("on_full must be one of %s, not %r" % (", ".join(ON_FULL), on_full))
@@ -297,10 +391,17 @@ def send_dataframe(
     )
     from ..layer import DEFAULT_URL
 
-    config = dict(layer_config)
-    config["url"] = url or os.environ.get("AMQP_URL") or DEFAULT_URL
+    config = layerconfig.merge(
+        [
+            layerconfig.checked(layer_config or {}, "layer_config"),
+            layerconfig.checked(options, "send_dataframe's options"),
+        ]
+    )
+    config["url"] = url or config.get("url") or os.environ.get("AMQP_URL") or DEFAULT_URL
     config.setdefault("dead_letter_worker", False)
     _check_layer_config(config)
+    urls = [config["url"]] if isinstance(config["url"], str) else list(config["url"])
+    config = layerconfig.with_existing_capacities(config, urls)
     try:
         context = df.sparkSession.sparkContext
     except Exception as exc:  # Spark Connect has no SparkContext
@@ -308,7 +409,12 @@ def send_dataframe(
             "send_dataframe needs a classic Spark session with a SparkContext "
             "(not Spark Connect): %s" % exc
         )
-    accumulators = (context.accumulator(0), context.accumulator(0), context.accumulator(0))
+    accumulators = (
+        context.accumulator(0),
+        context.accumulator(0),
+        context.accumulator(0),
+        context.accumulator([], _FirstFailures()),
+    )
     df.select(*dict.fromkeys([name_col] + columns)).foreachPartition(
         functools.partial(
             _send_partition,
@@ -323,7 +429,8 @@ def send_dataframe(
             accumulators=accumulators,
         )
     )
-    return SendResult(*(a.value for a in accumulators))
+    sent, full, failed, failures = (a.value for a in accumulators)
+    return SendResult(sent, full, failed, [failure[2:] for failure in failures])
 
 
 def _check_layer_config(config):

@@ -7,7 +7,7 @@ One module per command family; ``base`` holds the group, the global options
 and the error handling they share.
 """
 
-from . import groups, permissions, receive, send, stats, top  # noqa: F401  (each registers its commands)
+from . import groups, permissions, queues, receive, send, stats, top  # noqa: F401
 from .base import PROG, cli
 
 __all__ = ["cli", "main"]

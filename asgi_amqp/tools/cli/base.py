@@ -1,111 +1,55 @@
-"""The ``asgi-amqp`` command's group, global options and errors.
+"""The ``asgi-amqp`` command's group, and what its command modules share.
 
-Every command module registers itself on ``cli``; each one turns the
-layer's exceptions into one line on stderr and an exit status here.
+Every command module registers itself on ``cli`` (``@cli.command``); the
+group gives each command the shared options (``options``), so that they
+are accepted before the command and after it. ``settings.Settings`` turns
+them into the layer; ``errors`` turns the layer's exceptions into one line
+on stderr and an exit status.
 """
 
-from urllib.parse import urlsplit
+import sys
 
-try:
-    import click
-except ImportError:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "the asgi-amqp command needs click: pip install 'asgi-amqp-layer[cli]'"
-    ) from None
+import click
 
 from ... import __version__
-from ...errors import (
-    AuthenticationError,
-    BrokerConnectionError,
-    BrokerOperationError,
-    ManagementAPIError,
-)
-from ...urls import redact
 from ..jsonbytes import loads
+from . import options
+from .errors import (  # noqa: F401  (the command modules import them from here)
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    PROG,
+    CLIError,
+    _error_for,
+    _LayerErrors,
+    _mismatch_hint,
+    _one_line,
+)
+from .options import _GIVEN
+from .settings import Settings
 
-EXIT_OK = 0
-EXIT_PARTIAL = 1  # some messages were skipped or failed (or fewer than --count received)
-EXIT_ERROR = 2  # usage, configuration or connection error
-
-PROG = "asgi-amqp"
 MAX_REPORTED_ERRORS = 20
 
 EPILOG = """\b
 Exit status:
   0  everything was sent (received, done)
   1  some messages were skipped because a channel was full, or failed;
-     receive: fewer than --count messages arrived; flush: not confirmed
-  2  usage error, invalid name, or the broker (or its management API)
-     cannot be reached
+     receive: fewer than --count messages arrived; flush: not confirmed;
+     requeue: a destination channel was full
+  2  usage or configuration error, invalid name, a message that cannot
+     be decrypted or decoded (left in its queue), or the broker (or its
+     management API) cannot be reached
 
 \b
-Bytes in JSON: {"__bytes__": "<base64>"} stands for a bytes value, in
-messages given to send and in the output of receive.
+JSON: {"__bytes__": "<base64>"} stands for bytes and {"__float__": "nan"}
+("inf", "-inf") for floats JSON cannot carry, in messages given to send
+and in the output of receive and peek.
 
-Give the password in AMQP_URL rather than --url: a command line is visible
-to other users of the machine and stays in the shell history.
+Settings, highest first: options (before or after the command),
+ASGI_AMQP_* environment variables, --config FILE, the Django settings'
+CHANNEL_LAYERS, the layer's defaults. Give the password in AMQP_URL rather
+than --url: a command line is visible to other users of the machine.
 """
-
-
-# -- errors -----------------------------------------------------------------------
-
-
-class CLIError(click.ClickException):
-    """One line on stderr and an exit status (2 unless said otherwise)."""
-
-    def __init__(self, message, exit_code=EXIT_ERROR):
-        super(CLIError, self).__init__(message)
-        self.exit_code = exit_code
-
-    def show(self, file=None):
-        click.echo("%s: error: %s" % (PROG, self.format_message()), err=True)
-
-
-def _one_line(exc):
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
-def _error_for(exc):
-    """A CLIError for an exception the layer raised, or None for anything else."""
-    if isinstance(exc, AuthenticationError):
-        return CLIError(_one_line(exc))
-    if isinstance(exc, BrokerConnectionError):
-        return CLIError("cannot reach the broker: %s" % _one_line(exc))
-    if isinstance(exc, ManagementAPIError):
-        return CLIError(_one_line(exc))
-    if isinstance(exc, BrokerOperationError):
-        return CLIError("%s%s" % (_one_line(exc), _mismatch_hint(exc)), EXIT_PARTIAL)
-    if isinstance(exc, (TypeError, ValueError)):
-        return CLIError(_one_line(exc))
-    return None
-
-
-def _mismatch_hint(exc):
-    if getattr(exc, "reply_code", None) == 406:
-        return (
-            " (do --expiry and --capacity match the settings of the application "
-            "that uses this prefix?)"
-        )
-    return ""
-
-
-class _LayerErrors(object):
-    """Turns the layer's exceptions into one-line CLI errors."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, click.exceptions.Exit):
-            return False
-        error = _error_for(exc)
-        if error is None:
-            return False
-        raise error from None
-
-
-# JSON with bytes: see jsonbytes.
 
 
 def _message_argument(text):
@@ -118,108 +62,62 @@ def _message_argument(text):
     return message
 
 
-# -- settings and the layer --------------------------------------------------------
+# -- the group: one-line usage errors -------------------------------------------------
 
 
-class Settings(object):
-    """The global options; makes the layer on first use and closes it at exit."""
+class _Group(click.Group):
+    """click's group, with every error as one line on stderr.
 
-    def __init__(self, url, management_url, prefix, expiry, capacity):
-        self.url = url
-        self.management_url = management_url
-        self.prefix = prefix
-        self.expiry = expiry
-        self.capacity = capacity
-        self._layer = None
+    click prints a usage error as the usage, a hint and the error on
+    separate lines; here it is one line that ends with the hint to --help.
+    """
 
-    def layer(self):
-        if self._layer is None:
-            from ...layer import AMQPChannelLayer
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super(_Group, self).main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super(_Group, self).main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else PROG
+            click.echo(
+                "%s: error: %s (see '%s --help')" % (PROG, _one_line(exc.format_message()), where),
+                err=True,
+            )
+            sys.exit(EXIT_ERROR)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("%s: aborted" % PROG, err=True)
+            sys.exit(EXIT_PARTIAL)
+        except ImportError as exc:  # an optional package a setting needs
+            click.echo("%s: error: %s" % (PROG, _one_line(exc)), err=True)
+            sys.exit(EXIT_ERROR)
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
 
-            config = {"prefix": self.prefix, "dead_letter_worker": False}
-            if self.url:
-                config["url"] = self.url
-            if self.management_url:
-                config["management_url"] = self.management_url
-            if self.expiry is not None:
-                config["expiry"] = self.expiry
-            if self.capacity is not None:
-                config["capacity"] = self.capacity
-            with _LayerErrors():
-                self._layer = AMQPChannelLayer(**config)
-        return self._layer
-
-    def where(self):
-        from ...layer import DEFAULT_URL
-
-        return redact(self.url or DEFAULT_URL)
-
-    def close(self):
-        if self._layer is not None:
-            self._layer.close()
+    def add_command(self, cmd, name=None):
+        """Every command takes the shared options, after its own."""
+        options.add_shared(cmd)
+        super(_Group, self).add_command(cmd, name)
 
 
-def _has_password(url):
-    try:
-        return bool(url) and urlsplit(url).password is not None
-    except ValueError:
-        return False
-
-
-def _note_password(ctx, name, variable):
-    source = ctx.get_parameter_source(name)
-    if source == click.core.ParameterSource.COMMANDLINE and _has_password(ctx.params.get(name)):
-        click.echo(
-            "%s: note: --%s holds a password, which other users can see in the "
-            "process list and which stays in the shell history; set %s instead"
-            % (PROG, name.replace("_", "-"), variable),
-            err=True,
-        )
-
-
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--url",
-    envvar="AMQP_URL",
-    metavar="URL",
-    help="AMQP URL of the broker [env var: AMQP_URL; default: "
-    "amqp://guest:guest@localhost:5672/%2F].",
-)
-@click.option(
-    "--management-url",
-    envvar="AMQP_MANAGEMENT_URL",
-    metavar="URL",
-    help="RabbitMQ management API, for group-members, flush and stats "
-    "[env var: AMQP_MANAGEMENT_URL; default: the broker's host, port 15672].",
-)
-@click.option(
-    "--prefix",
-    default="asgi",
-    show_default=True,
-    help="The layer's prefix (the application's 'prefix' setting).",
-)
-@click.option(
-    "--expiry",
-    type=click.FloatRange(min=0, min_open=True),
-    metavar="SECONDS",
-    help="The application's 'expiry' setting [default: 60]; queues are declared with it.",
-)
-@click.option(
-    "--capacity",
-    type=click.IntRange(min=1),
-    metavar="N",
-    help="The application's 'capacity' setting [default: 100].",
+@click.group(
+    cls=_Group,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(__version__, "-V", "--version", prog_name=PROG)
 @click.pass_context
-def cli(ctx, url, management_url, prefix, expiry, capacity):
-    """Send and receive ASGI 1.0 messages on RabbitMQ through asgi_amqp.
+def cli(ctx):
+    """Send, receive, inspect and move ASGI 1.0 messages on RabbitMQ through asgi_amqp.
 
-    Use the same --prefix, --expiry and --capacity as the application:
-    RabbitMQ refuses to declare a channel's queue with other settings.
+    Load the application's layer settings (--django-settings, --config, or
+    the options): a command that creates a channel's queue creates it with
+    them. A queue that exists is used with the arguments it has.
     """
-    _note_password(ctx, "url", "AMQP_URL")
-    _note_password(ctx, "management_url", "AMQP_MANAGEMENT_URL")
-    settings = Settings(url, management_url, prefix, expiry, capacity)
+    settings = Settings(ctx.meta.setdefault(_GIVEN, {}))
     ctx.obj = settings
     ctx.call_on_close(settings.close)
+
+
+cli.params[0:0] = options.shared()

@@ -82,4 +82,4 @@ def flush(settings, yes):
             sys.exit(EXIT_PARTIAL)
     with _LayerErrors():
         layer.flush()
-    click.echo("%s: flushed prefix %r" % (PROG, layer.topology.prefix), err=True)
+    settings.note("flushed prefix %r" % layer.topology.prefix)

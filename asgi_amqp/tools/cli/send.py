@@ -115,6 +115,16 @@ def _parse_line(text, layer):
     return kind, name, message
 
 
+def _text(line):
+    """A line of input as text; one that is not UTF-8 is an error of that line only."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            "not UTF-8 text (byte 0x%02x at column %d)" % (line[exc.start], exc.start + 1)
+        ) from None
+
+
 def _count_lines(stream):
     """Number of non-blank lines of a regular file (for the progress bar), else None."""
     try:
@@ -123,7 +133,7 @@ def _count_lines(stream):
         position = stream.tell()
         count = sum(1 for line in stream if line.strip())
         stream.seek(position)
-    except (AttributeError, OSError, ValueError):  # not a file, or not UTF-8
+    except (AttributeError, OSError, ValueError):  # not a file
         try:
             stream.seek(0)
         except (AttributeError, OSError, ValueError):
@@ -145,12 +155,17 @@ def _progress(total, stream=None):
 
 
 def _send_bulk(settings, stream, on_full, retries, jobs):
-    layer = settings.layer()
+    layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)
     write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
     sender = bulk.BulkSender(
-        layer, on_full=on_full, retries=retries, jobs=jobs, report=_reporter(write)
+        layer,
+        on_full=on_full,
+        retries=retries,
+        jobs=jobs,
+        report=_reporter(write),
+        keep_existing=True,
     )
     started = time.monotonic()
     try:
@@ -161,15 +176,13 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
                 continue
             where = "line %d" % number
             try:
-                kind, name, message = _parse_line(line, layer)
+                kind, name, message = _parse_line(_text(line), layer)
             except ValueError as exc:
                 sender.invalid(where, exc)
             else:
                 sender.submit(kind, name, message, where)
             if bar is not None:
                 bar.update(1)
-    except UnicodeDecodeError as exc:
-        sender.invalid("input", ValueError("not UTF-8 text: %s" % exc))
     except KeyboardInterrupt:
         sender.stopped = sender.stopped or "an interrupt"
     finally:
@@ -187,7 +200,8 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
             % (PROG, sender.stopped.replace("(on_full=fail)", "(--on-full=fail)")),
             err=True,
         )
-    click.echo(_summary(sender, elapsed), err=True)
+    if not settings.quiet:
+        click.echo(_summary(sender, elapsed), err=True)
     return _exit_code(sender)
 
 
@@ -197,7 +211,7 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
 @click.option(
     "--from",
     "source",
-    type=click.File("r", encoding="utf-8"),
+    type=click.File("rb"),
     metavar="FILE",
     help="Send every line of FILE ('-' for stdin), JSON Lines of "
     '{"channel": ..., "message": {...}} or '
@@ -258,7 +272,7 @@ def send_group(settings, group, message_json):
 
 
 def _send_one(settings, kind, name, message, on_full, retries):
-    layer = settings.layer()
+    layer = settings.layer(existing_capacities=True)
     with _LayerErrors():
         if kind == "channel":
             layer.valid_channel_name(name)
@@ -268,7 +282,9 @@ def _send_one(settings, kind, name, message, on_full, retries):
         validate_message(message)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
-    sender = bulk.BulkSender(layer, on_full=on_full, retries=retries, report=_reporter())
+    sender = bulk.BulkSender(
+        layer, on_full=on_full, retries=retries, report=_reporter(), keep_existing=True
+    )
     sender.submit(kind, name, message, "%s %s" % (kind, name))
     sender.close()
     if sender.fatal is not None:

@@ -1,0 +1,71 @@
+"""The command's exit statuses and errors: one line on stderr, never a traceback."""
+
+import click
+
+from ...errors import (
+    AuthenticationError,
+    BrokerConnectionError,
+    BrokerOperationError,
+    ManagementAPIError,
+)
+
+EXIT_OK = 0
+EXIT_PARTIAL = 1  # some messages were skipped or failed (or fewer than --count received)
+EXIT_ERROR = 2  # usage, configuration or connection error, or a message left unread
+
+PROG = "asgi-amqp"
+
+
+class CLIError(click.ClickException):
+    """One line on stderr and an exit status (2 unless said otherwise)."""
+
+    def __init__(self, message, exit_code=EXIT_ERROR):
+        super(CLIError, self).__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None):
+        click.echo("%s: error: %s" % (PROG, self.format_message()), err=True)
+
+
+def _one_line(exc):
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _error_for(exc):
+    """A CLIError for an exception the layer raised, or None for anything else."""
+    if isinstance(exc, AuthenticationError):
+        return CLIError(_one_line(exc))
+    if isinstance(exc, BrokerConnectionError):
+        return CLIError("cannot reach the broker: %s" % _one_line(exc))
+    if isinstance(exc, ManagementAPIError):
+        return CLIError(_one_line(exc))
+    if isinstance(exc, BrokerOperationError):
+        return CLIError("%s%s" % (_one_line(exc), _mismatch_hint(exc)), EXIT_PARTIAL)
+    if isinstance(exc, (TypeError, ValueError, ImportError)):
+        return CLIError(_one_line(exc))
+    return None
+
+
+def _mismatch_hint(exc):
+    if getattr(exc, "reply_code", None) == 406:
+        return (
+            " (load the application's settings with --django-settings or --config, "
+            "or give the same --expiry, --capacity and --queue-type)"
+        )
+    return ""
+
+
+class _LayerErrors(object):
+    """Turns the layer's exceptions into one-line CLI errors."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or isinstance(exc, click.exceptions.Exit):
+            return False
+        error = _error_for(exc)
+        if error is None:
+            return False
+        raise error from None

@@ -1,0 +1,114 @@
+"""``asgi-amqp peek`` and ``requeue``: look at a channel's messages, move them.
+
+Both read with ``tools.reader.QueueReader``: messages are taken unacked.
+``peek`` puts every one back, in order; ``requeue`` acks a message only
+after its copy in the destination channel was confirmed by the broker, so
+an interrupted move loses nothing but may leave a message in both channels
+(at-least-once).
+"""
+
+import sys
+
+from ...errors import ChannelFull
+from ...naming import check_channel_name
+from ..jsonbytes import dumps
+from ..reader import UndecodableMessage
+from .base import (
+    EPILOG,
+    EXIT_ERROR,
+    EXIT_PARTIAL,
+    PROG,
+    _LayerErrors,
+    _one_line,
+    cli,
+    click,
+)
+from .receive import report_unreadable
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("channel")
+@click.option(
+    "-n",
+    "--count",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    metavar="N",
+    help="Show at most N messages.",
+)
+@click.pass_obj
+def peek(settings, channel, count):
+    """Print the next N messages of CHANNEL as JSON Lines, without consuming them.
+
+    The messages stay in the channel, in their order. A process-local
+    channel is given as "name!". A message that cannot be decrypted or
+    decoded is reported on stderr (exit status 2) and stays too.
+    """
+    unreadable = 0
+    with _LayerErrors():
+        with settings.reader() as reader:
+            queue = reader.queue_of(channel)
+            taken = []
+            try:
+                while len(taken) < count:
+                    fetched = reader.get(queue)
+                    if fetched is None:
+                        break
+                    taken.append(fetched)
+                    try:
+                        name, message = reader.decode(fetched)
+                    except UndecodableMessage as exc:
+                        report_unreadable(channel, exc)
+                        unreadable += 1
+                        continue
+                    click.echo(dumps({"channel": name, "message": message}))
+            finally:
+                if taken:
+                    reader.requeue_all()
+    if unreadable:
+        sys.exit(EXIT_ERROR)
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("source", metavar="SRC")
+@click.argument("destination", metavar="DST")
+@click.option(
+    "-n",
+    "--count",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Move at most N messages [default: all that are waiting].",
+)
+@click.pass_obj
+def requeue(settings, source, destination, count):
+    """Move the messages waiting in channel SRC to channel DST, oldest first.
+
+    For replaying a channel nobody reads. Each message is sent to DST, and
+    taken off SRC only once the broker confirmed it there: an interrupted
+    move loses nothing, but a message may then be in both channels (at
+    least once). Bodies move as they are, encrypted or not. SRC may be a
+    process-local queue "name!"; DST is a channel name to send to. Stops
+    with exit status 1 when DST is full (the message stays in SRC).
+    """
+    with _LayerErrors():
+        check_channel_name(destination)
+        with settings.reader() as reader:
+            queue = reader.queue_of(source)
+            moved = 0
+            try:
+                while count is None or moved < count:
+                    fetched = reader.get(queue)
+                    if fetched is None:
+                        break
+                    try:
+                        reader.publish(destination, fetched)
+                    except ChannelFull as exc:
+                        reader.requeue(fetched)
+                        click.echo("%s: %s; moved %d" % (PROG, _one_line(exc), moved), err=True)
+                        sys.exit(EXIT_PARTIAL)
+                    reader.ack(fetched)
+                    moved += 1
+            except KeyboardInterrupt:
+                pass
+    settings.note("moved %d message(s) from %s to %s" % (moved, source, destination))

@@ -1,0 +1,70 @@
+"""``peek`` shows messages and leaves them in order; ``requeue`` moves them,
+taking each off its channel only once the broker confirmed its copy."""
+
+import json
+
+from helpers import Management, drain, run_cli
+
+
+def _numbers(result):
+    return [json.loads(line)["message"]["n"] for line in result.stdout.splitlines()]
+
+
+def _sent(cli_layer, channel, numbers):
+    for n in numbers:
+        cli_layer.send(channel, {"n": n})
+
+
+def test_peek_shows_the_next_messages_and_leaves_them_in_order(cli_env, cli_layer):
+    _sent(cli_layer, "pk.a", range(5))
+    result = run_cli(["peek", "pk.a", "-n", "3"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert _numbers(result) == [0, 1, 2]
+    assert run_cli(["peek", "pk.a", "-n", "10"], env=cli_env).stdout.count("\n") == 5
+    assert drain(cli_layer, ["pk.a"]) == [("pk.a", {"n": n}) for n in range(5)]
+
+
+def test_peek_at_a_channel_without_a_queue_creates_none(cli_env, broker, cli_prefix):
+    result = run_cli(["peek", "pk.none"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert Management(broker).queue("%s:q:pk.none" % cli_prefix) is None
+
+
+def test_requeue_moves_the_oldest_first(cli_env, cli_layer):
+    _sent(cli_layer, "rq.dead", range(5))
+    result = run_cli(["requeue", "rq.dead", "rq.live", "-n", "3"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert "moved 3 message(s) from rq.dead to rq.live" in result.stderr
+    assert drain(cli_layer, ["rq.live"]) == [("rq.live", {"n": n}) for n in range(3)]
+    assert drain(cli_layer, ["rq.dead"]) == [("rq.dead", {"n": n}) for n in (3, 4)]
+
+
+def test_requeue_into_a_process_local_channel(cli_env, cli_layer):
+    _sent(cli_layer, "rq.src", [1, 2])
+    result = run_cli(["requeue", "rq.src", "worker!abc"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert drain(cli_layer, ["worker!"]) == [("worker!abc", {"n": 1}), ("worker!abc", {"n": 2})]
+
+
+def test_requeue_stops_at_a_full_destination_and_keeps_the_rest(
+    cli_env, broker, cli_prefix, new_layer
+):
+    app = new_layer(broker, flush=True, prefix=cli_prefix, capacity=2)
+    app.send("rq.full", {"n": 100})  # its queue exists with capacity 2: one place left
+    sources = new_layer(broker, prefix=cli_prefix, capacity=10)
+    _sent(sources, "rq.from", range(4))
+
+    result = run_cli(["requeue", "rq.from", "rq.full"], env=cli_env)
+    assert result.exit_code == 1
+    assert "channel rq.full is full; moved 1" in result.stderr
+    assert drain(app, ["rq.full"]) == [("rq.full", {"n": 100}), ("rq.full", {"n": 0})]
+    assert drain(sources, ["rq.from"]) == [("rq.from", {"n": n}) for n in (1, 2, 3)]
+
+
+def test_requeue_moves_bodies_it_cannot_decrypt(cli_env, broker, cli_prefix, new_layer):
+    app = new_layer(broker, flush=True, prefix=cli_prefix, symmetric_encryption_keys=["k"])
+    _sent(app, "rq.enc", [7])
+    result = run_cli(["requeue", "rq.enc", "rq.enc2"], env=cli_env)  # no key given
+    assert result.exit_code == 0, result.stderr
+    assert drain(app, ["rq.enc2"]) == [("rq.enc2", {"n": 7})]

@@ -181,6 +181,10 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         dict(type=click.IntRange(1, 65535), metavar="N", help="[default: 16]"),
     ),
     (
+        ("--max-consumers",),
+        dict(type=click.IntRange(min=1), metavar="N", help="[default: 1000]"),
+    ),
+    (
         ("-v", "--verbose"),
         dict(count=True, envvar=None, help="More log output on stderr (-vv: debug)."),
     ),

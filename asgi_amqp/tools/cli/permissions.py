@@ -17,5 +17,6 @@ def permissions(settings, role, user, vhost):
     management API). Nothing is sent to the broker.
     """
     with _LayerErrors():
-        for line in roles.rabbitmqctl_commands(settings.prefix, role, user, vhost):
+        prefix = settings.config().get("prefix", "asgi")
+        for line in roles.rabbitmqctl_commands(prefix, role, user, vhost):
             click.echo(line)

@@ -84,6 +84,9 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
     :param dead_letter_worker: run the dead-letter worker in this process
         (group expiry, dropping expired members). At least one process
         sharing the prefix must run it.
+    :param hosts: the node list under the name asgi_redis uses: a list of
+        AMQP URLs, the same as a list in ``url``. asgi_redis's ``(host,
+        port)`` pairs are refused with an error that names ``url``.
     """
 
     # "statistics" is added on an instance whose management API answers.
@@ -113,6 +116,8 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         max_consumers: int = 1000,
         dead_letter_worker: bool = True,
         queue_type: str = "classic",
+        *,
+        hosts: Optional[Sequence[str]] = None,
     ) -> None:
         super(AMQPChannelLayer, self).__init__(
             expiry=expiry,
@@ -120,6 +125,8 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             capacity=capacity,
             channel_capacity=channel_capacity,
         )
+        if hosts is not None:
+            url = _urls_from_hosts(hosts, url)
         url = url or os.environ.get("AMQP_URL") or DEFAULT_URL
         self._urls = [url] if isinstance(url, str) else list(url)
         self._parameters = parse_urls(self._urls)
@@ -353,9 +360,15 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             sent again, marked so that their reader drops a copy it already
             has (see the docs' "Broker outages");
         ``last_error``
-            why the last connection was lost or refused, without credentials.
+            why the last connection was lost or refused, without credentials;
+        ``undecodable_messages``
+            messages this layer took and dropped because they could not be
+            decoded (not msgpack, not a dict, encrypted with a key it does not
+            have); each is logged at WARNING with its channel.
         """
-        return self._engine.connection_statistics()
+        figures = self._engine.connection_statistics()
+        figures["undecodable_messages"] = self._stats.undecodable
+        return figures
 
     # -- helpers ----------------------------------------------------------------
 
@@ -372,7 +385,14 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
                 raise UndecodableMessage("it names no process-local channel")
             return channel, self._serializer.loads(delivery.body)
         except UndecodableMessage as exc:
-            logger.warning("skipped a message in %s: %s", delivery.queue, exc)
+            # Dropped (it was acked when taken): say so, without its body.
+            self._stats.count_undecodable()
+            logger.warning(
+                "skipped a message of channel %s (queue %s) that cannot be read; dropped: %s",
+                channel or self.topology.channel_of_queue(delivery.queue),
+                delivery.queue,
+                exc,
+            )
             return None
 
     def _management_client(self):
@@ -403,6 +423,23 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
 
     _check_channel_name = valid_channel_name
     _check_group_name = valid_group_name
+
+
+def _urls_from_hosts(hosts, url):
+    """``hosts`` (asgi_redis's name for the node list) as the ``url`` list."""
+    if url is not None:
+        raise TypeError("give the broker as 'url' or as 'hosts', not both")
+    if isinstance(hosts, (str, bytes)):
+        hosts = [hosts]
+    hosts = list(hosts)
+    if not hosts or not all(
+        isinstance(host, str) and host.startswith(("amqp://", "amqps://")) for host in hosts
+    ):
+        raise TypeError(
+            "hosts must be a list of AMQP URLs ('amqp://user:password@host:5672/vhost'); "
+            "(host, port) pairs are asgi_redis's form: give the broker as 'url'"
+        )
+    return hosts
 
 
 def _positive(name, value):

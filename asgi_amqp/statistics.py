@@ -98,6 +98,11 @@ class Counters(object):
         self._lock = threading.Lock()
         self._total = _Series()
         self._channels = collections.OrderedDict()  # queue channel -> _Series
+        self.undecodable = 0  # messages dropped because they could not be decoded
+
+    def count_undecodable(self):
+        with self._lock:
+            self.undecodable += 1
 
     @staticmethod
     def _key(channel):

@@ -235,6 +235,7 @@ def test_rotation_old_only_reader_skips_new_writer(layers, channel_name, skipped
 @pytest.mark.parametrize("block", [False, True], ids=["get", "block"])
 def test_foreign_key_is_skipped_with_a_warning(layers, channel_name, skipped, block):
     other = layers["other"]
+    dropped = other.connection_statistics()["undecodable_messages"]
     layers["old"].send(channel_name, {"secret": "for old"})
     assert other.receive([channel_name], block=block) == (None, None)
     warnings = skipped()
@@ -242,6 +243,8 @@ def test_foreign_key_is_skipped_with_a_warning(layers, channel_name, skipped, bl
     assert queue_of(other, channel_name) in warnings[0]
     assert "key" in warnings[0]
     assert "for old" not in warnings[0]
+    assert "channel %s " % channel_name in warnings[0]
+    assert other.connection_statistics()["undecodable_messages"] == dropped + 1
     # The skipped message was taken off the queue, not put back to loop forever.
     assert other.receive([channel_name]) == (None, None)
     assert layers["old"].receive([channel_name]) == (None, None)

@@ -227,3 +227,26 @@ def test_receive_accepts_a_set_of_channels(layer):
     layer.send("set.b", {"v": 1})
     assert layer.receive({"set.a", "set.b"}, block=True) == ("set.b", {"v": 1})
     assert layer.receive_many(("set.a", "set.b")) == (None, None)
+
+
+def test_hosts_is_the_node_list_under_asgi_redis_name(broker):
+    layer = AMQPChannelLayer(hosts=[broker.amqp_url], prefix="t-hosts", dead_letter_worker=False)
+    try:
+        layer.send("hosts.check", {"n": 1})
+        assert layer.receive(["hosts.check"]) == ("hosts.check", {"n": 1})
+    finally:
+        layer.flush()
+        layer.close()
+
+
+@pytest.mark.parametrize(
+    "hosts", [[("localhost", 5672)], [], ["redis://localhost:6379"]], ids=["pair", "empty", "redis"]
+)
+def test_hosts_that_are_not_amqp_urls_name_url(hosts):
+    with pytest.raises(TypeError, match="'url'"):
+        AMQPChannelLayer(hosts=hosts)
+
+
+def test_url_and_hosts_together_are_refused(broker):
+    with pytest.raises(TypeError, match="not both"):
+        AMQPChannelLayer(url=broker.amqp_url, hosts=[broker.amqp_url])

@@ -375,12 +375,14 @@ def is_process_local(channel):
     return "!" in channel
 
 
-def is_single_reader_queue(queue):
-    """Whether ``queue`` (``{prefix}:q:{channel}``) is read by one process only.
+def is_process_local_queue(queue):
+    """Whether ``queue`` (``{prefix}:q:{channel}``) is a process-local ``foo!`` queue.
 
-    ASGI says so of a process-local queue (``foo!``) and of a single-reader
-    channel (``foo?bar``): the receive side may keep a consumer on them
-    without keeping their messages from any other reader.
+    Only the process it belongs to reads it, so the receive side may keep a
+    consumer on it without keeping its messages from any other reader.
+    Single-reader ``foo?bar`` channels do not qualify in practice: Channels
+    1.x's ``enforce_ordering`` parks messages in ``__wait__.<reply>?...``
+    channels that every worker process reads.
     """
     channel = queue.rpartition(SEPARATOR + "q" + SEPARATOR)[2]
-    return channel.endswith("!") or "?" in channel
+    return channel.endswith("!")

@@ -1,7 +1,7 @@
 """Non-blocking receives served from deliveries the broker already pushed.
 
-A channel that only this process reads (a process-local ``foo!`` queue, a
-single-reader ``foo?bar`` channel) and that is polled often gets a consumer
+A channel that only this process reads (a process-local ``foo!`` queue)
+and that is polled often gets a consumer
 (asgi_amqp.engine.consumers.ConsumerPool.keep): the next polls take what it
 was pushed, without a ``basic.get`` each. These tests hold what that must
 never cost: order, a message, a duplicate, expiry, or a bound on consumers.
@@ -43,17 +43,9 @@ def layer(broker, new_layer):
     return new_layer(broker, expiry=30, capacity=10000, receive_timeout=1)
 
 
-def _channels(layer, kind):
-    """(names to send to, names to receive from)."""
-    if kind == "single-reader":
-        names = [layer.new_channel("polled%d?" % i) for i in range(3)]
-        return names, names
-    return ["polled%d!reply" % i for i in range(3)], ["polled%d!" % i for i in range(3)]
-
-
-@pytest.mark.parametrize("kind", ["single-reader", "process-local"])
-def test_a_polled_channel_keeps_its_order_and_loses_nothing(layer, broker, kind):
-    channels, readable = _channels(layer, kind)
+def test_a_polled_channel_keeps_its_order_and_loses_nothing(layer, broker):
+    channels = ["polled%d!reply" % i for i in range(3)]
+    readable = ["polled%d!" % i for i in range(3)]
     for name in readable:
         poll_until_consumed(layer, broker, name)
     per_channel = 400  # many windows' worth: each refill races the next poll
@@ -70,25 +62,34 @@ def test_a_polled_channel_keeps_its_order_and_loses_nothing(layer, broker, kind)
 
 
 def test_a_message_sent_is_found_by_the_next_poll(layer, broker):
-    channel = layer.new_channel("next?")
-    poll_until_consumed(layer, broker, channel)
+    poll_until_consumed(layer, broker, "next!")
     for n in range(50):
-        layer.send(channel, {"n": n})
-        assert layer.receive([channel]) == (channel, {"n": n})
-        assert layer.receive([channel]) == (None, None)
+        layer.send("next!x", {"n": n})
+        assert layer.receive(["next!"]) == ("next!x", {"n": n})
+        assert layer.receive(["next!"]) == (None, None)
 
 
-def test_a_channel_that_several_processes_read_is_never_consumed_by_polls(layer, broker):
+@pytest.mark.parametrize(
+    "channel",
+    ["shared.polled", "__wait__.daphne.response.abc?def"],
+    ids=["normal", "channels-wait-channel"],
+)
+def test_a_channel_that_several_processes_may_read_is_never_consumed_by_polls(
+    layer, broker, channel
+):
+    """Channels 1.x's enforce_ordering parks messages in ``__wait__...?...``
+    channels that every worker process polls: a consumer in one worker would
+    keep them from the others."""
     for _ in range(10):
-        assert layer.receive(["shared.polled"]) == (None, None)
-    assert consumers_on(broker, layer.topology.channel_queue("shared.polled")) == 0
-    layer.send("shared.polled", {"n": 1})
-    assert layer.receive(["shared.polled"]) == ("shared.polled", {"n": 1})
+        assert layer.receive([channel]) == (None, None)
+    assert consumers_on(broker, layer.topology.channel_queue(channel)) == 0
+    layer.send(channel, {"n": 1})
+    assert layer.receive([channel]) == (channel, {"n": 1})
 
 
 def test_consumers_per_process_stay_bounded(broker, new_layer):
     layer = new_layer(broker, expiry=30, max_consumers=3)
-    channels = [layer.new_channel("bounded?") for _ in range(8)]
+    channels = ["bounded%d!" % i for i in range(8)]
     for channel in channels:
         for _ in range(5):
             assert layer.receive([channel]) == (None, None)
@@ -100,8 +101,8 @@ def test_consumers_per_process_stay_bounded(broker, new_layer):
     )
     assert 1 <= total <= 3
     # An evicted channel is still served, by basic.get or a consumer again.
-    layer.send(channels[0], {"n": 1})
-    assert layer.receive([channels[0]]) == (channels[0], {"n": 1})
+    layer.send("bounded0!x", {"n": 1})
+    assert layer.receive([channels[0]]) == ("bounded0!x", {"n": 1})
 
 
 def test_a_consumer_nobody_polls_gives_its_messages_back(broker, new_layer):
@@ -160,9 +161,9 @@ def test_an_unread_message_of_a_polled_channel_still_expires_and_drops_its_group
     broker, new_layer
 ):
     layer = new_layer(broker, expiry=1, group_expiry=60, linger=0.2)
-    channel = layer.new_channel("member?")
+    channel = "member!x"
     layer.group_add("polled-group", channel)
-    poll_until_consumed(layer, broker, channel)
+    poll_until_consumed(layer, broker, "member!")
     layer.send_group("polled-group", {"n": 1})
     # Nobody polls any more: the consumer gives the message back, it expires
     # in its queue and the dead-letter worker drops the membership.
@@ -171,4 +172,4 @@ def test_an_unread_message_of_a_polled_channel_still_expires_and_drops_its_group
         20,
         message="membership dropped",
     )
-    assert layer.receive([channel]) == (None, None)
+    assert layer.receive(["member!"]) == (None, None)

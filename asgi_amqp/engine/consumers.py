@@ -29,16 +29,18 @@ so nothing it had not handed to a caller is lost.
 
 Non-blocking receives use the same consumers (see ``keep``). A queue that
 only this process reads (a process-local ``foo!`` queue, such as daphne's
-reply channels, or a single-reader ``foo?bar`` channel) and that
+reply channels) and that
 ``receive(block=False)`` polls at least ``POLLS_TO_CONSUME`` times within
 ``linger`` gets a consumer with the full ``prefetch`` window, so the next
 polls take what it was pushed in the caller's own thread, and a poll over
 queues that are all consumed costs one round trip on the consumers'
 channel (``settle``) instead of one ``basic.get`` per queue. What such a
 consumer holds is kept for the poller while it polls, and the consumer is
-cancelled once its queue has not been polled for ``linger``. A channel
-that several processes read is polled with ``basic.get`` only: a consumer
-there would take messages another reader is asking for. A consumed queue
+cancelled once its queue has not been polled for ``linger``. Any other
+channel is polled with ``basic.get`` only: several processes may read it
+(Channels 1.x parks messages in ``__wait__...?...`` channels that every
+worker reads), and a consumer there would take messages another reader is
+asking for. A consumed queue
 is never asked with ``basic.get``: a get racing the pushes to a consumer
 of the same queue can take a message ahead of one already on its way to
 us, and the channel's order would be lost. At most ``max_consumers``
@@ -56,7 +58,7 @@ import collections
 import logging
 import time
 
-from ..naming import is_single_reader_queue
+from ..naming import is_process_local_queue
 from . import declares
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
@@ -209,7 +211,7 @@ class ConsumerPool(ChannelUser):
             if consumer is not None:
                 consumer.wanted_at = now
             elif (
-                is_single_reader_queue(queue)
+                is_process_local_queue(queue)
                 and self._polled_often(queue, now)
                 and self._liveness.alive(queue)
                 and self._unavailable.get(queue, 0) <= now

@@ -34,4 +34,6 @@ def test_the_stack_rides_through_broker_faults(scenario, queue_type):
     if restart:
         assert report["kills"] >= 3 and report["restart_seconds"] is not None
     else:
-        assert report["kills"] >= 4 and report["restart_seconds"] is None
+        # Kills come every 3 s, each through rabbitmqctl (0.35 s idle, seconds
+        # on a loaded machine): at least 3 in 16 s.
+        assert report["kills"] >= 3 and report["restart_seconds"] is None

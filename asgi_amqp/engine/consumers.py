@@ -38,6 +38,7 @@ import collections
 import logging
 import time
 
+from ..errors import PRECONDITION_FAILED
 from . import declares
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
@@ -177,6 +178,12 @@ class ConsumerPool(ChannelUser):
         if self._settling:
             self._settling.pop(0)()
 
+    def _fail_waiters(self, queue, error):
+        for waiter in [w for w in self._waiters if queue in w.queues]:
+            self._waiters.remove(waiter)
+            self._connection.ioloop.remove_timeout(waiter.timer)
+            waiter.pending.fail(error)
+
     def _expire(self, waiter):
         if waiter in self._waiters:
             self._waiters.remove(waiter)
@@ -207,6 +214,12 @@ class ConsumerPool(ChannelUser):
 
     def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:
+            return
+        if error is not None and getattr(error, "reply_code", None) == PRECONDITION_FAILED:
+            # The queue exists with other settings: waiting cannot help, so
+            # the receive fails now with the broker's reason.
+            del self._consumers[consumer.queue]
+            self._fail_waiters(consumer.queue, error)
             return
         if error is not None:
             logger.warning("cannot consume from %s: %s", consumer.queue, error)

@@ -16,9 +16,11 @@ except ImportError:  # pragma: no cover - depends on the installation
 from ... import __version__
 from ...errors import (
     AuthenticationError,
+    BrokerBlocked,
     BrokerConnectionError,
     BrokerOperationError,
     ManagementAPIError,
+    QueueSettingsMismatch,
 )
 from ...urls import redact
 from ..jsonbytes import loads
@@ -68,6 +70,10 @@ def _one_line(exc):
 
 def _error_for(exc):
     """A CLIError for an exception the layer raised, or None for anything else."""
+    if isinstance(exc, BrokerBlocked):  # names the alarm; a ChannelFull otherwise
+        return CLIError(_one_line(exc))
+    if isinstance(exc, QueueSettingsMismatch):  # names the setting and the fix
+        return CLIError(_one_line(exc), EXIT_PARTIAL)
     if isinstance(exc, AuthenticationError):
         return CLIError(_one_line(exc))
     if isinstance(exc, BrokerConnectionError):

@@ -379,9 +379,11 @@ class IOThread(object):
         if connection not in (self._connection, self._publishing):
             self._stop_when_closed()  # the other half of a pair already handled
             return
+        # The other half goes too, once the session's parts stopped listening:
+        # its channels close gracefully, and what arrives on them meanwhile
+        # is ignored (the work is handed on, the broker requeues deliveries).
         other = self._publishing if connection is self._connection else self._connection
         self._connection = self._publishing = None
-        self._drop(other)
         self._set_unblocked()
         session, self._session = self._session, None
         self.connected = False
@@ -393,6 +395,7 @@ class IOThread(object):
             closed = LayerClosed("the layer is closed")
             if session is not None:
                 session.close(closed)
+            self._drop(other)
             for work in dispatched:
                 work.pending.fail(closed)
             self._stop_when_closed()
@@ -402,6 +405,7 @@ class IOThread(object):
         )
         if session is not None:
             session.lose()
+        self._drop(other)
         self._hand_on(dispatched)
         self.connection_losses += 1
         if self.disconnected_since is None:

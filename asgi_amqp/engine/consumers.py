@@ -256,6 +256,8 @@ class ConsumerPool(ChannelUser):
                 self.channel.basic_nack(held.delivery_tag, requeue=True)
 
     def _on_message(self, channel, method, properties, body):
+        if self.closing:
+            return  # unacked: the broker requeues it when the channel closes
         consumer = self._by_tag.get(method.consumer_tag)
         if consumer is None:
             # Sent before our basic.cancel reached the broker.

@@ -142,6 +142,8 @@ class DeclareExecutor(ChannelUser):
 
     def _on_step_done(self, frame):
         operation = self._current
+        if operation is None or self._closing:
+            return  # an answer on a channel closing with its session
         operation.result = frame.method
         operation.index += 1
         self._issue()
@@ -161,6 +163,11 @@ class DeclareExecutor(ChannelUser):
             )
         else:
             operation.pending.fail(BrokerOperationError(reply_code, reply_text))
+
+    def forget(self):
+        """The connection is gone: the I/O thread hands the operations on."""
+        self._current = None
+        self._queue.clear()
 
     def fail_all(self, error):
         if self._current is not None:

@@ -134,8 +134,9 @@ class Publisher(ChannelUser):
             request.pending.fail(
                 _blocked_error(
                     reason,
-                    "%s was sent before the alarm began and may still be delivered "
-                    "once it clears" % request.pending.description,
+                    "%s was already on its way when the broker announced the block, "
+                    "and may still be delivered once the alarm clears"
+                    % request.pending.description,
                 )
             )
 

@@ -5,6 +5,7 @@ import logging
 from .errors import (
     AMQPLayerError,
     AuthenticationError,
+    BrokerBlocked,
     BrokerConnectionError,
     BrokerOperationError,
     ChannelFull,
@@ -12,6 +13,7 @@ from .errors import (
     ManagementAPIError,
     MessageTooLarge,
     OperationTimeout,
+    QueueSettingsMismatch,
 )
 from .layer import AMQPChannelLayer
 
@@ -28,6 +30,8 @@ __all__ = [
     "AuthenticationError",
     "OperationTimeout",
     "BrokerOperationError",
+    "QueueSettingsMismatch",
+    "BrokerBlocked",
     "ManagementAPIError",
     "LayerClosed",
     "__version__",

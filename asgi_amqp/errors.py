@@ -4,6 +4,9 @@ Every error that reaches a caller is one of these or a TypeError/ValueError
 for bad input, and none of their messages contain credentials.
 """
 
+import re
+from typing import Any, Callable, Optional, Tuple
+
 from asgiref.base_layer import BaseChannelLayer
 
 
@@ -82,3 +85,168 @@ class ManagementAPIError(AMQPLayerError):
 
 class LayerClosed(AMQPLayerError):
     """The layer was closed."""
+
+
+class QueueSettingsMismatch(BrokerOperationError):
+    """A queue of the prefix exists with other settings than this layer's.
+
+    The broker refuses (406 ``PRECONDITION_FAILED``, "inequivalent arg") to
+    declare a queue that exists with other arguments, so a process whose
+    ``capacity``, ``channel_capacity``, ``expiry`` or ``queue_type`` differs
+    from the process that created the queue cannot use it. The message names
+    the channel (or the shared queue), the setting as the layer knows it, the
+    existing and the requested value, and the fix. Attributes:
+
+    ``queue``, ``channel``
+        the queue, and its channel (None for a shared queue);
+    ``argument``, ``existing``, ``requested``
+        the queue argument (``x-max-length``...) and its two raw values
+        (None where the argument is absent);
+    ``setting``, ``existing_setting``, ``requested_setting``
+        the same in the layer's terms (``capacity``, 5, 10).
+    """
+
+    def __init__(
+        self,
+        reply_code: int,
+        reply_text: str,
+        queue: str,
+        argument: str,
+        existing: Any,
+        requested: Any,
+        explained: Optional["MismatchDetails"] = None,
+    ) -> None:
+        super(QueueSettingsMismatch, self).__init__(reply_code, reply_text)
+        self.queue = queue
+        self.argument = argument
+        self.existing = existing
+        self.requested = requested
+        details = explained or MismatchDetails("queue %r" % queue, argument, existing, requested)
+        self.channel = details.channel
+        self.setting = details.setting
+        self.existing_setting = details.existing
+        self.requested_setting = details.requested
+        self.args = (details.message(),)
+
+
+class MismatchDetails(object):
+    """What a ``QueueSettingsMismatch`` says, in the layer's own terms."""
+
+    def __init__(
+        self,
+        what: str,
+        setting: str,
+        existing: Any,
+        requested: Any,
+        channel: Optional[str] = None,
+        fix: str = "use the same settings in every process that shares this queue, "
+        "or delete the queue so that it is created again",
+    ) -> None:
+        self.what = what
+        self.setting = setting
+        self.existing = existing
+        self.requested = requested
+        self.channel = channel
+        self.fix = fix
+
+    def message(self) -> str:
+        return (
+            "queue settings mismatch: %s exists with %s %s, but this layer asks for %s %s: %s"
+            % (
+                self.what,
+                self.setting,
+                _shown(self.existing),
+                self.setting,
+                _shown(self.requested),
+                self.fix,
+            )
+        )
+
+
+def _shown(value: Any) -> str:
+    return "(none)" if value is None else "%s" % (value,)
+
+
+# The broker's 406 text, for each of its ways of quoting a value.
+_VALUE = r"none|the value '[^']*' of type '[^']*'|'[^']*'"
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']+)' for queue '(?P<queue>[^']*)' in vhost '[^']*': "
+    r"received (?P<requested>%s) but current is (?P<existing>%s)" % (_VALUE, _VALUE)
+)
+
+
+def parse_inequivalent(reply_text: str) -> Optional[Tuple[str, str, Any, Any]]:
+    """(queue, argument, existing, requested) from the broker's 406 text, or None.
+
+    The text reads ``inequivalent arg 'x-max-length' for queue 'q' in vhost
+    '/': received the value '5' of type 'signedint' but current is none``
+    (or ``received '10' but current is '5'``). Values come back as int where
+    they are numbers, None where the broker says ``none``.
+    """
+    found = _INEQUIVALENT.search(reply_text or "")
+    if found is None:
+        return None
+    return (
+        found.group("queue"),
+        found.group("argument"),
+        _value(found.group("existing")),
+        _value(found.group("requested")),
+    )
+
+
+def _value(text: str) -> Any:
+    if text == "none":
+        return None
+    quoted = text.split("'")[1]
+    try:
+        return int(quoted)
+    except ValueError:
+        return quoted
+
+
+def settings_mismatch(
+    error: BaseException, explain: Optional[Callable[..., Optional[MismatchDetails]]] = None
+) -> BaseException:
+    """``error`` as a ``QueueSettingsMismatch`` if it is the broker's 406 about
+    queue arguments, else ``error`` itself.
+
+    ``explain(queue, argument, existing, requested)`` (``naming.Topology.
+    explain_mismatch``) says it in the layer's terms, or None.
+    """
+    if isinstance(error, QueueSettingsMismatch) or not isinstance(error, BrokerOperationError):
+        return error
+    if error.reply_code != PRECONDITION_FAILED:
+        return error
+    parsed = parse_inequivalent(error.reply_text)
+    if parsed is None:
+        return error
+    queue, argument, existing, requested = parsed
+    explained = explain(queue, argument, existing, requested) if explain else None
+    return QueueSettingsMismatch(
+        error.reply_code, error.reply_text, queue, argument, existing, requested, explained
+    )
+
+
+PRECONDITION_FAILED = 406
+
+
+class BrokerBlocked(ChannelFull, AMQPLayerError):
+    """The broker blocks publishing: a resource alarm (memory or disk) is on.
+
+    ``reason`` is the broker's own ("low on memory", "low on disk"). A send
+    made while the connection is blocked fails at once and was not
+    delivered; one in flight when the alarm began fails too, and may still
+    be delivered once the alarm clears, as with a lost connection.
+
+    It is a ``ChannelFull`` on purpose: every caller in the Channels 1.x
+    stack already treats that as "cannot take it now": daphne answers an HTTP
+    request 503 and closes a WebSocket with 1013 ("try again later"), and
+    Channels' own senders retry for a while. Any other exception would be a
+    500, a silently dropped frame or the end of a runworker process. It is
+    never a ``BrokerConnectionError``: the broker is reachable, and receives
+    keep working.
+    """
+
+    def __init__(self, message: str, reason: Optional[str] = None) -> None:
+        super(BrokerBlocked, self).__init__(message)
+        self.reason = reason

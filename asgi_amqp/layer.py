@@ -23,7 +23,7 @@ from asgiref.base_layer import BaseChannelLayer
 
 from . import engine, naming, pipeline, statistics, twisted_support
 from .engine import ACKED, NACKED, Engine
-from .errors import ChannelFull, MessageTooLarge
+from .errors import BrokerOperationError, ChannelFull, MessageTooLarge, settings_mismatch
 from .groups import Groups
 from .management import ManagementClient
 from .sending import SendAttempts
@@ -219,7 +219,15 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         )
 
     def _admin(self, steps, what):
-        return self._engine.declare(steps, what)
+        try:
+            return self._engine.declare(steps, what)
+        except BrokerOperationError as exc:
+            raise self._named(exc) from None
+
+    def _named(self, error):
+        """A broker refusal as the caller should see it: a queue that exists
+        with other settings becomes ``QueueSettingsMismatch``, which names them."""
+        return settings_mismatch(error, self.topology.explain_mismatch)
 
     def _process_token(self):
         """This process's id token: a forked child gets its own, so that the
@@ -269,9 +277,15 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
     def _raise_if_full(self, channel, queue):
         """A nack means full, unless the queue is not: a queue on a node that
         is going down, or a quorum queue between leaders, refuses messages
-        too, and that is not ChannelFull."""
+        too, and that is not ChannelFull.
+
+        The check declares the queue with this layer's arguments, not
+        passively: a queue created with a smaller capacity is full at a depth
+        below ours, and the broker's refusal to declare it names the
+        mismatch (``QueueSettingsMismatch``) instead of a refusal that looks
+        like a failing node."""
         depth = self._admin(
-            [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
+            [self._declare_channel_queue(channel)], "check %s" % queue
         ).message_count
         if depth >= self.get_capacity(channel):
             self._stats.count_full(channel)
@@ -313,9 +327,12 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
 
     def _fetch(self, queues, block):
         """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
-        if not block:
-            return self._engine.get(queues)
-        return self._engine.wait(queues, self.receive_timeout)
+        try:
+            if not block:
+                return self._engine.get(queues)
+            return self._engine.wait(queues, self.receive_timeout)
+        except BrokerOperationError as exc:
+            raise self._named(exc) from None
 
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
@@ -365,6 +382,11 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             messages this layer took and dropped because they could not be
             decoded (not msgpack, not a dict, encrypted with a key it does not
             have); each is logged at WARNING with its channel.
+        ``blocked``, ``blocked_reason``
+            whether the broker blocks this process's publishing now (a
+            resource alarm), and its reason ("low on memory", "low on
+            disk"); sends raise ``BrokerBlocked`` meanwhile (see the docs'
+            "Broker alarms").
         """
         figures = self._engine.connection_statistics()
         figures["undecodable_messages"] = self._stats.undecodable

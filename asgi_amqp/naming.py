@@ -65,6 +65,8 @@ channel or group name and the names above parse back unambiguously.
 import random
 import re
 
+from . import errors
+
 SEPARATOR = ":"
 CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
@@ -258,6 +260,74 @@ class Topology(object):
         if self.queue_type == "quorum":
             return {"x-queue-type": "quorum"}
         return {}
+
+    # -- a queue that exists with other settings ----------------------------
+
+    def explain_mismatch(self, queue, argument, existing, requested):
+        """``errors.MismatchDetails`` for a queue of this prefix whose argument
+        differs, in the layer's terms (``x-max-length`` is ``capacity``), or
+        None for a queue that is not the layer's."""
+        channel = self.channel_of_queue(queue)
+        if channel:
+            what = "channel %r (queue %r)" % (channel, queue)
+            fix = (
+                "use the same capacity, channel_capacity, expiry and queue_type in every "
+                "process of prefix %r, or delete the queue (asgi-amqp flush) so that it is "
+                "created again with these settings" % self.prefix
+            )
+            setting, convert = _CHANNEL_QUEUE_SETTINGS.get(argument, (argument, None))
+            if setting == "capacity" and self.queue_type == "quorum":
+                convert = _plus_one  # see channel_queue_arguments
+        elif queue == self.dead_letter_queue:
+            channel = None
+            what = "the shared dead-letter queue %r" % queue
+            fix = (
+                "use the same queue_type in every process of prefix %r, or delete that "
+                "queue while no process of the prefix runs (it holds pending group "
+                "expiries); the next layer creates it again" % self.prefix
+            )
+            setting, convert = _CHANNEL_QUEUE_SETTINGS.get(argument, (argument, None))
+        elif self._strip("k", queue) or self._strip("l", queue):
+            channel = None
+            what = "the group membership queue %r" % queue
+            fix = (
+                "use the same group_expiry in every process of prefix %r, or delete the "
+                "queue (asgi-amqp flush)" % self.prefix
+            )
+            setting, convert = _MEMBERSHIP_SETTINGS.get(argument, (argument, None))
+        else:
+            return None
+        if convert is not None:
+            existing, requested = convert(existing), convert(requested)
+        return errors.MismatchDetails(what, setting, existing, requested, channel, fix)
+
+
+def _seconds(ms, per=1):
+    if ms is None or not isinstance(ms, int):
+        return ms
+    seconds = ms / 1000.0 / per
+    return int(seconds) if seconds == int(seconds) else seconds
+
+
+def _plus_one(value):
+    return value + 1 if isinstance(value, int) else value
+
+
+def _queue_type(value):
+    return value or "classic"
+
+
+# argument -> (the layer's setting, raw value -> the setting's value)
+_CHANNEL_QUEUE_SETTINGS = {
+    "x-max-length": ("capacity", None),
+    "x-message-ttl": ("expiry", _seconds),
+    "x-expires": ("expiry", lambda ms: _seconds(ms, per=2)),
+    "x-queue-type": ("queue_type", _queue_type),
+}
+_MEMBERSHIP_SETTINGS = {
+    "x-message-ttl": ("group_expiry", _seconds),
+    "x-expires": ("group_expiry (with its margin)", _seconds),
+}
 
 
 class ReceiveTargets(object):

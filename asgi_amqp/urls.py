@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 import pika
 
 DEFAULT_HEARTBEAT = 20
-DEFAULT_BLOCKED_CONNECTION_TIMEOUT = 30
+DEFAULT_BLOCKED_CONNECTION_TIMEOUT = None
 DEFAULT_SOCKET_TIMEOUT = 5
 MANAGEMENT_PORT = 15672
 MANAGEMENT_TLS_PORT = 15671
@@ -42,6 +42,9 @@ def _parameters(url, client_name):
     if "heartbeat" not in given:
         parameters.heartbeat = DEFAULT_HEARTBEAT
     if "blocked_connection_timeout" not in given:
+        # Off: during a resource alarm sends fail at once with BrokerBlocked
+        # and receives go on (engine.connection); closing a blocked
+        # connection would not end the alarm, only interrupt the receives.
         parameters.blocked_connection_timeout = DEFAULT_BLOCKED_CONNECTION_TIMEOUT
     if "socket_timeout" not in given:
         parameters.socket_timeout = DEFAULT_SOCKET_TIMEOUT

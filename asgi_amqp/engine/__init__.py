@@ -325,6 +325,8 @@ class Engine(object):
                 "retried_operations": 0,
                 "republished": 0,
                 "last_error": None,
+                "blocked": False,
+                "blocked_reason": None,
             }
         return {
             "connected": io.connected,
@@ -333,6 +335,8 @@ class Engine(object):
             "retried_operations": io.retried,
             "republished": io.republished,
             "last_error": io.last_error,
+            "blocked": io.blocked is not None,
+            "blocked_reason": io.blocked,
         }
 
 

@@ -60,6 +60,8 @@ class ChannelUser(object):
         self.setup(channel, self._on_setup_done)
 
     def _on_setup_done(self, _frame=None):
+        if self._closing:
+            return  # the session went while the channel was being set up
         self.ready = True
         self.on_ready()
 
@@ -82,8 +84,18 @@ class ChannelUser(object):
             self._open()
 
     def shutdown(self):
-        """The session is going away: stop reopening."""
+        """The session is going away: stop reopening, and stop listening.
+
+        After a loss the other connection of the pair closes gracefully
+        (see ``connection``), so answers and deliveries can still arrive on
+        its closing channels; a part ignores them once ``closing`` is true.
+        """
         self._closing = True
+        self.ready = False
+
+    @property
+    def closing(self):
+        return self._closing
 
     def forget(self):
         """The connection is gone: drop all state, resolve nobody.

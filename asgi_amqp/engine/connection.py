@@ -6,12 +6,40 @@ inbox under a lock and wakes the loop with ``add_callback_threadsafe`` (the
 one pika call that is safe from another thread), at most once per batch, so
 a burst of callers costs one wake-up.
 
-The thread runs one pika ``IOLoop`` for its whole life and creates a new
-``SelectConnection`` on it after every loss, trying the configured URLs in
-turn with capped exponential backoff. Heartbeats are serviced by the loop
-whatever callers do. A connection that has never opened fails waiting work
-at once with the reason, so a typo in the URL is an error in the caller
-within seconds, not a hang.
+The thread runs one pika ``IOLoop`` for its whole life and opens two
+``SelectConnection``s on it, to the same node, after every loss, trying the
+configured URLs in turn with capped exponential backoff:
+
+* the *publishing* connection carries publishes and their confirms, and
+  nothing else;
+* the *main* connection carries everything else: declares, ``basic_get``,
+  consumers and their acks.
+
+That split is RabbitMQ's own advice for resource alarms. Under a memory or
+disk alarm the broker stops reading every connection that publishes, and
+anything else on such a connection (a ``basic_get``, a consumer's ack, a
+declare) would stall with it. The main connection never publishes, so it is
+never blocked: receives keep working during an alarm, and so do the
+declares a send needs. Both connections live on the one I/O thread, so
+"one thread owns its connections" still holds and no thread is added. The
+two are one unit: when either drops, the other is closed too and the work
+of both is handed to the next pair as below, so a session never has half a
+connection.
+
+While the broker blocks the publishing connection (``Connection.Blocked``,
+with its reason, "low on memory" or "low on disk"), every publish fails at
+once with ``BrokerBlocked`` instead of waiting: daphne 1.x calls ``send``
+on its reactor thread, so a send that waited for the alarm to clear would
+freeze every connection of that daphne. Publishes already in flight when
+the block arrives fail with it too (the broker may still deliver them when
+it reads their frames after the alarm). ``Connection.Unblocked`` ends it by
+itself; nothing reconnects. pika's ``blocked_connection_timeout`` is off
+unless the URL sets it: closing a blocked connection does not end an alarm,
+and the new connection would be blocked again at its first publish.
+
+Heartbeats are serviced by the loop whatever callers do. A connection that
+has never opened fails waiting work at once with the reason, so a typo in
+the URL is an error in the caller within seconds, not a hang.
 
 A lost connection fails nobody. Channels' worker loop catches nothing that
 ``receive`` or ``send_group`` raise, so an exception there ends the
@@ -37,6 +65,7 @@ classic queues are ready when the node accepts connections.
 """
 
 import collections
+import copy
 import logging
 import threading
 import time
@@ -81,7 +110,9 @@ class IOThread(object):
         self._running = False  # from start() until the thread's last step
         self._stopping = False
         # Everything below is touched by the I/O thread only.
-        self._connection = None
+        self._connection = None  # the main connection: declares, gets, consumers
+        self._publishing = None  # the publishing connection of the same pair
+        self._open_connections = set()  # not closed yet; the loop stops once empty
         self._session = None
         self._waiting = collections.deque()  # work that needs a session
         # Work dispatched on the current connection; what is still wanted
@@ -107,6 +138,9 @@ class IOThread(object):
         self.disconnected_since = None
         self.last_error = None
         self.connection_losses = 0
+        # The broker's reason while it blocks publishing (a resource alarm), else None.
+        self.blocked = None
+        self.blocked_since = None
         self.retried = 0  # pieces of work handed from a lost connection to the next
         self.republished = 0  # marked copies of publishes whose confirm was lost
 
@@ -230,8 +264,8 @@ class IOThread(object):
         try:
             work(self._session)
         except Exception as exc:
-            if self._connection is not None and not self._connection.is_open:
-                return  # the connection is going: _on_closed hands it on
+            if not self._pair_open():
+                return  # a connection is going: _on_closed hands it on
             logger.exception("error while running %s", work.pending.description)
             work.pending.fail(BrokerConnectionError("internal error: %s" % exc))
 
@@ -254,22 +288,44 @@ class IOThread(object):
         self._dispatched = collections.deque(w for w in self._dispatched if w.pending.wanted)
         self._prune_at = max(_PRUNE_EVERY, 2 * len(self._dispatched))
 
+    def _pair_open(self):
+        return all(c is not None and c.is_open for c in (self._connection, self._publishing))
+
     def _connect(self):
+        """Open the main connection; the publishing one follows once it is open."""
         if self._stopping:
             return
         parameters = self._parameters[self._attempt % len(self._parameters)]
         logger.debug("connecting to %s", describe_parameters(parameters))
-        self._connection = pika.SelectConnection(
+        self._publishing = None
+        self._connection = self._open_connection(parameters, self._on_main_open)
+
+    def _open_connection(self, parameters, on_open):
+        connection = pika.SelectConnection(
             parameters,
-            on_open_callback=self._on_open,
+            on_open_callback=on_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_closed,
             custom_ioloop=self._ioloop,
         )
+        self._open_connections.add(connection)
+        return connection
 
-    def _on_open(self, connection):
+    def _on_main_open(self, connection):
         if connection is not self._connection:
             return
+        parameters = copy.copy(connection.params)
+        name = (parameters.client_properties or {}).get("connection_name", "asgi_amqp")
+        parameters.client_properties = {"connection_name": "%s (publishing)" % name}
+        self._publishing = self._open_connection(parameters, self._on_open)
+
+    def _on_open(self, publishing):
+        """Both connections of the pair are open: a session starts on them."""
+        if publishing is not self._publishing:
+            return
+        connection = self._connection
+        publishing.add_on_connection_blocked_callback(self._on_blocked)
+        publishing.add_on_connection_unblocked_callback(self._on_unblocked)
         if self._ever_connected:
             logger.info("reconnected to %s", describe_parameters(connection.params))
         self._attempt = 0
@@ -288,6 +344,7 @@ class IOThread(object):
         self._held.clear()  # the old channels' deliveries are back in their queues
         self._session = Session(
             connection,
+            publishing,
             self._liveness,
             self._handed_off,
             self._held,
@@ -299,6 +356,16 @@ class IOThread(object):
                 self._dispatch(work)
 
     def _on_open_error(self, connection, error):
+        self._open_connections.discard(connection)
+        if connection not in (self._connection, self._publishing):
+            self._stop_when_closed()
+            return
+        if connection is self._publishing:
+            self._drop(self._connection)  # the pair is incomplete: start again
+        self._connection = self._publishing = None
+        if self._stopping:
+            self._stop_when_closed()
+            return
         self._refused = True
         self._last_error = _connection_error(error, connection.params)
         self.last_error = str(self._last_error)
@@ -308,8 +375,16 @@ class IOThread(object):
         self._schedule_reconnect()
 
     def _on_closed(self, connection, reason):
-        if connection is not self._connection:
+        self._open_connections.discard(connection)
+        if connection not in (self._connection, self._publishing):
+            self._stop_when_closed()  # the other half of a pair already handled
             return
+        # The other half goes too, once the session's parts stopped listening:
+        # its channels close gracefully, and what arrives on them meanwhile
+        # is ignored (the work is handed on, the broker requeues deliveries).
+        other = self._publishing if connection is self._connection else self._connection
+        self._connection = self._publishing = None
+        self._set_unblocked()
         session, self._session = self._session, None
         self.connected = False
         dispatched, self._dispatched = self._dispatched, collections.deque()
@@ -320,15 +395,17 @@ class IOThread(object):
             closed = LayerClosed("the layer is closed")
             if session is not None:
                 session.close(closed)
+            self._drop(other)
             for work in dispatched:
                 work.pending.fail(closed)
-            self._ioloop.stop()
+            self._stop_when_closed()
             return
         error = BrokerConnectionError(
             "connection to %s lost: %s" % (describe_parameters(connection.params), _reason(reason))
         )
         if session is not None:
             session.lose()
+        self._drop(other)
         self._hand_on(dispatched)
         self.connection_losses += 1
         if self.disconnected_since is None:
@@ -355,9 +432,56 @@ class IOThread(object):
         logger.info("%d operations in flight will run again on the next connection", len(carried))
         self._waiting.extendleft(reversed(carried))
 
+    def _drop(self, connection):
+        """Close the other half of a pair that is going; its close is then ignored."""
+        if connection is None or connection.is_closing or connection.is_closed:
+            return
+        try:
+            connection.close()
+        except pika.exceptions.ConnectionWrongStateError:
+            logger.debug("closing a connection of the pair", exc_info=True)
+
+    def _stop_when_closed(self):
+        """Stop the loop while stopping, once no connection is left to close."""
+        if self._stopping and not self._open_connections:
+            self._ioloop.stop()
+
+    # -- resource alarms ----------------------------------------------------------
+
+    def _on_blocked(self, connection, frame):
+        if connection is not self._publishing:
+            return
+        reason = getattr(frame.method, "reason", None) or "a resource alarm"
+        self.blocked = reason
+        self.blocked_since = time.monotonic()
+        logger.warning(
+            "the broker at %s blocks publishing: %s (a resource alarm); sends fail with "
+            "BrokerBlocked until it clears, receives go on",
+            describe_parameters(connection.params),
+            reason,
+        )
+        if self._session is not None:
+            self._session.publisher.block(reason)
+
+    def _on_unblocked(self, connection, _frame):
+        if connection is not self._publishing:
+            return
+        logger.warning(
+            "the broker at %s publishes again: the alarm cleared after %.1f s",
+            describe_parameters(connection.params),
+            time.monotonic() - (self.blocked_since or time.monotonic()),
+        )
+        self._set_unblocked()
+
+    def _set_unblocked(self):
+        self.blocked = None
+        self.blocked_since = None
+        if self._session is not None:
+            self._session.publisher.unblock()
+
     def _schedule_reconnect(self):
         if self._stopping:
-            self._ioloop.stop()
+            self._stop_when_closed()
             return
         self._attempt += 1
         rounds = (self._attempt - 1) // len(self._parameters)
@@ -379,10 +503,13 @@ class IOThread(object):
 
     def _shutdown(self):
         self._fail_waiting(LayerClosed("the layer is closed"))
-        connection = self._connection
-        if connection is not None and connection.is_open:
-            connection.close()
-            return  # _on_closed stops the loop
+        closing = False
+        for connection in (self._connection, self._publishing):
+            if connection is not None and connection.is_open:
+                connection.close()
+                closing = True
+        if closing:
+            return  # _on_closed stops the loop once both are closed
         # Never opened, still opening or reconnecting: nothing to close cleanly.
         self._ioloop.stop()
 

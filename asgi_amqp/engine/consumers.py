@@ -58,6 +58,7 @@ import collections
 import logging
 import time
 
+from ..errors import PRECONDITION_FAILED
 from ..naming import is_process_local_queue
 from . import declares
 from .channel_user import ChannelUser
@@ -379,6 +380,12 @@ class ConsumerPool(ChannelUser):
         if self._settling:
             self._settling.pop(0)()
 
+    def _fail_waiters(self, queue, error):
+        for waiter in [w for w in self._waiters if queue in w.queues]:
+            self._waiters.remove(waiter)
+            self._connection.ioloop.remove_timeout(waiter.timer)
+            waiter.pending.fail(error)
+
     def _expire(self, waiter):
         if waiter in self._waiters:
             self._waiters.remove(waiter)
@@ -412,6 +419,12 @@ class ConsumerPool(ChannelUser):
 
     def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:
+            return
+        if error is not None and getattr(error, "reply_code", None) == PRECONDITION_FAILED:
+            # The queue exists with other settings: waiting cannot help, so
+            # the receive fails now with the broker's reason.
+            del self._consumers[consumer.queue]
+            self._fail_waiters(consumer.queue, error)
             return
         if error is not None:
             logger.warning("cannot consume from %s: %s", consumer.queue, error)
@@ -464,6 +477,8 @@ class ConsumerPool(ChannelUser):
             self._settle_held(held, ack=False)
 
     def _on_message(self, channel, method, properties, body):
+        if self.closing:
+            return  # unacked: the broker requeues it when the channel closes
         consumer = self._by_tag.get(method.consumer_tag)
         if consumer is None:
             # Sent before our basic.cancel reached the broker.

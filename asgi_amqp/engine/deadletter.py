@@ -26,6 +26,14 @@ Deliveries are collected by the consumer callback and handled after
 a 404 (already deleted) only closes that channel. Every event is acked after
 it was handled. The loop reconnects with backoff after any error and stops
 within a fraction of a second of ``stop()``.
+
+One error is not retried every few seconds: the dead-letter queue existing
+with other settings (another ``queue_type`` on the same prefix). Retrying
+cannot fix it, so it is logged once at ERROR, kept in ``mismatch`` and
+checked again only every ``MISMATCH_RECHECK`` seconds, so that deleting the
+queue (the fix the message names) is picked up without a restart.
+``group_add`` and ``send_group`` raise the same ``QueueSettingsMismatch``,
+because they declare that queue too.
 """
 
 import logging
@@ -35,11 +43,13 @@ import pika
 import pika.exceptions
 
 from .. import naming
+from ..errors import BrokerOperationError, QueueSettingsMismatch, settings_mismatch
 from ..urls import describe_parameters
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
+MISMATCH_RECHECK = 60.0  # seconds between checks of a dead-letter queue with other settings
 PREFETCH = 50
 
 
@@ -56,6 +66,8 @@ class DeadLetterWorker(object):
         self._actions = None
         self._attempt = 0
         self.ready = threading.Event()
+        # The dead-letter queue exists with other settings (a QueueSettingsMismatch).
+        self.mismatch = None
 
     def start(self):
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
@@ -80,6 +92,9 @@ class DeadLetterWorker(object):
             parameters = self._parameters[self._attempt % len(self._parameters)]
             try:
                 self._serve(parameters)
+            except QueueSettingsMismatch as exc:
+                self.ready.clear()
+                self._settings_differ(exc)
             except Exception as exc:  # the thread must never die silently
                 self.ready.clear()
                 self._attempt += 1
@@ -94,10 +109,31 @@ class DeadLetterWorker(object):
             finally:
                 self._close_connection()
 
+    def _settings_differ(self, mismatch):
+        """Report the mismatch once, then check again only now and then."""
+        if self.mismatch is None or str(self.mismatch) != str(mismatch):
+            logger.error(
+                "dead-letter worker cannot run: %s. Group expiry does not run in this "
+                "process until then; checked again every %.0f s",
+                mismatch,
+                MISMATCH_RECHECK,
+            )
+        else:
+            logger.debug("dead-letter worker: still %s", mismatch)
+        self.mismatch = mismatch
+        self._stop.wait(MISMATCH_RECHECK)
+
     def _serve(self, parameters):
         self._connection = pika.BlockingConnection(parameters)
         events = self._connection.channel()
-        self._declare_dead_letter_queue(events)
+        try:
+            self._declare_dead_letter_queue(events)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            error = BrokerOperationError(exc.reply_code, exc.reply_text)
+            raise settings_mismatch(error, self._topology.explain_mismatch) from None
+        if self.mismatch is not None:
+            logger.warning("dead-letter worker: the dead-letter queue is usable again")
+            self.mismatch = None
         events.basic_qos(prefetch_count=PREFETCH)
         events.basic_consume(self._topology.dead_letter_queue, self._collect)
         self._actions = self._connection.channel()

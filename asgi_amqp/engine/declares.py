@@ -159,6 +159,8 @@ class DeclareExecutor(ChannelUser):
 
     def _on_step_done(self, frame):
         operation = self._current
+        if operation is None or self._closing:
+            return  # an answer on a channel closing with its session
         operation.result = frame.method
         operation.index += 1
         self._issue()
@@ -184,6 +186,11 @@ class DeclareExecutor(ChannelUser):
             operation.pending.fail(
                 BrokerOperationError(reply_code, reply_text, operation=step.describe())
             )
+
+    def forget(self):
+        """The connection is gone: the I/O thread hands the operations on."""
+        self._current = None
+        self._queue.clear()
 
     def fail_all(self, error):
         if self._current is not None:

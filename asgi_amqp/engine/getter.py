@@ -135,6 +135,8 @@ class _Lane(ChannelUser):
             self._finish(broker_call_error(exc, "receive"))
 
     def _on_declared(self, frame):
+        if self._job is None:
+            return  # forgotten: the channel closes with its session
         queue, arguments, _ = self._job
         self._liveness.touch(queue, arguments)
         if frame.method.message_count == 0:
@@ -143,11 +145,15 @@ class _Lane(ChannelUser):
             self.channel.basic_get(queue, self._on_message, auto_ack=False)
 
     def _on_empty(self, _frame):
+        if self._job is None:
+            return
         queue, arguments, _ = self._job
         self._liveness.touch(queue, arguments)
         self._finish(EMPTY)
 
     def _on_message(self, channel, method, properties, body):
+        if self._job is None:
+            return  # unacked: the broker requeues it when the channel closes
         queue, arguments, _ = self._job
         self._liveness.touch(queue, arguments)
         if self._handed_off.is_duplicate(queue, method, properties):

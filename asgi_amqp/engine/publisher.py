@@ -32,6 +32,13 @@ confirm of a message the broker did take was in flight; the docs' "Broker
 outages" weigh it against losing the message.
 
 A publish that never reached pika is simply sent on the next connection.
+
+While the broker blocks the publishing connection (a resource alarm, see
+``connection``), ``block`` fails every publish at once with
+``BrokerBlocked``: the ones waiting for a confirm (the broker may still
+deliver them when it reads their frames after the alarm), and every new one
+without handing it to pika, so it is certainly not delivered. ``unblock``
+ends that.
 """
 
 import collections
@@ -39,7 +46,7 @@ import logging
 
 import pika
 
-from ..errors import ACCESS_REFUSED, BrokerConnectionError, BrokerOperationError
+from ..errors import ACCESS_REFUSED, BrokerBlocked, BrokerConnectionError, BrokerOperationError
 from ..naming import REPUBLISHED_HEADER
 from .channel_user import ChannelUser
 
@@ -106,6 +113,7 @@ class Publisher(ChannelUser):
         self._outstanding = collections.OrderedDict()  # delivery tag -> Publish
         self._returned_ids = set()
         self._next_tag = 1
+        self._blocked = None  # the broker's reason while it blocks publishing
         super(Publisher, self).__init__(connection)
 
     def setup(self, channel, done):
@@ -117,8 +125,30 @@ class Publisher(ChannelUser):
         while self._queue and self.ready:
             self._send(self._queue.popleft())
 
+    def block(self, reason):
+        """The broker blocks publishing: fail what waits and, until ``unblock``, what comes."""
+        self._blocked = reason
+        waiting = list(self._outstanding.values()) + list(self._queue)
+        self._queue.clear()  # the confirms of the outstanding ones stay expected
+        for request in waiting:
+            request.pending.fail(
+                _blocked_error(
+                    reason,
+                    "%s was already on its way when the broker announced the block, "
+                    "and may still be delivered once the alarm clears"
+                    % request.pending.description,
+                )
+            )
+
+    def unblock(self):
+        self._blocked = None
+
     def publish(self, request):
-        if self.ready:
+        if self._blocked is not None:
+            request.pending.fail(
+                _blocked_error(self._blocked, "%s was not sent" % request.pending.description)
+            )
+        elif self.ready:
             self._send(request)
         else:
             self._queue.append(request)
@@ -193,3 +223,11 @@ class Publisher(ChannelUser):
             request.pending.fail(error)
         self._outstanding.clear()
         self._queue.clear()
+
+
+def _blocked_error(reason, what):
+    return BrokerBlocked(
+        "the broker blocks publishing because of a resource alarm (%s): %s. Receives "
+        "still work; sends work again once the broker's alarm clears" % (reason, what),
+        reason,
+    )

@@ -2,7 +2,9 @@
 
 A session holds one AMQP channel for each kind of work (publishing with
 confirms, declares, consumers for blocking receives, ``basic_get`` lanes for
-non-blocking ones) and offers each kind as one method. Callers never touch a
+non-blocking ones) and offers each kind as one method. Publishing runs on a
+connection of its own, which the broker blocks during a resource alarm;
+everything else shares the other one and goes on. Callers never touch a
 session: they hand the I/O thread a ``Work`` (or a ``publisher.Publish``)
 naming the method, and wait on its ``Pending``.
 
@@ -21,10 +23,11 @@ from .publisher import Publisher
 class Session(object):
     """What lives on one connection: a channel for each kind of work."""
 
-    def __init__(self, connection, liveness, handed_off, held, consumer_settings):
+    def __init__(self, connection, publishing, liveness, handed_off, held, consumer_settings):
         self.connection = connection
         self.liveness = liveness
-        self.publisher = Publisher(connection)
+        # Its own connection, which a resource alarm may block (see ``connection``).
+        self.publisher = Publisher(publishing)
         self.declares = DeclareExecutor(connection)
         self.consumers = ConsumerPool(
             connection, self.declares, liveness, handed_off, held, consumer_settings

@@ -13,7 +13,7 @@ read their rows and say how a failure is reported.
 import time
 from typing import Any, Callable, Dict, Optional
 
-from ..errors import AuthenticationError, BrokerConnectionError, ChannelFull
+from ..errors import AuthenticationError, BrokerBlocked, BrokerConnectionError, ChannelFull
 from ..pipeline import SendPipeline
 
 ON_FULL = ("fail", "skip", "retry")
@@ -45,6 +45,8 @@ def send_one(
             else:
                 layer.send(name, message)
             return True
+        except BrokerBlocked:
+            raise  # a ChannelFull, but the whole broker's: waiting here cannot help
         except ChannelFull:
             if on_full != "retry" or attempt >= retries:
                 return False
@@ -127,6 +129,10 @@ class BulkSender(object):
 
     def _settled(self, tag: Any, error: Optional[BaseException]) -> None:
         kind, name, message, where = tag
+        if isinstance(error, BrokerBlocked):  # the broker's alarm, not a full channel
+            self.failed += 1
+            self.fatal = self.fatal or error
+            return
         if isinstance(error, ChannelFull) and self.on_full == "retry":
             error = self._retry(kind, name, message)
         if error is None:

@@ -4,9 +4,11 @@ import click
 
 from ...errors import (
     AuthenticationError,
+    BrokerBlocked,
     BrokerConnectionError,
     BrokerOperationError,
     ManagementAPIError,
+    QueueSettingsMismatch,
 )
 
 EXIT_OK = 0
@@ -34,6 +36,10 @@ def _one_line(exc):
 
 def _error_for(exc):
     """A CLIError for an exception the layer raised, or None for anything else."""
+    if isinstance(exc, BrokerBlocked):  # names the alarm; a ChannelFull otherwise
+        return CLIError(_one_line(exc))
+    if isinstance(exc, QueueSettingsMismatch):  # names the setting and the fix
+        return CLIError(_one_line(exc), EXIT_PARTIAL)
     if isinstance(exc, AuthenticationError):
         return CLIError(_one_line(exc))
     if isinstance(exc, BrokerConnectionError):

@@ -1,0 +1,165 @@
+"""Broker resource alarms: sends fail at once naming the alarm, receives go on,
+everything resumes by itself when the alarm clears.
+
+Each alarm is raised on a private node with rabbitmqctl: a memory watermark
+far below what the node uses, or a free-disk limit far above what the disk
+has. The broker then blocks every connection that publishes.
+"""
+
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from asgi_amqp import BrokerBlocked, BrokerConnectionError
+from helpers import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
+OPERATION_TIMEOUT = 3.0
+MARGIN = 1.5  # seconds a call may take beyond operation_timeout on a loaded machine
+
+# kind: (rabbitmqctl arguments that raise it, arguments that clear it, the broker's reason)
+ALARMS = {
+    "memory": (
+        ["set_vm_memory_high_watermark", "0.0000001"],
+        ["set_vm_memory_high_watermark", "0.4"],
+        "memory",
+    ),
+    "disk": (
+        ["set_disk_free_limit", "100000GB"],
+        ["set_disk_free_limit", "50MB"],
+        "disk",
+    ),
+}
+
+
+class Alarm(object):
+    """Raises one kind of alarm on ``node`` and always clears it again."""
+
+    def __init__(self, node, kind):
+        self.node = node
+        self.raise_args, self.clear_args, self.reason = ALARMS[kind]
+
+    def __enter__(self):
+        self.node.ctl(*self.raise_args)
+        return self
+
+    def clear(self):
+        self.node.ctl(*self.clear_args)
+
+    def __exit__(self, *exc):
+        self.clear()
+
+
+def _layer(new_layer, node):
+    return new_layer(
+        node, operation_timeout=OPERATION_TIMEOUT, receive_timeout=1, capacity=1000, expiry=60
+    )
+
+
+def _timed(call, *args):
+    """(seconds, result or the exception raised) of ``call(*args)``."""
+    started = time.monotonic()
+    try:
+        outcome = call(*args)
+    except Exception as exc:
+        outcome = exc
+    return time.monotonic() - started, outcome
+
+
+def _send_until_blocked(layer, channel, sent):
+    """Send numbered messages until the broker blocks; every send is bounded."""
+
+    def blocked():
+        took, outcome = _timed(layer.send, channel, {"n": len(sent)})
+        assert took < OPERATION_TIMEOUT + MARGIN, "a send took %.1f s" % took
+        if outcome is None:
+            sent.append(len(sent))
+            return False
+        assert not isinstance(outcome, BrokerConnectionError), outcome
+        assert isinstance(outcome, BrokerBlocked), repr(outcome)
+        return outcome
+
+    # A memory alarm is raised at once; a disk alarm at the next disk check.
+    return wait_until(blocked, 30, interval=0.2, message="the broker blocked publishing")
+
+
+@pytest.mark.parametrize("kind", sorted(ALARMS))
+def test_an_alarm_fails_sends_at_once_while_receives_go_on(node, new_layer, kind, caplog):
+    caplog.set_level(logging.WARNING, logger="asgi_amqp")
+    layer = _layer(new_layer, node)
+    channel = "alarm-%s" % kind
+    for n in range(3):
+        layer.send(channel, {"queued": n})
+    sent = []
+    with Alarm(node, kind) as alarm:
+        error = _send_until_blocked(layer, channel, sent)
+        assert alarm.reason in str(error) and "alarm" in str(error)
+        assert alarm.reason in error.reason
+        assert isinstance(error, layer.ChannelFull)  # daphne: 503 / close 1013
+
+        # The connection is known to be blocked: the next send fails at once.
+        took, outcome = _timed(layer.send, channel, {"late": 1})
+        assert isinstance(outcome, BrokerBlocked) and took < 0.5, (took, outcome)
+        stats = layer.connection_statistics()
+        assert stats["blocked"] is True and alarm.reason in stats["blocked_reason"]
+        assert stats["connected"] is True
+        outcomes = layer.send_many([(channel, {"many": n}) for n in range(5)])
+        assert all(isinstance(o, BrokerBlocked) for o in outcomes), outcomes
+        took, outcome = _timed(layer.send_group, "alarm-group", {"g": 1})
+        assert isinstance(outcome, BrokerBlocked) and took < OPERATION_TIMEOUT + MARGIN
+
+        # Receives of messages queued before the alarm work during it.
+        assert layer.receive([channel]) == (channel, {"queued": 0})
+        assert layer.receive([channel], block=True) == (channel, {"queued": 1})
+        assert layer.receive([channel]) == (channel, {"queued": 2})
+        assert any("blocks publishing" in r.getMessage() for r in caplog.records)
+
+    # Cleared: the same layer sends again, without a new connection.
+    losses = layer.connection_statistics()["connection_losses"]
+
+    def sends():
+        _, outcome = _timed(layer.send, channel, {"after": 1})
+        return outcome is None
+
+    wait_until(sends, 30, interval=0.2, message="sending again after the alarm")
+    assert layer.connection_statistics()["blocked"] is False
+    assert layer.connection_statistics()["connection_losses"] == losses
+    assert any("publishes again" in r.getMessage() for r in caplog.records)
+    received = []
+    while True:
+        got, message = layer.receive([channel], block=True)
+        if got is None:
+            break
+        received.append(message)
+    assert {"after": 1} in received
+    # Sends that raised BrokerBlocked at once were never handed to the broker.
+    assert {"late": 1} not in received
+    assert not any("many" in m for m in received)
+
+
+def test_the_cli_names_the_alarm(node):
+    env = dict(os.environ, AMQP_URL=node.amqp_url, AMQP_MANAGEMENT_URL=node.management_url)
+    command = [sys.executable, "-m", "asgi_amqp", "--prefix", "cli-%s" % uuid.uuid4().hex[:8]]
+    with Alarm(node, "memory") as alarm:
+
+        def refused():
+            run = subprocess.run(
+                command + ["send", "alarm.cli", '{"n": 1}'],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            return run if run.returncode != 0 else None
+
+        run = wait_until(refused, 60, interval=0.2, message="the CLI refused by the alarm")
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1, run.stderr
+        assert "alarm" in lines[0] and alarm.reason in lines[0], lines[0]
+        assert "cannot reach" not in lines[0]

@@ -230,7 +230,12 @@ def test_receive_accepts_a_set_of_channels(layer):
 
 
 def test_hosts_is_the_node_list_under_asgi_redis_name(broker):
-    layer = AMQPChannelLayer(hosts=[broker.amqp_url], prefix="t-hosts", dead_letter_worker=False)
+    layer = AMQPChannelLayer(
+        hosts=[broker.amqp_url],
+        management_url=broker.management_url,
+        prefix="t-hosts",
+        dead_letter_worker=False,
+    )
     try:
         layer.send("hosts.check", {"n": 1})
         assert layer.receive(["hosts.check"]) == ("hosts.check", {"n": 1})

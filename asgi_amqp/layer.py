@@ -279,17 +279,19 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         is going down, or a quorum queue between leaders, refuses messages
         too, and that is not ChannelFull.
 
-        The check declares the queue with this layer's arguments, not
-        passively: a queue created with a smaller capacity is full at a depth
-        below ours, and the broker's refusal to declare it names the
-        mismatch (``QueueSettingsMismatch``) instead of a refusal that looks
-        like a failing node."""
+        The depth comes from a passive declare, which works whatever the
+        queue's arguments. A queue that is not full by this layer's
+        capacity is then declared with this layer's arguments: one created
+        with a smaller capacity (full below ours) makes the broker refuse
+        that declare, which names the mismatch (``QueueSettingsMismatch``)
+        instead of a refusal that looks like a failing node."""
         depth = self._admin(
-            [self._declare_channel_queue(channel)], "check %s" % queue
+            [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
         ).message_count
         if depth >= self.get_capacity(channel):
             self._stats.count_full(channel)
             raise self.ChannelFull("channel %s is full" % channel)
+        self._admin([self._declare_channel_queue(channel)], "check %s" % queue)
 
     def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
         """Send every ``(channel, message)`` of ``items``, many in flight at once.

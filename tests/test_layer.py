@@ -7,7 +7,7 @@ import time
 import pytest
 
 from asgi_amqp import AMQPChannelLayer, LayerClosed
-from helpers import Management, drain, make_layer
+from helpers import Management, drain, free_port, make_layer
 
 
 @pytest.fixture
@@ -255,3 +255,19 @@ def test_hosts_that_are_not_amqp_urls_name_url(hosts):
 def test_url_and_hosts_together_are_refused(broker):
     with pytest.raises(TypeError, match="not both"):
         AMQPChannelLayer(url=broker.amqp_url, hosts=[broker.amqp_url])
+
+
+def test_a_node_list_whose_first_node_is_down_uses_the_next(broker):
+    down = "amqp://guest:guest@127.0.0.1:%d/%%2F" % free_port()
+    layer = AMQPChannelLayer(
+        url=[down, broker.amqp_url],
+        management_url=broker.management_url,
+        prefix="t-failover-%s" % os.getpid(),
+        dead_letter_worker=False,
+    )
+    try:
+        layer.send("failover.check", {"n": 1})
+        assert layer.receive(["failover.check"]) == ("failover.check", {"n": 1})
+    finally:
+        layer.flush()
+        layer.close()

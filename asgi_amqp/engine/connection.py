@@ -370,7 +370,13 @@ class IOThread(object):
         self._last_error = _connection_error(error, connection.params)
         self.last_error = str(self._last_error)
         logger.warning("%s", self._last_error)
-        if isinstance(self._last_error, AuthenticationError) or not self._ever_connected:
+        # A layer that never connected fails its callers once every URL of
+        # the list refused: a typo is an error in seconds, and a first node
+        # that is down is not.
+        every_url_tried = self._attempt + 1 >= len(self._parameters)
+        if isinstance(self._last_error, AuthenticationError) or (
+            not self._ever_connected and every_url_tried
+        ):
             self._fail_waiting(self._last_error)
         self._schedule_reconnect()
 

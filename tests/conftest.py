@@ -9,6 +9,7 @@
   the ``asgi-amqp`` command on it (``helpers.run_cli``), and a layer on it.
 """
 
+import logging
 import uuid
 
 import pytest
@@ -62,3 +63,16 @@ def cli_env(broker, cli_prefix):
 def cli_layer(broker, cli_prefix, new_layer):
     """A layer on the command's prefix (to check what it did), flushed afterwards."""
     return new_layer(broker, flush=True, prefix=cli_prefix)
+
+
+@pytest.fixture(autouse=True)
+def _logging_untouched():
+    """Logging as it was before each test: the ``asgi-amqp`` command, run
+    in-process, configures logging for its process (root level and handler,
+    pika's level), which must not hide records from the tests after it."""
+    root, pika_logger = logging.getLogger(), logging.getLogger("pika")
+    saved = root.level, list(root.handlers), pika_logger.level
+    yield
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    pika_logger.setLevel(saved[2])

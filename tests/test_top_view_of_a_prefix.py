@@ -321,7 +321,11 @@ def test_rates_show_traffic_in_and_out(broker, new_layer, env):
             layer.receive(["top.flow"])
         body = top_json(env, prefix)
         channel = {c["name"]: c for c in body["channels"]}.get("top.flow")
-        return channel if channel and channel["in_rate"] > 0 and channel["out_rate"] > 0 else None
+        # The rates and the count come from different samples of the broker:
+        # wait for both.
+        if channel and channel["in_rate"] > 0 and channel["out_rate"] > 0:
+            return channel if channel["taken_in"] >= 5 else None
+        return None
 
     channel = wait_until(flowing, timeout=40, interval=0.1, message="in and out rates above 0")
     assert channel["taken_in"] >= 5

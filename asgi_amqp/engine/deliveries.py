@@ -58,6 +58,30 @@ class HandedOff(object):
         # The I/O thread's held messages (HeldMessages): a copy
         # that arrives while its original waits there, unhanded, is a copy.
         self.held = None
+        # Keys of messages a non-blocking receive's wave has taken and not
+        # yet handed out or put back: a copy arriving meanwhile is a copy.
+        self._taking = collections.Counter()
+
+    def taking(self, delivery):
+        """A wave took ``delivery``; until ``taken`` says how that ended, a copy is dropped."""
+        if delivery.message_id:
+            key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
+            with self._lock:
+                self._taking[key] += 1
+
+    def taken(self, delivery):
+        """The wave handed ``delivery`` out (``add`` records that) or put it back."""
+        if delivery.message_id:
+            key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
+            with self._lock:
+                self._taking[key] -= 1
+                if self._taking[key] <= 0:
+                    del self._taking[key]
+
+    def forget_taking(self):
+        """The connection went: what the waves had taken is back in its queues."""
+        with self._lock:
+            self._taking.clear()
 
     def add(self, delivery):
         if delivery.message_id:
@@ -77,7 +101,7 @@ class HandedOff(object):
         if self.held is not None and self.held.has(queue, key):
             return True
         with self._lock:
-            return key in self._keys
+            return key in self._keys or key in self._taking
 
 
 def delivery_key(queue, message_id, headers):

@@ -163,6 +163,7 @@ class _Lane(ChannelUser):
         delivery = Delivery(
             queue, properties.headers or {}, body, method.redelivered, properties.message_id
         )
+        self._handed_off.taking(delivery)
         self._finish(_Taken(self, channel, method.delivery_tag, delivery))
 
     def forget(self):
@@ -346,8 +347,8 @@ class Getter(object):
             self._conclude_wave(request)
 
     def _conclude_wave(self, request):
-        taken = sorted((p, r) for p, r in request.results if isinstance(r, _Taken))
-        taken = [r for _, r in taken if r.still_held]
+        every_taken = sorted((p, r) for p, r in request.results if isinstance(r, _Taken))
+        taken = [r for _, r in every_taken if r.still_held]
         errors = [r for _, r in request.results if isinstance(r, Exception)]
         request.results = []
         if taken:
@@ -359,6 +360,9 @@ class Getter(object):
             else:
                 losers = taken
             put_back = [loser.lane for loser in losers if self._give_back(loser)]
+        for _, result in every_taken:  # handed out (logged), held, or put back
+            self._handed_off.taken(result.delivery)
+        if taken:
             self._current = None
             for lane in put_back:
                 self._barriers += 1
@@ -467,6 +471,7 @@ class Getter(object):
         """The connection is gone; the I/O thread retries the requests."""
         for lane in self._lanes:
             lane.forget()
+        self._handed_off.forget_taking()
         self._current = None
         self._barriers = 0
         self._requests.clear()

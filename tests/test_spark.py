@@ -16,7 +16,7 @@ import pyspark  # noqa: F401  (make test installs the spark extra)
 import pytest
 
 from asgi_amqp.spark import SendResult, send_dataframe  # noqa: E402
-from helpers import drain  # noqa: E402
+from helpers import Management, drain, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -409,6 +409,15 @@ def test_layer_config_gives_queues_the_applications_arguments(spark, broker, pre
 def test_an_existing_queue_keeps_its_arguments_and_its_capacity(spark, broker, prefix, new_layer):
     app = new_layer(broker, flush=True, prefix=prefix, capacity=4, expiry=25)
     app.send("sp.old", {"i": -1})  # its queue: capacity 4, expiry 25
+    # The sender reads existing queues' capacities from the management API,
+    # whose listing follows a new queue a moment later (longer under load).
+    api = Management(broker)
+    queue = app.topology.channel_queue("sp.old")
+    wait_until(
+        lambda: queue in [q["name"] for q in api.queues(prefix)],
+        15,
+        message="the queue listed by the management API",
+    )
     df = spark.createDataFrame(
         [("sp.old", '{"i": %d}' % i) for i in range(5)], "ch string, m string"
     )

@@ -61,6 +61,7 @@ def layer(broker, prefix, new_layer):
 
 
 def _send(broker, prefix, df, capacity=5000, **kwargs):
+    kwargs.setdefault("management_url", broker.management_url)
     return send_dataframe(df, url=broker.amqp_url, prefix=prefix, capacity=capacity, **kwargs)
 
 

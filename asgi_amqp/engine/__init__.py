@@ -138,8 +138,10 @@ class Engine(object):
             if self._worker is not None and not self._worker.alive and not self._closed:
                 logger.error("the dead-letter worker died; starting a new one")
                 self._worker = self._new_worker()
-            assert self._io is not None
-            return self._io
+            io = self._io
+            if io is None:  # _start_threads always sets it; never under -O either
+                raise RuntimeError("the I/O thread could not be started")
+            return io
 
     def _start_threads(self) -> None:
         self._handed_off = HandedOff()  # per process: a forked child starts empty

@@ -10,6 +10,8 @@
 """
 
 import logging
+import threading
+import time
 import uuid
 
 import pytest
@@ -76,3 +78,26 @@ def _logging_untouched():
     root.setLevel(saved[0])
     root.handlers[:] = saved[1]
     pika_logger.setLevel(saved[2])
+
+
+# -- threads the layer starts stop on close() -----------------------------------------------
+
+
+def _layer_threads():
+    return {t for t in threading.enumerate() if t.name.startswith("asgi_amqp-") and t.is_alive()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_layer_thread_outlives_its_module():
+    """Every thread a layer starts (I/O, dead-letter worker) ends when the
+    layer is closed. A module that leaves one running leaked a layer, or
+    the layer lost track of a thread; either way its reconnect attempts
+    would log into the tests after it."""
+    before = _layer_threads()
+    yield
+    deadline = time.monotonic() + 10.0
+    left = _layer_threads() - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _layer_threads() - before
+    assert not left, "threads still running after the module: %s" % sorted(t.name for t in left)

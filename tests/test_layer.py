@@ -43,6 +43,41 @@ def test_close_stops_every_thread(broker):
         layer.send("c", {"a": 1})
 
 
+def test_first_calls_racing_from_many_threads_start_one_pair_of_threads(broker):
+    """Sixteen threads make a fresh layer's first call at once: one I/O thread
+    and one dead-letter worker start, and close() stops every thread started.
+    (Each first caller once made a start lock of its own, and every racer
+    started a pair, of which close() stopped only the last.)"""
+    for _ in range(3):
+        before = set(threading.enumerate())
+        layer = make_layer(broker)
+        gate = threading.Barrier(16)
+        errors = []
+
+        def first_call(layer, gate, errors):
+            try:
+                gate.wait(10)
+                layer.send("race", {"a": 1})
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        callers = [
+            threading.Thread(target=first_call, args=(layer, gate, errors)) for _ in range(16)
+        ]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(30)
+        started = {t for t in threading.enumerate() if t.name.startswith("asgi_amqp-")} - before
+        assert not errors, errors
+        assert sorted(t.name for t in started) == ["asgi_amqp-deadletters", "asgi_amqp-io"]
+        layer.flush()
+        layer.close()
+        for thread in started:
+            thread.join(10)
+            assert not thread.is_alive(), thread.name
+
+
 def test_sixteen_threads_share_one_layer(layer):
     per_thread = 50
     errors = []

@@ -73,6 +73,22 @@ __all__ = [
     "queue_purge",
 ]
 
+
+class _ForkGuard(object):
+    """A module lock that every forked child gets afresh (os.register_at_fork)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def renew(self) -> None:
+        self.lock = threading.Lock()
+
+
+_fork_guard = _ForkGuard()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fork_guard.renew)
+
+
 Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
 # exchange, routing key, body, properties, mandatory, what (for errors), fans out
 PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str, bool]
@@ -104,6 +120,7 @@ class Engine(object):
         self._settle_after_outage = settle_after_outage
         self._run_worker = dead_letter_worker
         self._start_lock = threading.Lock()
+        self._lock_pid = os.getpid()  # the process whose threads can hold _start_lock
         self._pid: Optional[int] = None
         self._io: Optional[IOThread] = None
         self._worker: Optional[DeadLetterWorker] = None
@@ -121,11 +138,7 @@ class Engine(object):
         io = self._io
         if io is not None and self._pid == os.getpid() and io.alive:
             return io
-        if self._pid != os.getpid():
-            # A lock held by some thread of the parent at fork time stays held
-            # forever in the child, which has only the forking thread.
-            self._start_lock = threading.Lock()
-        with self._start_lock:
+        with self._lock_of_this_process():
             if self._closed:  # closed while this caller was on its way here
                 raise LayerClosed("the layer is closed")
             if self._io is None or self._pid != os.getpid():
@@ -142,6 +155,22 @@ class Engine(object):
             if io is None:  # _start_threads always sets it; never under -O either
                 raise RuntimeError("the I/O thread could not be started")
             return io
+
+    def _lock_of_this_process(self) -> threading.Lock:
+        """The start lock, new in a forked child.
+
+        A lock held by some thread of the parent at fork time stays held
+        forever in the child, which has only the forking thread. The lock is
+        replaced once per process, under a module lock that is itself new
+        in every child: two first callers racing here must share one lock,
+        or each starts an I/O thread and one pair is never stopped.
+        """
+        if self._lock_pid != os.getpid():
+            with _fork_guard.lock:
+                if self._lock_pid != os.getpid():
+                    self._start_lock = threading.Lock()
+                    self._lock_pid = os.getpid()
+        return self._start_lock
 
     def _start_threads(self) -> None:
         self._handed_off = HandedOff()  # per process: a forked child starts empty

@@ -153,11 +153,20 @@ def _configure_logging(verbosity):
     handler = logging.StreamHandler(sys.stderr)
     handler.set_name(_LOG_HANDLER)
     handler.setFormatter(logging.Formatter(PROG + ": %(levelname)s: %(name)s: %(message)s"))
+    # pika logs what the tools expect (a passive declare's 404, a returned
+    # publish, with the first bytes of its body, each failed connection
+    # attempt before the next URL is tried) as warnings and errors: shown
+    # with -vv only. The handler's own filter holds this even for a record
+    # whose logger checked its level before this function ran.
+    if verbosity < 2:
+        handler.addFilter(_not_pika)
     root.addHandler(handler)
     root.setLevel(level)
-    # pika logs what the tools expect (a passive declare's 404, a returned
-    # publish, with the first bytes of its body) as warnings: debug only.
     logging.getLogger("pika").setLevel(level if verbosity >= 2 else logging.CRITICAL)
+
+
+def _not_pika(record):
+    return not (record.name == "pika" or record.name.startswith("pika."))
 
 
 def _has_password(url):

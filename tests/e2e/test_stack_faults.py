@@ -14,6 +14,11 @@ the faults: measured on one quiet machine, the landed 987c685 failed 3 of
 63 pings with 0 lost and 66 s to work through the backlog, and the current
 code hits the 120 s cap. At 5/s every target holds (kills: 0 lost, 0.5 s
 longest silence, settled in 0.4 s). ``make faults-stack`` keeps 10/s.
+
+Around the restart a client may be silent for 5 s beyond the broker's own
+outage, which a probe measures (``stop_app`` and ``start_app`` add seconds
+to the 5 s pause: 13-14 s from ``stop_app`` to ``start_app``'s return was
+seen, and a 10.01 s silence then failed a flat pause + 5 s).
 """
 
 import pytest

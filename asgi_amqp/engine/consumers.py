@@ -27,25 +27,8 @@ consumers are kept between calls instead:
 Held messages are unacked: if this process dies they go back to the queue,
 so nothing it had not handed to a caller is lost.
 
-Non-blocking receives use the same consumers (see ``keep``). A queue that
-only this process reads (a process-local ``foo!`` queue, such as daphne's
-reply channels) and that
-``receive(block=False)`` polls at least ``POLLS_TO_CONSUME`` times within
-``linger`` gets a consumer with the full ``prefetch`` window, so the next
-polls take what it was pushed in the caller's own thread, and a poll over
-queues that are all consumed costs one round trip on the consumers'
-channel (``settle``) instead of one ``basic.get`` per queue. What such a
-consumer holds is kept for the poller while it polls, and the consumer is
-cancelled once its queue has not been polled for ``linger``. Any other
-channel is polled with ``basic.get`` only: several processes may read it
-(Channels 1.x parks messages in ``__wait__...?...`` channels that every
-worker reads), and a consumer there would take messages another reader is
-asking for. A consumed queue
-is never asked with ``basic.get``: a get racing the pushes to a consumer
-of the same queue can take a message ahead of one already on its way to
-us, and the channel's order would be lost. At most ``max_consumers``
-consumers are kept: past that, the one wanted longest ago (and not waited
-on) is cancelled.
+Non-blocking receives use the same consumers on process-local queues they
+poll often; ``polled.py`` says how and why.
 
 Held messages live in ``HeldMessages``, the one structure here that callers'
 threads touch: a caller takes a held message under its lock without a trip
@@ -59,11 +42,12 @@ import logging
 import time
 
 from ..errors import PRECONDITION_FAILED
-from ..naming import is_process_local_queue
 from . import declares
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
 from .futures import Pending
+from .housekeeping import Housekeeping
+from .polled import PolledQueues
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +64,6 @@ class ConsumerSettings(
 # blocking receive.
 THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
-
-
-# Polls of one queue within ``linger`` after which it gets a consumer.
-POLLS_TO_CONSUME = 3
 
 
 class _Consumer(object):
@@ -124,7 +104,10 @@ class _Waiter(object):
         self.timer = None
 
 
-class ConsumerPool(ChannelUser):
+class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
+    """The consumers' channel: blocking receives here, polls in ``PolledQueues``,
+    the linger and idle timers in ``Housekeeping``."""
+
     name = "consume"
 
     def __init__(self, connection, declare_executor, liveness, handed_off, held, settings):
@@ -191,116 +174,6 @@ class ConsumerPool(ChannelUser):
         self._waiters.append(waiter)
         return True
 
-    # -- non-blocking receives ------------------------------------------------
-
-    def keep(self, queues):
-        """Consume each of ``queues`` that a non-blocking receive polls.
-
-        Only queues this connection knows to exist get one, started at once
-        (a consume on a missing queue would close the channel under every
-        other consumer); the getter asks the others with ``basic.get``,
-        which declares them. The getter calls this between two requests,
-        never while a ``basic.get`` is out: a consumer started under a get
-        of the same queue could be pushed the message ahead of the one the
-        get returns.
-        """
-        if not self.ready:
-            return
-        now = time.monotonic()
-        for queue, arguments in queues:
-            consumer = self._consumers.get(queue)
-            if consumer is not None:
-                consumer.wanted_at = now
-            elif (
-                is_process_local_queue(queue)
-                and self._polled_often(queue, now)
-                and self._liveness.alive(queue)
-                and self._unavailable.get(queue, 0) <= now
-            ):
-                if len(self._consumers) >= self._max_consumers:
-                    self._evict_one()
-                consumer = self._consumers[queue] = _Consumer(queue, self._prefetch)
-                consumer.polled = True
-                self._start(consumer, arguments)
-
-    def _polled_often(self, queue, now):
-        """Count a poll of ``queue``; True once it has ``POLLS_TO_CONSUME`` within ``linger``."""
-        count, since = self._polls.get(queue, (0, now))
-        if now - since > self._linger:
-            count, since = 0, now
-        count += 1
-        if count >= POLLS_TO_CONSUME:
-            self._polls.pop(queue, None)
-            return True
-        if len(self._polls) > 4096:  # names come and go: forget the stale ones
-            self._polls = {q: v for q, v in self._polls.items() if now - v[1] <= self._linger}
-        self._polls[queue] = (count, since)
-        return False
-
-    def consumes(self, queue):
-        """Whether a consumer of ours is (being) started on ``queue``: then no basic.get."""
-        consumer = self._consumers.get(queue)
-        return consumer is not None and consumer.active
-
-    def count_ready(self, queues, callback):
-        """Ask the broker how many messages wait in ``queues``; ``callback(total)``.
-
-        Passive declares, on the admin channel: they never go to a consumer.
-        A queue gone since counts 0.
-        """
-        counts = []
-
-        def counted(method, error):
-            counts.append(getattr(method, "message_count", 0) if error is None else 0)
-            if len(counts) == len(queues):
-                callback(sum(counts))
-
-        for queue in queues:
-            self._declares.run(
-                Pending("count %s" % queue, on_done=counted),
-                [declares.queue_declare(queue, None, passive=True, not_found_ok=True)],
-            )
-
-    def behind_queues(self, queues):
-        """Those of ``queues`` for which ``behind`` holds."""
-        return [queue for queue in queues if self.behind([queue])]
-
-    def behind(self, queues):
-        """Whether a push for one of ``queues`` may still be on its way after one ``settle``.
-
-        A consumer just started, or whose window filled since a poll last
-        found nothing, is pushed its next messages only once the broker has
-        taken our acks (or the consume) into account, and that can come
-        after the answer to a ``basic.qos``; a second round trip lets them
-        arrive first.
-        """
-        for queue in queues:
-            consumer = self._consumers.get(queue)
-            if consumer is not None and consumer.active:
-                if not consumer.confirmed or consumer.fills != consumer.checked:
-                    return True
-        return False
-
-    def checked(self, queues):
-        """A poll of ``queues`` settled and found nothing: they are not behind."""
-        for queue in queues:
-            consumer = self._consumers.get(queue)
-            if consumer is not None and consumer.confirmed:
-                consumer.checked = consumer.fills
-
-    def adopt(self, queue, channel, delivery_tag, delivery):
-        """Hold a message a ``basic.get`` took from ``queue`` in front of its
-        pushed ones, if this process consumes ``queue``; True if it did."""
-        consumer = self._consumers.get(queue)
-        if consumer is None or not consumer.active or not self.ready:
-            return False
-        self._held.put_back(queue, Held(channel, delivery_tag, delivery))
-        return True
-
-    def drop_adopted(self, channel):
-        """A getter's lane closed: the broker put back what we adopted from it."""
-        self._held.withdraw_where(lambda held: held.channel is channel and held.owner is None)
-
     def take_held(self, pending, queues):
         """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
         if self.channel is None or not self.ready:
@@ -344,42 +217,6 @@ class ConsumerPool(ChannelUser):
             self.requeued = True
         return True
 
-    def barrier(self, done):
-        """Call ``done`` once the messages put back with a nack are in their queues again.
-
-        A ``basic.get`` through a getter's lane could overtake the nack and
-        take the message behind it (see ``getter._Lane.barrier``); the
-        answer to a ``basic.qos`` on this channel comes after the broker
-        forwarded our nacks.
-        """
-        self.requeued = False
-        if not self.ready:
-            done()
-            return
-        self._settling.append(done)
-        self.channel.basic_qos(prefetch_count=self._qos, callback=self._on_settled)
-
-    def settle(self, queues, callback):
-        """Call ``callback`` once deliveries already pushed for ``queues`` have arrived.
-
-        A message sent before a non-blocking receive may have been pushed to
-        one of our consumers instead of being in the queue for basic.get. A
-        round trip on the consumers' channel (basic.qos, which changes
-        nothing) lets such a push land in ``held`` first.
-        """
-        active = any(q in self._consumers and self._consumers[q].active for q in queues)
-        if not active or not self.ready:
-            callback()
-            return
-        self._settling.append(callback)
-        # The same value: a basic.qos applies to the consumers started after it.
-        self.channel.basic_qos(prefetch_count=self._qos, callback=self._on_settled)
-
-    def _on_settled(self, _frame):
-        # Replies on one channel arrive in order: the oldest waiter is done.
-        if self._settling:
-            self._settling.pop(0)()
-
     def _fail_waiters(self, queue, error):
         for waiter in [w for w in self._waiters if queue in w.queues]:
             self._waiters.remove(waiter)
@@ -403,9 +240,7 @@ class ConsumerPool(ChannelUser):
             self._cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
-        if len(self._consumers) >= self._max_consumers:
-            self._evict_one()
-        consumer = self._consumers[queue] = _Consumer(queue, window)
+        consumer = self._add_consumer(queue, window)
         # Declared first, and on the admin channel: basic.consume on a missing
         # queue would 404 and close this channel under every other consumer,
         # and a queue whose node is down must not starve the others.
@@ -416,6 +251,14 @@ class ConsumerPool(ChannelUser):
             ),
             [declares.queue_declare(queue, arguments)],
         )
+
+    def _add_consumer(self, queue, window):
+        """A new consumer of ``queue``, not yet started; room is made under
+        ``max_consumers`` first by cancelling the one wanted longest ago."""
+        if len(self._consumers) >= self._max_consumers:
+            self._evict_one()
+        consumer = self._consumers[queue] = _Consumer(queue, window)
+        return consumer
 
     def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:
@@ -518,59 +361,6 @@ class ConsumerPool(ChannelUser):
             self._held.withdraw(consumer.queue)
             self._liveness.forget(consumer.queue)
 
-    # -- housekeeping -------------------------------------------------------
-
-    def _schedule_housekeeping(self, due=None):
-        if self._housekeeping is None and self.ready:
-            interval = max(0.01, min(self._linger, self._idle_timeout) / 2.0)
-            if due is not None:
-                interval = max(0.005, min(interval, due))
-            self._housekeeping_at = time.monotonic() + interval
-            self._housekeeping = self._connection.ioloop.call_later(interval, self._sweep)
-
-    def _sweep_by(self, when):
-        """Make the next sweep happen by ``when`` (monotonic) at the latest."""
-        if self._housekeeping is not None and self._housekeeping_at <= when:
-            return
-        if self._housekeeping is not None:
-            self._connection.ioloop.remove_timeout(self._housekeeping)
-            self._housekeeping = None
-        self._schedule_housekeeping(max(0.0, when - time.monotonic()))
-
-    def _sweep(self):
-        """Give back what lingered and cancel what nobody wants.
-
-        The next sweep is due when the oldest held message reaches
-        ``linger``, not a whole interval later: a held message is handed back
-        within a few ms of ``linger``.
-        """
-        self._housekeeping = None
-        if not self.ready:
-            return
-        now = time.monotonic()
-        wanted = set()
-        for waiter in self._waiters:
-            wanted |= waiter.queues
-        due = None
-        for consumer in list(self._consumers.values()):
-            if consumer.queue in wanted or not consumer.active:
-                continue
-            if consumer.polled and now - consumer.wanted_at <= self._linger:
-                # Polled within linger: what it holds is for the next poll.
-                due = self._linger if due is None else min(due, self._linger)
-                continue
-            since, count = self._held.held_since(consumer.queue)
-            allowed = self._linger / max(count, 1)
-            lingered = since is not None and now - since > allowed
-            unused_for = self._linger if consumer.polled else self._idle_timeout
-            idle = since is None and now - consumer.wanted_at > unused_for
-            if lingered or idle:
-                self._cancel(consumer)
-            elif since is not None:
-                left = since + allowed - now + 0.002
-                due = left if due is None else min(due, left)
-        self._schedule_housekeeping(due)
-
     def on_lost(self, reply_code, reply_text):
         # The broker requeues every unacked delivery of a closed channel, so
         # what was held is forgotten before anyone can be handed it; what
@@ -610,6 +400,6 @@ class ConsumerPool(ChannelUser):
 
     def fail_all(self, error):
         self.on_lost(None, None)
-        for pending, _, _ in self._backlog:
+        for pending, *_ in self._backlog:
             pending.resolve(None)
         self._backlog.clear()

@@ -14,19 +14,10 @@ import collections
 import logging
 import time
 
-from pika import spec
-
-from ..errors import BrokerConnectionError, BrokerOperationError
-from .channel_user import ChannelUser
-from .declares import broker_call_error
-from .deliveries import Delivery
+from .lanes import EMPTY, Lane, Taken
 
 logger = logging.getLogger(__name__)
 
-NOT_FOUND = 404
-
-
-EMPTY = "empty"
 LANES = 16  # basic.get channels, i.e. queues asked at once by one receive
 # A non-blocking receive over consumed queues in which the broker says
 # messages wait, but none was pushed to us yet, waits this long at most for
@@ -36,162 +27,6 @@ PUSH_WAIT = 0.05
 # have messages, only after this many seconds (it is always asked before a
 # call returns nothing).
 RECHECK_EMPTY = 0.01
-
-
-class _Taken(object):
-    """A message a lane took off a queue: unacked until the request decides."""
-
-    __slots__ = ("lane", "channel", "delivery_tag", "delivery")
-
-    def __init__(self, lane, channel, delivery_tag, delivery):
-        self.lane = lane
-        self.channel = channel
-        self.delivery_tag = delivery_tag
-        self.delivery = delivery
-
-    @property
-    def still_held(self):
-        """False once its channel closed: the broker has put the message back."""
-        return self.lane.channel is self.channel
-
-    def settle(self, handed):
-        """Ack it, or put it back; True if it was put back."""
-        if not self.still_held:
-            return False
-        if handed:
-            self.channel.basic_ack(self.delivery_tag)
-            return False
-        self.channel.basic_nack(self.delivery_tag, requeue=True)
-        return True
-
-
-class _Lane(ChannelUser):
-    """One channel that takes the head of one queue at a time.
-
-    A channel carries one synchronous method at a time, so asking ten queues
-    through one channel costs ten round trips; ``Getter`` asks through
-    several lanes at once instead. A 404 (the queue was flushed) closes only
-    this lane's channel and counts as empty.
-    """
-
-    name = "get"
-
-    def __init__(self, connection, liveness, handed_off, on_ready, on_closed):
-        self._liveness = liveness
-        self._handed_off = handed_off
-        self._notify_ready = on_ready
-        self._notify_closed = on_closed  # called with the channel that closed
-        self._opened = None
-        self._job = None  # (queue, arguments, report)
-        self._barrier = None  # called once earlier nacks have reached their queues
-        super(_Lane, self).__init__(connection)
-
-    @property
-    def idle(self):
-        return self.ready and self._job is None and self._barrier is None
-
-    def barrier(self, done):
-        """Call ``done`` once the messages this lane put back are in their queues again.
-
-        A nack is only sent, never answered, and the next ``basic.get`` of
-        the same queue may go through another lane, i.e. another channel
-        process of the broker, and overtake it: the queue would hand out
-        the message behind the one being put back. The answer to a
-        synchronous method on this channel (a basic.qos that changes
-        nothing) comes after the broker forwarded the nacks to the queues.
-        """
-        self._barrier = done
-        try:
-            self.channel.basic_qos(prefetch_count=0, callback=self._pass_barrier)
-        except Exception:  # the channel is going: the broker puts them back anyway
-            logger.debug("barrier on the get channel failed", exc_info=True)
-            self._pass_barrier()
-
-    def _pass_barrier(self, _frame=None):
-        done, self._barrier = self._barrier, None
-        if done is not None:
-            done()
-
-    def setup(self, channel, done):
-        self._opened = channel
-        channel.add_callback(self._on_empty, [spec.Basic.GetEmpty], one_shot=False)
-        done()
-
-    def on_ready(self):
-        self._notify_ready()
-
-    def fetch(self, queue, arguments, report):
-        """Take the head of ``queue``; ``report`` gets a _Taken, EMPTY or an exception."""
-        self._job = (queue, arguments, report)
-        try:
-            if self._liveness.alive(queue):
-                self.channel.basic_get(queue, self._on_message, auto_ack=False)
-            else:
-                self.channel.queue_declare(
-                    queue, durable=True, arguments=arguments, callback=self._on_declared
-                )
-        except Exception as exc:  # connection gone, or a name pika cannot encode
-            logger.debug("receive from %s failed", queue, exc_info=True)
-            self._finish(broker_call_error(exc, "receive"))
-
-    def _on_declared(self, frame):
-        if self._job is None:
-            return  # forgotten: the channel closes with its session
-        queue, arguments, _ = self._job
-        self._liveness.touch(queue, arguments)
-        if frame.method.message_count == 0:
-            self._finish(EMPTY)
-        else:
-            self.channel.basic_get(queue, self._on_message, auto_ack=False)
-
-    def _on_empty(self, _frame):
-        if self._job is None:
-            return
-        queue, arguments, _ = self._job
-        self._liveness.touch(queue, arguments)
-        self._finish(EMPTY)
-
-    def _on_message(self, channel, method, properties, body):
-        if self._job is None:
-            return  # unacked: the broker requeues it when the channel closes
-        queue, arguments, _ = self._job
-        self._liveness.touch(queue, arguments)
-        if self._handed_off.is_duplicate(queue, method, properties):
-            channel.basic_ack(method.delivery_tag)
-            channel.basic_get(queue, self._on_message, auto_ack=False)  # same queue again
-            return
-        delivery = Delivery(
-            queue, properties.headers or {}, body, method.redelivered, properties.message_id
-        )
-        self._handed_off.taking(delivery)
-        self._finish(_Taken(self, channel, method.delivery_tag, delivery))
-
-    def forget(self):
-        self._job = None
-        self._barrier = None
-
-    def on_lost(self, reply_code, reply_text):
-        self._notify_closed(self._opened)
-        self._pass_barrier()
-        if self._job is None:
-            return
-        if reply_code == NOT_FOUND:
-            # The queue was deleted under us (e.g. flushed): it is empty.
-            self._liveness.forget(self._job[0])
-            self._finish(EMPTY)
-        elif reply_code is None or reply_code >= 500 or reply_code == 320:
-            self._finish(
-                BrokerConnectionError(
-                    "connection lost during receive (%s %s)" % (reply_code, reply_text)
-                )
-            )
-        else:
-            # e.g. 406: the queue exists with other arguments (another expiry).
-            self._finish(BrokerOperationError(reply_code, reply_text))
-
-    def _finish(self, result):
-        job, self._job = self._job, None
-        job[2](result)
 
 
 class _GetRequest(object):
@@ -266,7 +101,7 @@ class Getter(object):
         self._barriers = 0  # lanes still putting messages back; no new wave until 0
         self._empty_at = {}  # queue -> monotonic time it last answered empty
         self._lanes = [
-            _Lane(connection, liveness, handed_off, self._on_lane_ready, consumers.drop_adopted)
+            Lane(connection, liveness, handed_off, self._on_lane_ready, consumers.drop_adopted)
             for _ in range(lanes)
         ]
 
@@ -347,7 +182,7 @@ class Getter(object):
             self._conclude_wave(request)
 
     def _conclude_wave(self, request):
-        every_taken = sorted((p, r) for p, r in request.results if isinstance(r, _Taken))
+        every_taken = sorted((p, r) for p, r in request.results if isinstance(r, Taken))
         taken = [r for _, r in every_taken if r.still_held]
         errors = [r for _, r in request.results if isinstance(r, Exception)]
         request.results = []

@@ -151,7 +151,7 @@ class PolledQueues(object):
         """Call ``done`` once the messages put back with a nack are in their queues again.
 
         A ``basic.get`` through a getter's lane could overtake the nack and
-        take the message behind it (see ``getter._Lane.barrier``); the
+        take the message behind it (see ``lanes.Lane.barrier``); the
         answer to a ``basic.qos`` on this channel comes after the broker
         forwarded our nacks.
         """

@@ -1,10 +1,8 @@
 """The I/O thread: the only thread that ever touches the pika connection.
 
 Callers hand work to it with ``submit`` and wait on a ``Pending`` with a
-timeout. ``submit`` is the one place where threads meet: it appends to an
-inbox under a lock and wakes the loop with ``add_callback_threadsafe`` (the
-one pika call that is safe from another thread), at most once per batch, so
-a burst of callers costs one wake-up.
+timeout. ``submit`` puts it in the ``Inbox`` (``inbox.py``), the one place
+where threads meet.
 
 The thread runs one pika ``IOLoop`` for its whole life and opens two
 ``SelectConnection``s on it, to the same node, after every loss, trying the
@@ -26,16 +24,8 @@ two are one unit: when either drops, the other is closed too and the work
 of both is handed to the next pair as below, so a session never has half a
 connection.
 
-While the broker blocks the publishing connection (``Connection.Blocked``,
-with its reason, "low on memory" or "low on disk"), every publish fails at
-once with ``BrokerBlocked`` instead of waiting: daphne 1.x calls ``send``
-on its reactor thread, so a send that waited for the alarm to clear would
-freeze every connection of that daphne. Publishes already in flight when
-the block arrives fail with it too (the broker may still deliver them when
-it reads their frames after the alarm). ``Connection.Unblocked`` ends it by
-itself; nothing reconnects. pika's ``blocked_connection_timeout`` is off
-unless the URL sets it: closing a blocked connection does not end an alarm,
-and the new connection would be blocked again at its first publish.
+While the broker blocks the publishing connection for a resource alarm,
+publishes fail at once (``alarms.py`` says why and how).
 
 Heartbeats are serviced by the loop whatever callers do. A connection that
 has never opened fails waiting work at once with the reason, so a typo in
@@ -53,15 +43,8 @@ caller's own timeout bounds all of it: only an outage longer than
 ``operation_timeout`` reaches the caller, as ``OperationTimeout`` naming
 the lost connection.
 
-After an outage in which the broker refused new connections (a restart, or
-a cluster node going away), publishes that fan out to process-local group
-members are held for ``settle_after_outage`` seconds. The broker carries
-that fan-out by dead-lettering, which is at most once: measured on 3.10, a
-group message dead-lettered into a quorum queue in the first 0.4-0.5 s
-after the node accepts connections again is dropped while the queue's
-leader is being elected, for 300 queues as for one, even though its
-publish was confirmed. A connection merely killed needs no settling, and
-classic queues are ready when the node accepts connections.
+After an outage in which the broker refused new connections, group
+fan-out waits a moment before it goes out (``settling.py`` says why).
 """
 
 import collections
@@ -75,10 +58,14 @@ from pika.adapters.select_connection import IOLoop
 
 from ..errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ..urls import describe_parameters
+from .alarms import ResourceAlarms
+from .connection_errors import connection_error, describe_reason
 from .consumers import ConsumerSettings
 from .deliveries import HandedOff, HeldMessages, Liveness
 from .futures import Pending
+from .inbox import Inbox
 from .session import Session, Work
+from .settling import SettlingAfterOutage
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +73,9 @@ logger = logging.getLogger(__name__)
 _PRUNE_EVERY = 1024
 
 
-class IOThread(object):
+class IOThread(ResourceAlarms, SettlingAfterOutage):
+    """The I/O thread and its connection pair (see the module docstring)."""
+
     def __init__(
         self,
         parameters,
@@ -101,14 +90,11 @@ class IOThread(object):
         self._consumer_settings = consumer_settings or ConsumerSettings(0.25, 30.0, 16)
         self._reconnect_max_delay = reconnect_max_delay
         self._settle_after_outage = settle_after_outage
-        self._lock = threading.Lock()
-        self._inbox = collections.deque()
-        self._wakeup_sent = False
+        self._inbox = Inbox()
         self._ioloop = None
         self._thread = None
         self._started = threading.Event()
         self._running = False  # from start() until the thread's last step
-        self._stopping = False
         # Everything below is touched by the I/O thread only.
         self._connection = None  # the main connection: declares, gets, consumers
         self._publishing = None  # the publishing connection of the same pair
@@ -119,9 +105,7 @@ class IOThread(object):
         # when it drops goes to the next one (pruned as it grows).
         self._dispatched = collections.deque()
         self._prune_at = _PRUNE_EVERY
-        # Fan-out held until the broker has settled after a refused outage.
-        self._settling = collections.deque()
-        self._settled_at = 0.0  # monotonic time from which fan-out goes out
+        self._settling = collections.deque()  # see SettlingAfterOutage
         self._refused = False  # a connection attempt failed since the last loss
         self._attempt = 0
         self._ever_connected = False
@@ -138,8 +122,7 @@ class IOThread(object):
         self.disconnected_since = None
         self.last_error = None
         self.connection_losses = 0
-        # The broker's reason while it blocks publishing (a resource alarm), else None.
-        self.blocked = None
+        self.blocked = None  # see ResourceAlarms
         self.blocked_since = None
         self.retried = 0  # pieces of work handed from a lost connection to the next
         self.republished = 0  # marked copies of publishes whose confirm was lost
@@ -158,6 +141,11 @@ class IOThread(object):
             raise BrokerConnectionError("the I/O thread did not start")
 
     @property
+    def _stopping(self):
+        """Set once by ``stop``: from then on no work is taken and no reconnect made."""
+        return self._inbox.closed
+
+    @property
     def alive(self):
         # Asked on every call: a flag the thread clears on its way out is
         # cheaper than Thread.is_alive, which takes a lock.
@@ -172,14 +160,8 @@ class IOThread(object):
 
     def submit_many(self, works):
         """``submit`` for a list of work: one lock and at most one wake-up for all."""
-        with self._lock:
-            if self._stopping:
-                raise LayerClosed("the layer is closed")
-            self._inbox.extend(works)
-            if self._wakeup_sent:
-                return
-            self._wakeup_sent = True
-        self._ioloop.add_callback_threadsafe(self._drain_inbox)
+        if self._inbox.put(works):
+            self._ioloop.add_callback_threadsafe(self._drain_inbox)
 
     def take_held(self, queues):
         """A Delivery already pushed to this process for one of ``queues``, or None.
@@ -205,10 +187,8 @@ class IOThread(object):
         return 0.0 if since is None else time.monotonic() - since
 
     def stop(self, timeout=10.0):
-        with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
+        if not self._inbox.close():
+            return
         if self._ioloop is not None:
             self._ioloop.add_callback_threadsafe(self._shutdown)
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -237,11 +217,7 @@ class IOThread(object):
             self._ioloop.close()
 
     def _drain_inbox(self):
-        with self._lock:
-            self._wakeup_sent = False
-            batch = list(self._inbox)
-            self._inbox.clear()
-        for work in batch:
+        for work in self._inbox.take_all():
             if not work.pending.wanted:
                 continue
             if self._session is not None:
@@ -252,10 +228,7 @@ class IOThread(object):
                 self._waiting.append(work)
 
     def _dispatch(self, work):
-        if getattr(work, "fans_out", False) and time.monotonic() < self._settled_at:
-            if not self._settling:
-                self._ioloop.call_later(self._settled_at - time.monotonic(), self._release_settling)
-            self._settling.append(work)
+        if self._held_to_settle(work):
             return
         if work.retry:
             self._dispatched.append(work)
@@ -268,20 +241,6 @@ class IOThread(object):
                 return  # a connection is going: _on_closed hands it on
             logger.exception("error while running %s", work.pending.description)
             work.pending.fail(BrokerConnectionError("internal error: %s" % exc))
-
-    def _release_settling(self):
-        remaining = self._settled_at - time.monotonic()
-        if remaining > 0:  # a timer left from an earlier settling period
-            self._ioloop.call_later(remaining, self._release_settling)
-            return
-        settling, self._settling = self._settling, collections.deque()
-        for work in settling:
-            if not work.pending.wanted:
-                continue
-            if self._session is not None:
-                self._dispatch(work)
-            else:
-                self._waiting.append(work)
 
     def _prune_dispatched(self):
         """Forget finished work, so the list grows only with work in flight."""
@@ -331,12 +290,8 @@ class IOThread(object):
         self._attempt = 0
         self._ever_connected = True
         self._last_error = None
-        if self._refused and self._settle_after_outage > 0:
-            logger.info(
-                "the broker was unreachable: group fan-out waits %.1f s for its queues to settle",
-                self._settle_after_outage,
-            )
-            self._settled_at = time.monotonic() + self._settle_after_outage
+        if self._refused:
+            self._begin_settling()
         self._refused = False
         self.disconnected_since = None
         self.connected = True
@@ -367,7 +322,7 @@ class IOThread(object):
             self._stop_when_closed()
             return
         self._refused = True
-        self._last_error = _connection_error(error, connection.params)
+        self._last_error = connection_error(error, connection.params)
         self.last_error = str(self._last_error)
         logger.warning("%s", self._last_error)
         # A layer that never connected fails its callers once every URL of
@@ -406,9 +361,9 @@ class IOThread(object):
                 work.pending.fail(closed)
             self._stop_when_closed()
             return
-        error = BrokerConnectionError(
-            "connection to %s lost: %s" % (describe_parameters(connection.params), _reason(reason))
-        )
+        where = describe_parameters(connection.params)
+        why = describe_reason(reason)
+        error = BrokerConnectionError("connection to %s lost: %s" % (where, why))
         if session is not None:
             session.lose()
         self._drop(other)
@@ -452,39 +407,6 @@ class IOThread(object):
         if self._stopping and not self._open_connections:
             self._ioloop.stop()
 
-    # -- resource alarms ----------------------------------------------------------
-
-    def _on_blocked(self, connection, frame):
-        if connection is not self._publishing:
-            return
-        reason = getattr(frame.method, "reason", None) or "a resource alarm"
-        self.blocked = reason
-        self.blocked_since = time.monotonic()
-        logger.warning(
-            "the broker at %s blocks publishing: %s (a resource alarm); sends fail with "
-            "BrokerBlocked until it clears, receives go on",
-            describe_parameters(connection.params),
-            reason,
-        )
-        if self._session is not None:
-            self._session.publisher.block(reason)
-
-    def _on_unblocked(self, connection, _frame):
-        if connection is not self._publishing:
-            return
-        logger.warning(
-            "the broker at %s publishes again: the alarm cleared after %.1f s",
-            describe_parameters(connection.params),
-            time.monotonic() - (self.blocked_since or time.monotonic()),
-        )
-        self._set_unblocked()
-
-    def _set_unblocked(self):
-        self.blocked = None
-        self.blocked_since = None
-        if self._session is not None:
-            self._session.publisher.unblock()
-
     def _schedule_reconnect(self):
         if self._stopping:
             self._stop_when_closed()
@@ -518,41 +440,3 @@ class IOThread(object):
             return  # _on_closed stops the loop once both are closed
         # Never opened, still opening or reconnecting: nothing to close cleanly.
         self._ioloop.stop()
-
-
-def _root_cause(error):
-    """pika wraps socket and TLS errors in workflow exceptions; dig the cause out."""
-    for _ in range(6):
-        if (
-            isinstance(error, pika.exceptions.AMQPConnectionError)
-            and error.args
-            and isinstance(error.args[0], BaseException)
-        ):
-            error = error.args[0]
-        elif getattr(error, "exceptions", None):
-            error = error.exceptions[-1]
-        elif isinstance(getattr(error, "exception", None), BaseException):
-            error = error.exception
-        else:
-            break
-    return error
-
-
-def _reason(reason):
-    reason = _root_cause(reason)
-    code = getattr(reason, "reply_code", None)
-    text = getattr(reason, "reply_text", None)
-    if code is not None:
-        return "%s %s" % (code, text)
-    return type(reason).__name__ + (": %s" % reason if str(reason) else "")
-
-
-def _connection_error(error, parameters):
-    where = describe_parameters(parameters)
-    if isinstance(
-        error, (pika.exceptions.ProbableAuthenticationError, pika.exceptions.AuthenticationError)
-    ):
-        return AuthenticationError("the broker at %s refused the credentials" % where)
-    if isinstance(error, pika.exceptions.ProbableAccessDeniedError):
-        return AuthenticationError("the broker at %s denied access to the vhost" % where)
-    return BrokerConnectionError("cannot connect to %s: %s" % (where, _reason(error)))

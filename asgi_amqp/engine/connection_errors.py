@@ -1,0 +1,56 @@
+"""Why a connection failed, named for the caller.
+
+pika reports a failed connection attempt as a chain of workflow exceptions
+around the socket or TLS error, and a closed connection as a reply code
+and text. A caller needs one line that names the cause (refused
+credentials, an unknown vhost, an unreachable node, a broker that closed
+the connection) and the node, without its credentials.
+"""
+
+import pika
+
+from ..errors import AuthenticationError, BrokerConnectionError
+from ..urls import describe_parameters
+
+
+def root_cause(error):
+    """pika wraps socket and TLS errors in workflow exceptions; dig the cause out."""
+    for _ in range(6):
+        if (
+            isinstance(error, pika.exceptions.AMQPConnectionError)
+            and error.args
+            and isinstance(error.args[0], BaseException)
+        ):
+            error = error.args[0]
+        elif getattr(error, "exceptions", None):
+            error = error.exceptions[-1]
+        elif isinstance(getattr(error, "exception", None), BaseException):
+            error = error.exception
+        else:
+            break
+    return error
+
+
+def describe_reason(reason):
+    """Why a connection closed or failed, as one line: the broker's reply code
+    and text, or the root exception; never credentials."""
+    reason = root_cause(reason)
+    code = getattr(reason, "reply_code", None)
+    text = getattr(reason, "reply_text", None)
+    if code is not None:
+        return "%s %s" % (code, text)
+    return type(reason).__name__ + (": %s" % reason if str(reason) else "")
+
+
+def connection_error(error, parameters):
+    """The error a caller gets for a failed connection attempt: refused
+    credentials and a denied vhost are ``AuthenticationError`` (retrying
+    cannot help), anything else ``BrokerConnectionError`` naming the node."""
+    where = describe_parameters(parameters)
+    if isinstance(
+        error, (pika.exceptions.ProbableAuthenticationError, pika.exceptions.AuthenticationError)
+    ):
+        return AuthenticationError("the broker at %s refused the credentials" % where)
+    if isinstance(error, pika.exceptions.ProbableAccessDeniedError):
+        return AuthenticationError("the broker at %s denied access to the vhost" % where)
+    return BrokerConnectionError("cannot connect to %s: %s" % (where, describe_reason(error)))

@@ -1,0 +1,53 @@
+"""The I/O thread's inbox: the one place where callers' threads meet it.
+
+A caller appends its work under a lock and wakes the loop with pika's
+``add_callback_threadsafe`` (the one pika call that is safe from another
+thread), but only when no wake-up is on its way already: a burst of callers
+costs one wake-up, and the loop takes everything that came in one go.
+"""
+
+import collections
+import threading
+from typing import Any, Iterable, List
+
+from ..errors import LayerClosed
+
+
+class Inbox(object):
+    """Work handed to the I/O thread, and whether a wake-up is pending."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._works: "collections.deque[Any]" = collections.deque()
+        self._wakeup_sent = False
+        self.closed = False
+
+    def put(self, works: Iterable[Any]) -> bool:
+        """Add ``works``; True if the caller must wake the loop (none pending).
+
+        Raises ``LayerClosed`` once the inbox is closed: nothing would run it.
+        """
+        with self._lock:
+            if self.closed:
+                raise LayerClosed("the layer is closed")
+            self._works.extend(works)
+            if self._wakeup_sent:
+                return False
+            self._wakeup_sent = True
+            return True
+
+    def take_all(self) -> List[Any]:
+        """Everything put so far, in order (on the I/O thread, once woken)."""
+        with self._lock:
+            self._wakeup_sent = False
+            batch = list(self._works)
+            self._works.clear()
+        return batch
+
+    def close(self) -> bool:
+        """Refuse any further work; False if it was closed already."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+            return True

@@ -22,6 +22,7 @@ import pika
 from asgiref.base_layer import BaseChannelLayer
 
 from . import engine, naming, pipeline, statistics, twisted_support
+from .channel_names import MAX_NAME_LENGTH, check_channel_name, check_group_name, is_process_local
 from .engine import ACKED, NACKED, Engine
 from .errors import BrokerOperationError, ChannelFull, MessageTooLarge, settings_mismatch
 from .groups import Groups
@@ -253,7 +254,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         self._check_channel_name(channel)
         body = self._serializer.dumps(message)
         queue = self.topology.channel_queue(channel)
-        headers = {naming.CHANNEL_HEADER: channel} if naming.is_process_local(channel) else None
+        headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
         properties = self._properties(headers)
         outcome = self._publish("", queue, body, properties, True, "send to %s" % channel)
         self._finish_send(channel, queue, body, properties, outcome)
@@ -342,7 +343,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         self._check_group_name(pattern[:-1])  # the part before '?' has the group alphabet
         suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
         name = pattern + suffix
-        if len(name) > naming.MAX_NAME_LENGTH:
+        if len(name) > MAX_NAME_LENGTH:
             raise TypeError(
                 "new_channel pattern %r is too long: the name must stay under "
                 "100 characters with its 12-character suffix" % pattern
@@ -426,13 +427,13 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             )
         return self._management
 
-    # The base class's checks use loose regexes, and assert in valid_channel_names.
+    # The base class's checks use loose regexes, and assert in valid_
     def valid_channel_name(self, name: str, receive: bool = False) -> bool:
-        naming.check_channel_name(name, receive=receive)
+        check_channel_name(name, receive=receive)
         return True
 
     def valid_group_name(self, name: str) -> bool:
-        naming.check_group_name(name)
+        check_group_name(name)
         return True
 
     def valid_channel_names(self, names: Iterable[str], receive: bool = False) -> bool:
@@ -442,7 +443,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         if not names:
             raise TypeError("names must be a non-empty list")
         for name in names:
-            naming.check_channel_name(name, receive=receive)
+            check_channel_name(name, receive=receive)
         return True
 
     _check_channel_name = valid_channel_name

@@ -58,14 +58,16 @@ re-declare, which is how ``group_add`` renews them.
     The dead-letter exchange and the queue every layer process's dead-letter
     worker consumes from, competing, so each event is handled once.
 
-ASGI names use only ``[A-Za-z0-9-_.?!]``, so ``:`` can never be part of a
-channel or group name and the names above parse back unambiguously.
+ASGI names use only ``[A-Za-z0-9-_.?!]`` (``channel_names`` checks them), so
+``:`` can never be part of a channel or group name and the names above parse
+back unambiguously.
 """
 
 import random
 import re
 
 from . import errors
+from .channel_names import check_channel_name, non_local_name
 
 SEPARATOR = ":"
 CHANNEL_HEADER = "asgi-channel"
@@ -86,13 +88,7 @@ SHARED_NAMES = ("groups", "dlx", "dead-letters")
 # Group exchanges are auto-delete: the broker removes a group with its last
 # member. Exchanges made before that was so are used as they are (see groups).
 GROUP_EXCHANGE_AUTO_DELETE = True
-# asgiref's own regexes end in "$" (which also matches before a trailing
-# newline) and use Unicode-aware \d and \w; a name that slips through them
-# can be longer than AMQP's 255-byte limit or be renamed by the broker.
-CHANNEL_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+([?!][a-zA-Z0-9\-_.]*)?", re.ASCII)
-GROUP_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+", re.ASCII)
-MAX_NAME_LENGTH = 99
-QUEUE_TYPES = ("classic", "quorum")  # asgiref: names shorter than 100 characters
+QUEUE_TYPES = ("classic", "quorum")
 
 
 def _ms(seconds):
@@ -405,44 +401,6 @@ def check_prefix(prefix):
         raise ValueError(
             "prefix must be 1-40 characters of letters, digits, '-', '_' or '.', not %r" % (prefix,)
         )
-
-
-def check_channel_name(name, receive=False):
-    """Raise TypeError unless ``name`` is a valid ASGI channel name."""
-    if not (
-        isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and CHANNEL_NAME_RE.fullmatch(name)
-    ):
-        raise TypeError(
-            "channel name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
-            "or '.', with at most one '?' or '!' part; got %r" % (name,)
-        )
-    if "?" in name and name.endswith("?"):
-        raise TypeError("single-reader channel names must not end with '?': %r" % name)
-    if receive and "!" in name and not name.endswith("!"):
-        raise TypeError("process-local channel names in receive() must end at the '!': %r" % name)
-
-
-def check_group_name(name):
-    """Raise TypeError unless ``name`` is a valid ASGI group name."""
-    if not (
-        isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and GROUP_NAME_RE.fullmatch(name)
-    ):
-        raise TypeError(
-            "group name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
-            "or '.'; got %r" % (name,)
-        )
-
-
-def non_local_name(channel):
-    """``foo!bar`` -> ``foo!``; other names are returned unchanged."""
-    index = channel.find("!")
-    if index == -1:
-        return channel
-    return channel[: index + 1]
-
-
-def is_process_local(channel):
-    return "!" in channel
 
 
 def is_process_local_queue(queue):

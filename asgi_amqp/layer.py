@@ -27,6 +27,7 @@ from .engine import ACKED, NACKED, Engine
 from .errors import BrokerOperationError, ChannelFull, MessageTooLarge, settings_mismatch
 from .groups import Groups
 from .management import ManagementClient
+from .receiving import ReceiveTargets
 from .sending import SendAttempts
 from .serialization import Message, Serializer, UndecodableMessage
 from .urls import management_url_for, parse_urls, redact, vhost_of
@@ -182,7 +183,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             dead_letter_worker=dead_letter_worker,
         )
         self._infrastructure_pid = None
-        self._queues_for_receive = naming.ReceiveTargets(self.topology)
+        self._queues_for_receive = ReceiveTargets(self.topology)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()

@@ -63,11 +63,10 @@ ASGI names use only ``[A-Za-z0-9-_.?!]`` (``channel_names`` checks them), so
 back unambiguously.
 """
 
-import random
 import re
 
 from . import errors
-from .channel_names import check_channel_name, non_local_name
+from .channel_names import non_local_name
 
 SEPARATOR = ":"
 CHANNEL_HEADER = "asgi-channel"
@@ -324,69 +323,6 @@ _MEMBERSHIP_SETTINGS = {
     "x-message-ttl": ("group_expiry", _seconds),
     "x-expires": ("group_expiry (with its margin)", _seconds),
 }
-
-
-class ReceiveTargets(object):
-    """``receive``'s channel names -> the distinct queues behind them, validated.
-
-    A worker receives from the same 10-20 names thousands of times: each
-    name is checked and mapped once, and each set of names once. The
-    queues come back in random order, so that no channel starves another.
-    """
-
-    def __init__(self, topology):
-        self._topology = topology
-        self._targets = {}  # channel -> (queue, arguments)
-        self._sets = {}  # frozenset of names -> their distinct (queue, arguments)
-
-    def __call__(self, channels):
-        """[(queue, arguments)] in random order; empty for an empty collection."""
-        # Any collection of names: Channels 1.x's worker passes a set. A bare
-        # string is refused rather than read as a list of one-letter names.
-        if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
-            raise TypeError(
-                "channels must be a list of channel names, not %s" % type(channels).__name__
-            )
-        channels = list(channels)
-        try:
-            key = frozenset(channels)
-        except TypeError:  # an unhashable, hence invalid, name: the full check says which
-            key = None
-        queues = self._sets.get(key) if key is not None else None
-        if queues is None:
-            queues = self._unique_targets(channels)
-            if key is not None:
-                if len(self._sets) >= 1000:
-                    self._sets.clear()
-                self._sets[key] = queues
-        queues = list(queues)
-        if len(queues) > 1:
-            random.shuffle(queues)
-        return queues
-
-    def _unique_targets(self, channels):
-        queues, seen = [], set()
-        for channel in channels:
-            queue, arguments = self._target(channel)
-            if queue not in seen:
-                seen.add(queue)
-                queues.append((queue, arguments))
-        return tuple(queues)
-
-    def _target(self, channel):
-        try:
-            return self._targets[channel]
-        except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
-            pass
-        check_channel_name(channel, receive=True)
-        target = (
-            self._topology.channel_queue(channel),
-            self._topology.channel_queue_arguments(channel),
-        )
-        if len(self._targets) >= 10000:
-            self._targets.clear()
-        self._targets[channel] = target
-        return target
 
 
 def check_prefix(prefix):

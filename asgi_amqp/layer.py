@@ -9,19 +9,19 @@ arguments come from ``naming.Topology``.
 
 The class is put together from one mixin per concern, so that a behaviour
 is found by its module's name: ``sending.Sending`` (``send``, ``send_many``
-and the properties of every message) and ``groups.Groups`` (the ``groups``
+and the properties of every message), ``receiving.Receiving``
+(``receive``, ``receive_twisted``) and ``groups.Groups`` (the ``groups``
 and ``flush`` extensions). This module holds the settings, the primitives
 the mixins share, and the rest of the API.
 """
 
 import itertools
-import logging
 import math
 import os
 import secrets
 import string
 import threading
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from asgiref.base_layer import BaseChannelLayer
 
@@ -31,18 +31,14 @@ from .engine import Engine
 from .errors import BrokerOperationError, ChannelFull, MessageTooLarge, settings_mismatch
 from .groups import Groups
 from .management import ManagementClient
-from .receiving import ReceiveTargets
+from .receiving import ReceiveTargets, Receiving
 from .sending import Sending
-from .serialization import Message, Serializer, UndecodableMessage
+from .serialization import Serializer
 from .urls import management_url_for, parse_urls, redact, vhost_of
-
-logger = logging.getLogger(__name__)
-
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
 _NAME_ALPHABET = string.ascii_letters + string.digits
-_MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 
 
 # How long group sends wait after the broker refused connections (a restart)
@@ -50,7 +46,7 @@ _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 RESTART_SETTLE_SECONDS = 2.0
 
 
-class AMQPChannelLayer(Sending, Groups, BaseChannelLayer):
+class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
     :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
@@ -237,33 +233,6 @@ class AMQPChannelLayer(Sending, Groups, BaseChannelLayer):
 
     # -- ASGI API -------------------------------------------------------------
 
-    def receive(
-        self, channels: Iterable[str], block: bool = False
-    ) -> Tuple[Optional[str], Optional[Message]]:
-        queues = self._queues_for_receive(channels)
-        if not queues:
-            return None, None  # as asgiref's in-memory layer and asgi_redis do
-        names = [queue for queue, _ in queues]
-        for _ in range(_MAX_SKIPPED):
-            # A consumer of an earlier blocking receive may have been pushed
-            # one already: take it here, without a trip to the I/O thread.
-            delivery = self._engine.take_held(names) or self._fetch(queues, block)
-            if delivery is None:
-                return None, None
-            decoded = self._decode(delivery)
-            if decoded is not None:
-                return decoded
-        return None, None
-
-    def _fetch(self, queues, block):
-        """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
-        try:
-            if not block:
-                return self._engine.get(queues)
-            return self._engine.wait(queues, self.receive_timeout)
-        except BrokerOperationError as exc:
-            raise self._named(exc) from None
-
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
             raise TypeError("new_channel pattern must end with '?', not %r" % (pattern,))
@@ -276,10 +245,6 @@ class AMQPChannelLayer(Sending, Groups, BaseChannelLayer):
                 "100 characters with its 12-character suffix" % pattern
             )
         return name
-
-    def receive_twisted(self, channels: Iterable[str]) -> Any:
-        """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
-        return twisted_support.receive_twisted(self, channels)
 
     # -- statistics extension -------------------------------------------------
 
@@ -328,24 +293,6 @@ class AMQPChannelLayer(Sending, Groups, BaseChannelLayer):
         return engine.queue_declare(
             self.topology.channel_queue(channel), self.topology.channel_queue_arguments(channel)
         )
-
-    def _decode(self, delivery):
-        """(channel, message) for a delivery, or None for one that is skipped."""
-        channel = self.topology.channel_of_delivery(delivery.queue, delivery.headers)
-        try:
-            if not channel:
-                raise UndecodableMessage("it names no process-local channel")
-            return channel, self._serializer.loads(delivery.body)
-        except UndecodableMessage as exc:
-            # Dropped (it was acked when taken): say so, without its body.
-            self._stats.count_undecodable()
-            logger.warning(
-                "skipped a message of channel %s (queue %s) that cannot be read; dropped: %s",
-                channel or self.topology.channel_of_queue(delivery.queue),
-                delivery.queue,
-                exc,
-            )
-            return None
 
     def _management_client(self):
         if self._management is None:

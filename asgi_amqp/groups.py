@@ -21,7 +21,7 @@ class Groups(object):
     """``group_add``, ``group_discard``, ``group_channels``, ``send_group``,
     ``send_group_many`` and ``flush``."""
 
-    # Provided by AMQPChannelLayer (layer.py).
+    # Provided by AMQPChannelLayer (layer.py; _properties by sending.Sending).
     topology: naming.Topology
     _infrastructure_pid: Optional[int]
     _engine: Any

@@ -11,7 +11,7 @@ call states its steps as data and hands them to the engine in one go.
 import os
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
-from . import engine, naming, pipeline
+from . import channel_names, engine, naming, pipeline
 from .engine import ACKED
 from .errors import BrokerOperationError
 from .serialization import Message
@@ -21,7 +21,7 @@ class Groups(object):
     """``group_add``, ``group_discard``, ``group_channels``, ``send_group``,
     ``send_group_many`` and ``flush``."""
 
-    # Provided by AMQPChannelLayer (layer.py).
+    # Provided by AMQPChannelLayer (layer.py; _properties by sending.Sending).
     topology: naming.Topology
     _infrastructure_pid: Optional[int]
     _engine: Any
@@ -44,7 +44,7 @@ class Groups(object):
         # broker dead-letters into it, and dead-lettering into a missing queue
         # drops the message silently.
         steps = [self._declare_channel_queue(channel)]
-        if naming.is_process_local(channel):
+        if channel_names.is_process_local(channel):
             target = topology.local_member_queue(channel)
             steps.append(
                 engine.queue_declare(target, topology.local_member_queue_arguments(channel))

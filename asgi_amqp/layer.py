@@ -6,37 +6,39 @@ of topology steps, get, wait for a delivery), and asks the engine for each
 (``engine.Engine``, which runs them on the I/O thread and waits with a
 timeout). No code here runs on the I/O thread. All broker objects and their
 arguments come from ``naming.Topology``.
+
+The class is put together from one mixin per concern, so that a behaviour
+is found by its module's name: ``sending.Sending`` (``send``, ``send_many``
+and the properties of every message), ``receiving.Receiving``
+(``receive``, ``receive_twisted``) and ``groups.Groups`` (the ``groups``
+and ``flush`` extensions). This module holds the settings, the primitives
+the mixins share, and the rest of the API.
 """
 
 import itertools
-import logging
 import math
 import os
 import secrets
 import string
 import threading
-import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-import pika
 from asgiref.base_layer import BaseChannelLayer
 
-from . import engine, naming, pipeline, statistics, twisted_support
-from .engine import ACKED, NACKED, Engine
+from . import engine, naming, statistics, twisted_support
+from .channel_names import MAX_NAME_LENGTH, check_channel_name, check_group_name
+from .engine import Engine
 from .errors import BrokerOperationError, ChannelFull, MessageTooLarge, settings_mismatch
 from .groups import Groups
 from .management import ManagementClient
-from .sending import SendAttempts
-from .serialization import Message, Serializer, UndecodableMessage
+from .receiving import ReceiveTargets, Receiving
+from .sending import Sending
+from .serialization import Serializer
 from .urls import management_url_for, parse_urls, redact, vhost_of
-
-logger = logging.getLogger(__name__)
-
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
 _NAME_ALPHABET = string.ascii_letters + string.digits
-_MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 
 
 # How long group sends wait after the broker refused connections (a restart)
@@ -44,7 +46,7 @@ _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 RESTART_SETTLE_SECONDS = 2.0
 
 
-class AMQPChannelLayer(Groups, BaseChannelLayer):
+class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
     :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
@@ -181,7 +183,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             dead_letter_worker=dead_letter_worker,
         )
         self._infrastructure_pid = None
-        self._queues_for_receive = naming.ReceiveTargets(self.topology)
+        self._queues_for_receive = ReceiveTargets(self.topology)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()
@@ -229,112 +231,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         with other settings becomes ``QueueSettingsMismatch``, which names them."""
         return settings_mismatch(error, self.topology.explain_mismatch)
 
-    def _process_token(self):
-        """This process's id token: a forked child gets its own, so that the
-        message ids of two processes never meet in a receiver's hand-off log."""
-        if self._id_pid != os.getpid():
-            self._id_token, self._id_pid = secrets.token_hex(8), os.getpid()
-        return self._id_token
-
-    def _properties(self, headers=None):
-        # Ids only need to be unique per process and cheap: a random
-        # per-process token plus a counter (next() on it is atomic).
-        return pika.BasicProperties(
-            delivery_mode=1,
-            content_type="application/x-msgpack",
-            message_id="%s.%d" % (self._process_token(), next(self._id_counter)),
-            headers=headers,
-            timestamp=int(time.time()),
-        )  # the broker's messages_max_age reads it
-
     # -- ASGI API -------------------------------------------------------------
-
-    def send(self, channel: str, message: Message) -> None:
-        self._check_channel_name(channel)
-        body = self._serializer.dumps(message)
-        queue = self.topology.channel_queue(channel)
-        headers = {naming.CHANNEL_HEADER: channel} if naming.is_process_local(channel) else None
-        properties = self._properties(headers)
-        outcome = self._publish("", queue, body, properties, True, "send to %s" % channel)
-        self._finish_send(channel, queue, body, properties, outcome)
-
-    def _finish_send(self, channel, queue, body, properties, outcome):
-        """Carry a publish the broker refused or returned to its end: sent, or raised."""
-        what = "send to %s" % channel
-        attempts = SendAttempts(channel, queue, self.operation_timeout)
-        marked = False
-        while outcome != ACKED:
-            if outcome == NACKED:
-                self._raise_if_full(channel, queue)
-                attempts.refused()
-                marked = True  # in case a refusal ever lied: the receiver drops a copy
-            else:
-                # Returned: the queue does not exist (new, expired or flushed).
-                attempts.returned()
-                self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
-            outcome = self._publish("", queue, body, properties, True, what, marked)
-
-    def _raise_if_full(self, channel, queue):
-        """A nack means full, unless the queue is not: a queue on a node that
-        is going down, or a quorum queue between leaders, refuses messages
-        too, and that is not ChannelFull.
-
-        The depth comes from a passive declare, which works whatever the
-        queue's arguments. A queue that is not full by this layer's
-        capacity is then declared with this layer's arguments: one created
-        with a smaller capacity (full below ours) makes the broker refuse
-        that declare, which names the mismatch (``QueueSettingsMismatch``)
-        instead of a refusal that looks like a failing node."""
-        depth = self._admin(
-            [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
-        ).message_count
-        if depth >= self.get_capacity(channel):
-            self._stats.count_full(channel)
-            raise self.ChannelFull("channel %s is full" % channel)
-        self._admin([self._declare_channel_queue(channel)], "check %s" % queue)
-
-    def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
-        """Send every ``(channel, message)`` of ``items``, many in flight at once.
-
-        An extension for bulk senders: the same promise as ``send`` for each
-        message, without a broker round trip each. Returns one outcome per
-        item, in input order: None once the broker confirmed it, or the
-        exception ``send`` would have raised for it (``ChannelFull``, a
-        ``TypeError`` for an invalid name or message, ``MessageTooLarge``, a
-        broker error). An item is validated and encoded before it is
-        published; an invalid one is never published. Messages to one
-        channel keep their order. Items are read as they are sent, so a
-        generator of any length needs memory for the window only (4096
-        messages), plus the returned list.
-        """
-        return pipeline.send_all(self, items, "channel")
-
-    def receive(
-        self, channels: Iterable[str], block: bool = False
-    ) -> Tuple[Optional[str], Optional[Message]]:
-        queues = self._queues_for_receive(channels)
-        if not queues:
-            return None, None  # as asgiref's in-memory layer and asgi_redis do
-        names = [queue for queue, _ in queues]
-        for _ in range(_MAX_SKIPPED):
-            # A consumer of an earlier blocking receive may have been pushed
-            # one already: take it here, without a trip to the I/O thread.
-            delivery = self._engine.take_held(names) or self._fetch(queues, block)
-            if delivery is None:
-                return None, None
-            decoded = self._decode(delivery)
-            if decoded is not None:
-                return decoded
-        return None, None
-
-    def _fetch(self, queues, block):
-        """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
-        try:
-            if not block:
-                return self._engine.get(queues)
-            return self._engine.wait(queues, self.receive_timeout)
-        except BrokerOperationError as exc:
-            raise self._named(exc) from None
 
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
@@ -342,16 +239,12 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         self._check_group_name(pattern[:-1])  # the part before '?' has the group alphabet
         suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
         name = pattern + suffix
-        if len(name) > naming.MAX_NAME_LENGTH:
+        if len(name) > MAX_NAME_LENGTH:
             raise TypeError(
                 "new_channel pattern %r is too long: the name must stay under "
                 "100 characters with its 12-character suffix" % pattern
             )
         return name
-
-    def receive_twisted(self, channels: Iterable[str]) -> Any:
-        """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
-        return twisted_support.receive_twisted(self, channels)
 
     # -- statistics extension -------------------------------------------------
 
@@ -401,24 +294,6 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             self.topology.channel_queue(channel), self.topology.channel_queue_arguments(channel)
         )
 
-    def _decode(self, delivery):
-        """(channel, message) for a delivery, or None for one that is skipped."""
-        channel = self.topology.channel_of_delivery(delivery.queue, delivery.headers)
-        try:
-            if not channel:
-                raise UndecodableMessage("it names no process-local channel")
-            return channel, self._serializer.loads(delivery.body)
-        except UndecodableMessage as exc:
-            # Dropped (it was acked when taken): say so, without its body.
-            self._stats.count_undecodable()
-            logger.warning(
-                "skipped a message of channel %s (queue %s) that cannot be read; dropped: %s",
-                channel or self.topology.channel_of_queue(delivery.queue),
-                delivery.queue,
-                exc,
-            )
-            return None
-
     def _management_client(self):
         if self._management is None:
             self._management = ManagementClient(
@@ -426,13 +301,13 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             )
         return self._management
 
-    # The base class's checks use loose regexes, and assert in valid_channel_names.
+    # The base class's checks use loose regexes, and assert in valid_
     def valid_channel_name(self, name: str, receive: bool = False) -> bool:
-        naming.check_channel_name(name, receive=receive)
+        check_channel_name(name, receive=receive)
         return True
 
     def valid_group_name(self, name: str) -> bool:
-        naming.check_group_name(name)
+        check_group_name(name)
         return True
 
     def valid_channel_names(self, names: Iterable[str], receive: bool = False) -> bool:
@@ -442,7 +317,7 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         if not names:
             raise TypeError("names must be a non-empty list")
         for name in names:
-            naming.check_channel_name(name, receive=receive)
+            check_channel_name(name, receive=receive)
         return True
 
     _check_channel_name = valid_channel_name

@@ -58,14 +58,15 @@ re-declare, which is how ``group_add`` renews them.
     The dead-letter exchange and the queue every layer process's dead-letter
     worker consumes from, competing, so each event is handled once.
 
-ASGI names use only ``[A-Za-z0-9-_.?!]``, so ``:`` can never be part of a
-channel or group name and the names above parse back unambiguously.
+ASGI names use only ``[A-Za-z0-9-_.?!]`` (``channel_names`` checks them), so
+``:`` can never be part of a channel or group name and the names above parse
+back unambiguously.
 """
 
-import random
 import re
 
 from . import errors
+from .channel_names import non_local_name
 
 SEPARATOR = ":"
 CHANNEL_HEADER = "asgi-channel"
@@ -86,13 +87,7 @@ SHARED_NAMES = ("groups", "dlx", "dead-letters")
 # Group exchanges are auto-delete: the broker removes a group with its last
 # member. Exchanges made before that was so are used as they are (see groups).
 GROUP_EXCHANGE_AUTO_DELETE = True
-# asgiref's own regexes end in "$" (which also matches before a trailing
-# newline) and use Unicode-aware \d and \w; a name that slips through them
-# can be longer than AMQP's 255-byte limit or be renamed by the broker.
-CHANNEL_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+([?!][a-zA-Z0-9\-_.]*)?", re.ASCII)
-GROUP_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+", re.ASCII)
-MAX_NAME_LENGTH = 99
-QUEUE_TYPES = ("classic", "quorum")  # asgiref: names shorter than 100 characters
+QUEUE_TYPES = ("classic", "quorum")
 
 
 def _ms(seconds):
@@ -330,69 +325,6 @@ _MEMBERSHIP_SETTINGS = {
 }
 
 
-class ReceiveTargets(object):
-    """``receive``'s channel names -> the distinct queues behind them, validated.
-
-    A worker receives from the same 10-20 names thousands of times: each
-    name is checked and mapped once, and each set of names once. The
-    queues come back in random order, so that no channel starves another.
-    """
-
-    def __init__(self, topology):
-        self._topology = topology
-        self._targets = {}  # channel -> (queue, arguments)
-        self._sets = {}  # frozenset of names -> their distinct (queue, arguments)
-
-    def __call__(self, channels):
-        """[(queue, arguments)] in random order; empty for an empty collection."""
-        # Any collection of names: Channels 1.x's worker passes a set. A bare
-        # string is refused rather than read as a list of one-letter names.
-        if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
-            raise TypeError(
-                "channels must be a list of channel names, not %s" % type(channels).__name__
-            )
-        channels = list(channels)
-        try:
-            key = frozenset(channels)
-        except TypeError:  # an unhashable, hence invalid, name: the full check says which
-            key = None
-        queues = self._sets.get(key) if key is not None else None
-        if queues is None:
-            queues = self._unique_targets(channels)
-            if key is not None:
-                if len(self._sets) >= 1000:
-                    self._sets.clear()
-                self._sets[key] = queues
-        queues = list(queues)
-        if len(queues) > 1:
-            random.shuffle(queues)
-        return queues
-
-    def _unique_targets(self, channels):
-        queues, seen = [], set()
-        for channel in channels:
-            queue, arguments = self._target(channel)
-            if queue not in seen:
-                seen.add(queue)
-                queues.append((queue, arguments))
-        return tuple(queues)
-
-    def _target(self, channel):
-        try:
-            return self._targets[channel]
-        except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
-            pass
-        check_channel_name(channel, receive=True)
-        target = (
-            self._topology.channel_queue(channel),
-            self._topology.channel_queue_arguments(channel),
-        )
-        if len(self._targets) >= 10000:
-            self._targets.clear()
-        self._targets[channel] = target
-        return target
-
-
 def check_prefix(prefix):
     """Raise ValueError unless ``prefix`` is a valid layer prefix.
 
@@ -405,44 +337,6 @@ def check_prefix(prefix):
         raise ValueError(
             "prefix must be 1-40 characters of letters, digits, '-', '_' or '.', not %r" % (prefix,)
         )
-
-
-def check_channel_name(name, receive=False):
-    """Raise TypeError unless ``name`` is a valid ASGI channel name."""
-    if not (
-        isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and CHANNEL_NAME_RE.fullmatch(name)
-    ):
-        raise TypeError(
-            "channel name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
-            "or '.', with at most one '?' or '!' part; got %r" % (name,)
-        )
-    if "?" in name and name.endswith("?"):
-        raise TypeError("single-reader channel names must not end with '?': %r" % name)
-    if receive and "!" in name and not name.endswith("!"):
-        raise TypeError("process-local channel names in receive() must end at the '!': %r" % name)
-
-
-def check_group_name(name):
-    """Raise TypeError unless ``name`` is a valid ASGI group name."""
-    if not (
-        isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and GROUP_NAME_RE.fullmatch(name)
-    ):
-        raise TypeError(
-            "group name must be a str of fewer than 100 ASCII letters, digits, '-', '_' "
-            "or '.'; got %r" % (name,)
-        )
-
-
-def non_local_name(channel):
-    """``foo!bar`` -> ``foo!``; other names are returned unchanged."""
-    index = channel.find("!")
-    if index == -1:
-        return channel
-    return channel[: index + 1]
-
-
-def is_process_local(channel):
-    return "!" in channel
 
 
 def is_process_local_queue(queue):

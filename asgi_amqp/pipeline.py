@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Set
 
 from . import engine, naming
+from .channel_names import is_process_local
 from .engine import ACKED
 from .errors import ACCESS_REFUSED, BrokerOperationError
 
@@ -138,9 +139,7 @@ class SendPipeline(object):
         else:
             layer.valid_channel_name(entry.name)
             entry.queue = layer.topology.channel_queue(entry.name)
-            headers = (
-                {naming.CHANNEL_HEADER: entry.name} if naming.is_process_local(entry.name) else None
-            )
+            headers = {naming.CHANNEL_HEADER: entry.name} if is_process_local(entry.name) else None
             entry.properties = layer._properties(headers)
         entry.body = layer._serializer.dumps(message)
 

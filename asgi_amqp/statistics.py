@@ -47,7 +47,7 @@ import time
 import weakref
 from typing import Any
 
-from . import naming
+from .channel_names import non_local_name
 from .errors import ManagementAPIError
 
 __all__ = [
@@ -106,7 +106,7 @@ class Counters(object):
 
     @staticmethod
     def _key(channel):
-        return naming.non_local_name(channel)
+        return non_local_name(channel)
 
     def count_full(self, channel):
         bucket = int(self._clock() // self._step)

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Sequence, Set, Tuple
 import pika
 import pika.exceptions
 
-from .. import naming
+from .. import channel_names, naming
 from ..errors import BrokerConnectionError, BrokerOperationError, ChannelFull
 from ..serialization import Serializer, UndecodableMessage
 from ..urls import describe_parameters
@@ -124,7 +124,7 @@ class QueueReader(object):
 
     def queue_of(self, channel: str) -> str:
         """The queue behind a receive name (``foo!`` for a process-local queue)."""
-        naming.check_channel_name(channel, receive=True)
+        channel_names.check_channel_name(channel, receive=True)
         return self.topology.channel_queue(channel)
 
     def get(self, queue: str) -> Optional[Fetched]:
@@ -227,7 +227,7 @@ class QueueReader(object):
             if not key.startswith("x-")
             and key not in (naming.CHANNEL_HEADER, naming.REPUBLISHED_HEADER)
         }
-        if naming.is_process_local(channel):
+        if channel_names.is_process_local(channel):
             headers[naming.CHANNEL_HEADER] = channel
         return pika.BasicProperties(
             delivery_mode=1,

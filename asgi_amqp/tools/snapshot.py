@@ -31,7 +31,7 @@ import fnmatch
 import time
 from typing import Any, Dict, List, Optional
 
-from .. import naming
+from .. import channel_names, naming
 from ..statistics import messages_taken_in
 
 KINDS = ("normal", "single-reader", "process-local")
@@ -143,7 +143,7 @@ def _per_second(value: Any) -> float:
 
 
 def channel_kind(channel: str) -> str:
-    if naming.is_process_local(channel):
+    if channel_names.is_process_local(channel):
         return "process-local"
     if "?" in channel:
         return "single-reader"
@@ -211,7 +211,7 @@ class Collector(object):
             if channel:
                 channels[channel] = _channel_view(channel, record, now)
             elif local:
-                owner = naming.non_local_name(local)
+                owner = channel_names.non_local_name(local)
                 local_members[owner] = local_members.get(owner, 0) + 1
             elif membership:
                 markers.setdefault(membership[0], []).append(record)

@@ -9,8 +9,8 @@ an interrupted move loses nothing but may leave a message in both channels
 
 import sys
 
+from ...channel_names import check_channel_name
 from ...errors import ChannelFull
-from ...naming import check_channel_name
 from ..jsonbytes import dumps
 from ..reader import UndecodableMessage
 from .base import (

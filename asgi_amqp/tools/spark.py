@@ -14,7 +14,8 @@
 
 Every partition opens one layer (one connection) on its executor, sends its
 rows and closes it; the counts come back through accumulators. The schema
-is checked on the driver before anything is sent.
+is checked on the driver before anything is sent; the schema check and the
+row-to-message conversion are in ``spark_messages``.
 
 The executors must be able to import ``asgi_amqp`` (install the package
 where they run, or ship it with ``--py-files``), and must reach the broker.
@@ -28,17 +29,17 @@ import logging
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from . import jsonbytes, layerconfig
+from . import layerconfig
 from .bulk import ON_FULL, BulkSender
 
 try:
     from pyspark.accumulators import AccumulatorParam
-    from pyspark.sql import Row
-    from pyspark.sql import types as T
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
         "asgi_amqp.spark needs pyspark: pip install 'asgi-amqp-layer[spark]'"
     ) from None
+
+from .spark_messages import plan, to_message
 
 __all__ = ["send_dataframe", "SendResult", "Failure"]
 
@@ -101,141 +102,6 @@ class _Row(object):
         return "row %d of partition %d" % (self.number, self.partition)
 
 
-# -- schema -------------------------------------------------------------------------
-
-_STRINGS = tuple(
-    t
-    for t in (T.StringType, getattr(T, "CharType", None), getattr(T, "VarcharType", None))
-    if t is not None
-)
-_SCALARS = _STRINGS + (
-    T.BinaryType,
-    T.BooleanType,
-    T.ByteType,
-    T.ShortType,
-    T.IntegerType,
-    T.LongType,
-    T.FloatType,
-    T.DoubleType,
-    T.NullType,
-)
-
-
-def _unsupported(column, path, data_type):
-    where = "column %r" % column + (" (field %s)" % path if path else "")
-    return TypeError(
-        "%s has type %s, which an ASGI message cannot carry (strings, bytes, numbers, "
-        "booleans, arrays, structs and maps with string keys can); cast it first, e.g. "
-        "F.col(%r).cast('string')" % (where, data_type.simpleString(), column)
-    )
-
-
-def _check_message_type(column, data_type, path=""):
-    if isinstance(data_type, _SCALARS):
-        return
-    if isinstance(data_type, T.ArrayType):
-        _check_message_type(column, data_type.elementType, path + "[]")
-        return
-    if isinstance(data_type, T.StructType):
-        for field in data_type.fields:
-            _check_message_type(
-                column, field.dataType, "%s.%s" % (path, field.name) if path else field.name
-            )
-        return
-    if isinstance(data_type, T.MapType):
-        if not isinstance(data_type.keyType, _STRINGS):
-            raise TypeError(
-                "column %r%s is a map with %s keys; ASGI message keys must be "
-                "strings"
-                % (column, " (field %s)" % path if path else "", data_type.keyType.simpleString())
-            )
-        _check_message_type(column, data_type.valueType, path + "{}")
-        return
-    raise _unsupported(column, path, data_type)
-
-
-def _field(schema, column, role):
-    if not isinstance(column, str):
-        raise TypeError("%s must be a column name, not %r" % (role, column))
-    for field in schema.fields:
-        if field.name == column:
-            return field
-    raise ValueError(
-        "%s %r is not a column of the DataFrame; its columns are: %s"
-        % (role, column, ", ".join(schema.fieldNames()) or "(none)")
-    )
-
-
-def _plan(schema, channel_col, group_col, message_col, message_cols):
-    """Check the schema; (kind, name column, message columns, how to read the message)."""
-    if (channel_col is None) == (group_col is None):
-        raise ValueError("give exactly one of channel_col and group_col")
-    if (message_col is None) == (message_cols is None):
-        raise ValueError("give exactly one of message_col and message_cols")
-    kind, name_col = ("channel", channel_col) if channel_col is not None else ("group", group_col)
-    field = _field(schema, name_col, kind + "_col")
-    if not isinstance(field.dataType, _STRINGS):
-        raise TypeError(
-            "%s_col %r must be a string column, not %s"
-            % (kind, name_col, field.dataType.simpleString())
-        )
-    if message_col is not None:
-        field = _field(schema, message_col, "message_col")
-        data_type = field.dataType
-        if isinstance(data_type, _STRINGS):
-            mode = "json"
-        elif isinstance(data_type, (T.StructType, T.MapType)):
-            _check_message_type(message_col, data_type)
-            mode = "object"
-        else:
-            raise TypeError(
-                "message_col %r must be a string (JSON), struct or map column, not %s"
-                % (message_col, data_type.simpleString())
-            )
-        return kind, name_col, [message_col], mode
-    if isinstance(message_cols, str) or not message_cols:
-        raise ValueError("message_cols must be a non-empty list of column names")
-    message_cols = list(message_cols)
-    if len(set(message_cols)) != len(message_cols):
-        raise ValueError("message_cols names a column twice")
-    for column in message_cols:
-        _check_message_type(column, _field(schema, column, "message_cols").dataType)
-    return kind, name_col, message_cols, "columns"
-
-
-# -- rows to messages -------------------------------------------------------------------
-
-
-def _plain(value):
-    """A Spark value as plain Python: Rows to dicts, bytearrays to bytes."""
-    if isinstance(value, Row):
-        return {key: _plain(item) for key, item in value.asDict(recursive=False).items()}
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, bytearray):
-        return bytes(value)
-    return value
-
-
-def _message(row, columns, mode):
-    if mode == "columns":
-        return {column: _plain(row[column]) for column in columns}
-    value = row[columns[0]]
-    if value is None:
-        raise ValueError("the message column is null")
-    if mode == "json":
-        try:
-            value = jsonbytes.loads(value)
-        except ValueError as exc:
-            raise ValueError("invalid JSON: %s" % exc)
-        if not isinstance(value, dict):
-            raise ValueError("the message JSON is not an object")
-        return value
-    return _plain(value)
-
-
 # -- the executor side ---------------------------------------------------------------------
 
 
@@ -295,7 +161,7 @@ def _send_partition(
                     layer.valid_channel_name(name)
                 else:
                     layer.valid_group_name(name)
-                message = _message(row, columns, mode)
+                message = to_message(row, columns, mode)
             except (TypeError, ValueError) as exc:
                 sender.invalid(where, exc)
                 continue
@@ -386,7 +252,7 @@ def send_dataframe(
         raise ValueError("retries must be a non-negative integer")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64:
         raise ValueError("jobs must be an integer from 1 to 64")
-    kind, name_col, columns, mode = _plan(
+    kind, name_col, columns, mode = plan(
         df.schema, channel_col, group_col, message_col, message_cols
     )
     from ..layer import DEFAULT_URL

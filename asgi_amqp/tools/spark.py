@@ -14,8 +14,11 @@
 
 Every partition opens one layer (one connection) on its executor, sends its
 rows and closes it; the counts come back through accumulators. The schema
-is checked on the driver before anything is sent; the schema check and the
-row-to-message conversion are in ``spark_messages``.
+is checked on the driver before anything is sent.
+
+This module is the driver's side: the options, the accumulators and
+:class:`SendResult`. The schema check and the row-to-message conversion are
+in ``spark_messages``; what runs on each executor is in ``spark_partition``.
 
 The executors must be able to import ``asgi_amqp`` (install the package
 where they run, or ship it with ``--py-files``), and must reach the broker.
@@ -24,13 +27,11 @@ Needs pyspark: ``pip install 'asgi-amqp-layer[spark]'``.
 
 import collections
 import functools
-import itertools
-import logging
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import layerconfig
-from .bulk import ON_FULL, BulkSender
+from .bulk import ON_FULL
 
 try:
     from pyspark.accumulators import AccumulatorParam
@@ -39,14 +40,10 @@ except ImportError:  # pragma: no cover - depends on the installation
         "asgi_amqp.spark needs pyspark: pip install 'asgi-amqp-layer[spark]'"
     ) from None
 
-from .spark_messages import plan, to_message
+from .spark_messages import plan
+from .spark_partition import SAMPLED_FAILURES, send_partition
 
 __all__ = ["send_dataframe", "SendResult", "Failure"]
-
-logger = logging.getLogger(__name__)
-
-LOGGED_ERRORS = 10  # per partition
-SAMPLED_FAILURES = 20  # in SendResult.failures
 
 
 class Failure(collections.namedtuple("Failure", "channel reason")):
@@ -86,116 +83,6 @@ class _FirstFailures(AccumulatorParam):
 
     def addInPlace(self, value1, value2):
         return sorted(value1 + value2, key=lambda failure: failure[:2])[:SAMPLED_FAILURES]
-
-
-class _Row(object):
-    """Where a row is, for the BulkSender's reports: printed as "row N of partition P"."""
-
-    __slots__ = ("partition", "number", "name")
-
-    def __init__(self, partition, number, name):
-        self.partition = partition
-        self.number = number
-        self.name = name
-
-    def __str__(self):
-        return "row %d of partition %d" % (self.number, self.partition)
-
-
-# -- the executor side ---------------------------------------------------------------------
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _log_failure(sample, counter=None):
-    """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS
-    warnings, and the first SAMPLED_FAILURES rows kept in ``sample``."""
-    counter = counter or itertools.count(1)
-
-    def report(where, exc):
-        count = next(counter)
-        if count <= LOGGED_ERRORS:
-            logger.warning("asgi_amqp.spark: %s (%s): %s", where, where.name, exc)
-        if count <= SAMPLED_FAILURES:
-            sample.append((where.partition, where.number, where.name, _one_line(exc)))
-
-    return report
-
-
-def _partition_index():
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else 0
-
-
-def _send_partition(
-    rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config, accumulators
-):
-    from ..layer import AMQPChannelLayer
-
-    layer = None
-    sender = None
-    sample = []
-    partition = _partition_index()
-    try:
-        for number, row in enumerate(rows, 1):
-            if layer is None:
-                layer = AMQPChannelLayer(**layer_config)
-                sender = BulkSender(
-                    layer,
-                    on_full=on_full,
-                    retries=retries,
-                    jobs=jobs,
-                    report=_log_failure(sample),
-                    keep_existing=True,
-                )
-            name = row[name_col]
-            where = _Row(partition, number, name)
-            try:
-                if not isinstance(name, str):
-                    raise ValueError("the %s name is null" % kind)
-                if kind == "channel":
-                    layer.valid_channel_name(name)
-                else:
-                    layer.valid_group_name(name)
-                message = to_message(row, columns, mode)
-            except (TypeError, ValueError) as exc:
-                sender.invalid(where, exc)
-                continue
-            sender.submit(kind, name, message, where)
-    finally:
-        if sender is not None:
-            sender.close()
-        if layer is not None:
-            layer.close()
-        if sender is not None:
-            _account(sender, sample, partition, accumulators)
-
-
-def _account(sender, sample, partition, accumulators):
-    """Add a partition's counts and failures to the driver's accumulators."""
-    sent, full, failed, failures = accumulators
-    sent.add(sender.sent)
-    full.add(sender.full)
-    failed.add(sender.failed)
-    if sender.stopped_at is not None:  # on_full="fail"
-        row = sender.stopped_at
-        reason = "channel %s is full (on_full=fail): the partition stopped" % row.name
-        sample.append((partition, row.number, row.name, reason))
-    if sender.fatal is not None:
-        logger.warning("asgi_amqp.spark: the partition stopped: %s", sender.fatal)
-        reason = "the partition stopped: %s" % _one_line(sender.fatal)
-        sample.append((partition, _LAST, None, reason))
-    failures.add(sample)
-
-
-_LAST = 1 << 62  # sorts after every row of its partition
-
-
-# -- the driver side -----------------------------------------------------------------------
 
 
 def send_dataframe(
@@ -283,7 +170,7 @@ def send_dataframe(
     )
     df.select(*dict.fromkeys([name_col] + columns)).foreachPartition(
         functools.partial(
-            _send_partition,
+            send_partition,
             kind=kind,
             name_col=name_col,
             columns=columns,

@@ -16,6 +16,10 @@ Every partition opens one layer (one connection) on its executor, sends its
 rows and closes it; the counts come back through accumulators. The schema
 is checked on the driver before anything is sent.
 
+This module is the driver's side: the options, the accumulators and
+:class:`SendResult`. The schema check and the row-to-message conversion are
+in ``spark_messages``; what runs on each executor is in ``spark_partition``.
+
 The executors must be able to import ``asgi_amqp`` (install the package
 where they run, or ship it with ``--py-files``), and must reach the broker.
 Needs pyspark: ``pip install 'asgi-amqp-layer[spark]'``.
@@ -23,29 +27,23 @@ Needs pyspark: ``pip install 'asgi-amqp-layer[spark]'``.
 
 import collections
 import functools
-import itertools
-import logging
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from . import jsonbytes, layerconfig
-from .bulk import ON_FULL, BulkSender
+from . import layerconfig
+from .bulk import ON_FULL
 
 try:
     from pyspark.accumulators import AccumulatorParam
-    from pyspark.sql import Row
-    from pyspark.sql import types as T
 except ImportError:  # pragma: no cover - depends on the installation
     raise ImportError(
         "asgi_amqp.spark needs pyspark: pip install 'asgi-amqp-layer[spark]'"
     ) from None
 
+from .spark_messages import plan
+from .spark_partition import SAMPLED_FAILURES, send_partition
+
 __all__ = ["send_dataframe", "SendResult", "Failure"]
-
-logger = logging.getLogger(__name__)
-
-LOGGED_ERRORS = 10  # per partition
-SAMPLED_FAILURES = 20  # in SendResult.failures
 
 
 class Failure(collections.namedtuple("Failure", "channel reason")):
@@ -85,251 +83,6 @@ class _FirstFailures(AccumulatorParam):
 
     def addInPlace(self, value1, value2):
         return sorted(value1 + value2, key=lambda failure: failure[:2])[:SAMPLED_FAILURES]
-
-
-class _Row(object):
-    """Where a row is, for the BulkSender's reports: printed as "row N of partition P"."""
-
-    __slots__ = ("partition", "number", "name")
-
-    def __init__(self, partition, number, name):
-        self.partition = partition
-        self.number = number
-        self.name = name
-
-    def __str__(self):
-        return "row %d of partition %d" % (self.number, self.partition)
-
-
-# -- schema -------------------------------------------------------------------------
-
-_STRINGS = tuple(
-    t
-    for t in (T.StringType, getattr(T, "CharType", None), getattr(T, "VarcharType", None))
-    if t is not None
-)
-_SCALARS = _STRINGS + (
-    T.BinaryType,
-    T.BooleanType,
-    T.ByteType,
-    T.ShortType,
-    T.IntegerType,
-    T.LongType,
-    T.FloatType,
-    T.DoubleType,
-    T.NullType,
-)
-
-
-def _unsupported(column, path, data_type):
-    where = "column %r" % column + (" (field %s)" % path if path else "")
-    return TypeError(
-        "%s has type %s, which an ASGI message cannot carry (strings, bytes, numbers, "
-        "booleans, arrays, structs and maps with string keys can); cast it first, e.g. "
-        "F.col(%r).cast('string')" % (where, data_type.simpleString(), column)
-    )
-
-
-def _check_message_type(column, data_type, path=""):
-    if isinstance(data_type, _SCALARS):
-        return
-    if isinstance(data_type, T.ArrayType):
-        _check_message_type(column, data_type.elementType, path + "[]")
-        return
-    if isinstance(data_type, T.StructType):
-        for field in data_type.fields:
-            _check_message_type(
-                column, field.dataType, "%s.%s" % (path, field.name) if path else field.name
-            )
-        return
-    if isinstance(data_type, T.MapType):
-        if not isinstance(data_type.keyType, _STRINGS):
-            raise TypeError(
-                "column %r%s is a map with %s keys; ASGI message keys must be "
-                "strings"
-                % (column, " (field %s)" % path if path else "", data_type.keyType.simpleString())
-            )
-        _check_message_type(column, data_type.valueType, path + "{}")
-        return
-    raise _unsupported(column, path, data_type)
-
-
-def _field(schema, column, role):
-    if not isinstance(column, str):
-        raise TypeError("%s must be a column name, not %r" % (role, column))
-    for field in schema.fields:
-        if field.name == column:
-            return field
-    raise ValueError(
-        "%s %r is not a column of the DataFrame; its columns are: %s"
-        % (role, column, ", ".join(schema.fieldNames()) or "(none)")
-    )
-
-
-def _plan(schema, channel_col, group_col, message_col, message_cols):
-    """Check the schema; (kind, name column, message columns, how to read the message)."""
-    if (channel_col is None) == (group_col is None):
-        raise ValueError("give exactly one of channel_col and group_col")
-    if (message_col is None) == (message_cols is None):
-        raise ValueError("give exactly one of message_col and message_cols")
-    kind, name_col = ("channel", channel_col) if channel_col is not None else ("group", group_col)
-    field = _field(schema, name_col, kind + "_col")
-    if not isinstance(field.dataType, _STRINGS):
-        raise TypeError(
-            "%s_col %r must be a string column, not %s"
-            % (kind, name_col, field.dataType.simpleString())
-        )
-    if message_col is not None:
-        field = _field(schema, message_col, "message_col")
-        data_type = field.dataType
-        if isinstance(data_type, _STRINGS):
-            mode = "json"
-        elif isinstance(data_type, (T.StructType, T.MapType)):
-            _check_message_type(message_col, data_type)
-            mode = "object"
-        else:
-            raise TypeError(
-                "message_col %r must be a string (JSON), struct or map column, not %s"
-                % (message_col, data_type.simpleString())
-            )
-        return kind, name_col, [message_col], mode
-    if isinstance(message_cols, str) or not message_cols:
-        raise ValueError("message_cols must be a non-empty list of column names")
-    message_cols = list(message_cols)
-    if len(set(message_cols)) != len(message_cols):
-        raise ValueError("message_cols names a column twice")
-    for column in message_cols:
-        _check_message_type(column, _field(schema, column, "message_cols").dataType)
-    return kind, name_col, message_cols, "columns"
-
-
-# -- rows to messages -------------------------------------------------------------------
-
-
-def _plain(value):
-    """A Spark value as plain Python: Rows to dicts, bytearrays to bytes."""
-    if isinstance(value, Row):
-        return {key: _plain(item) for key, item in value.asDict(recursive=False).items()}
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, bytearray):
-        return bytes(value)
-    return value
-
-
-def _message(row, columns, mode):
-    if mode == "columns":
-        return {column: _plain(row[column]) for column in columns}
-    value = row[columns[0]]
-    if value is None:
-        raise ValueError("the message column is null")
-    if mode == "json":
-        try:
-            value = jsonbytes.loads(value)
-        except ValueError as exc:
-            raise ValueError("invalid JSON: %s" % exc)
-        if not isinstance(value, dict):
-            raise ValueError("the message JSON is not an object")
-        return value
-    return _plain(value)
-
-
-# -- the executor side ---------------------------------------------------------------------
-
-
-def _one_line(exc):
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _log_failure(sample, counter=None):
-    """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS
-    warnings, and the first SAMPLED_FAILURES rows kept in ``sample``."""
-    counter = counter or itertools.count(1)
-
-    def report(where, exc):
-        count = next(counter)
-        if count <= LOGGED_ERRORS:
-            logger.warning("asgi_amqp.spark: %s (%s): %s", where, where.name, exc)
-        if count <= SAMPLED_FAILURES:
-            sample.append((where.partition, where.number, where.name, _one_line(exc)))
-
-    return report
-
-
-def _partition_index():
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else 0
-
-
-def _send_partition(
-    rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config, accumulators
-):
-    from ..layer import AMQPChannelLayer
-
-    layer = None
-    sender = None
-    sample = []
-    partition = _partition_index()
-    try:
-        for number, row in enumerate(rows, 1):
-            if layer is None:
-                layer = AMQPChannelLayer(**layer_config)
-                sender = BulkSender(
-                    layer,
-                    on_full=on_full,
-                    retries=retries,
-                    jobs=jobs,
-                    report=_log_failure(sample),
-                    keep_existing=True,
-                )
-            name = row[name_col]
-            where = _Row(partition, number, name)
-            try:
-                if not isinstance(name, str):
-                    raise ValueError("the %s name is null" % kind)
-                if kind == "channel":
-                    layer.valid_channel_name(name)
-                else:
-                    layer.valid_group_name(name)
-                message = _message(row, columns, mode)
-            except (TypeError, ValueError) as exc:
-                sender.invalid(where, exc)
-                continue
-            sender.submit(kind, name, message, where)
-    finally:
-        if sender is not None:
-            sender.close()
-        if layer is not None:
-            layer.close()
-        if sender is not None:
-            _account(sender, sample, partition, accumulators)
-
-
-def _account(sender, sample, partition, accumulators):
-    """Add a partition's counts and failures to the driver's accumulators."""
-    sent, full, failed, failures = accumulators
-    sent.add(sender.sent)
-    full.add(sender.full)
-    failed.add(sender.failed)
-    if sender.stopped_at is not None:  # on_full="fail"
-        row = sender.stopped_at
-        reason = "channel %s is full (on_full=fail): the partition stopped" % row.name
-        sample.append((partition, row.number, row.name, reason))
-    if sender.fatal is not None:
-        logger.warning("asgi_amqp.spark: the partition stopped: %s", sender.fatal)
-        reason = "the partition stopped: %s" % _one_line(sender.fatal)
-        sample.append((partition, _LAST, None, reason))
-    failures.add(sample)
-
-
-_LAST = 1 << 62  # sorts after every row of its partition
-
-
-# -- the driver side -----------------------------------------------------------------------
 
 
 def send_dataframe(
@@ -386,7 +139,7 @@ def send_dataframe(
         raise ValueError("retries must be a non-negative integer")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 64:
         raise ValueError("jobs must be an integer from 1 to 64")
-    kind, name_col, columns, mode = _plan(
+    kind, name_col, columns, mode = plan(
         df.schema, channel_col, group_col, message_col, message_cols
     )
     from ..layer import DEFAULT_URL
@@ -417,7 +170,7 @@ def send_dataframe(
     )
     df.select(*dict.fromkeys([name_col] + columns)).foreachPartition(
         functools.partial(
-            _send_partition,
+            send_partition,
             kind=kind,
             name_col=name_col,
             columns=columns,

@@ -82,3 +82,39 @@ def test_an_interrupted_wait_abandons_first():
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert pending.resolve("message") is False  # so it goes back to the queue
+
+
+def test_a_blocking_receive_queued_before_the_consumers_channel_opened_is_answered_at_close():
+    """A wait handed to the consumers before their channel opened sits in a
+    backlog; closing the layer then answers it (None) instead of failing to
+    unpack the backlog's entries, which ended the I/O loop with the other
+    parts' callers unanswered. The connection here was never opened, so the
+    channel never opens and nothing reaches a broker."""
+    import pika
+    from pika.adapters.select_connection import IOLoop
+
+    from asgi_amqp.engine.consumers import ConsumerPool, ConsumerSettings
+    from asgi_amqp.engine.deliveries import HandedOff, HeldMessages, Liveness
+    from asgi_amqp.errors import LayerClosed
+
+    ioloop = IOLoop()
+    connection = pika.SelectConnection(
+        pika.ConnectionParameters("127.0.0.1", port=9), custom_ioloop=ioloop
+    )
+    try:
+        assert not connection.is_open
+        pool = ConsumerPool(
+            connection,
+            None,
+            Liveness(),
+            HandedOff(),
+            HeldMessages(),
+            ConsumerSettings(0.25, 30.0, 16),
+        )
+        pending = Pending("blocking receive")
+        pool.wait(pending, [("q", None)], time.monotonic() + 30, threads=1)
+        assert not pending.arrived(0)
+        pool.fail_all(LayerClosed("the layer is closed"))
+        assert pending.wait(0) is None
+    finally:
+        ioloop.close()

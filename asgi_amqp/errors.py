@@ -234,9 +234,11 @@ class BrokerBlocked(ChannelFull, AMQPLayerError):
     """The broker blocks publishing: a resource alarm (memory or disk) is on.
 
     ``reason`` is the broker's own ("low on memory", "low on disk"). A send
-    made while the connection is blocked fails at once and was not
-    delivered; one in flight when the alarm began fails too, and may still
-    be delivered once the alarm clears, as with a lost connection.
+    waits for the alarm within ``operation_timeout`` and raises this if it
+    outlasts that; on daphne's reactor thread, which must not wait, it
+    raises at once. Either way the message was not delivered (one in flight
+    when the alarm began may still be, once it clears, as with a lost
+    connection). ``send_group`` never raises it: it drops and counts.
 
     It is a ``ChannelFull`` on purpose: every caller in the Channels 1.x
     stack already treats that as "cannot take it now": daphne answers an HTTP

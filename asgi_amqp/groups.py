@@ -8,13 +8,16 @@ and a marker queue whose expiry ends the membership (see ``naming``). Each
 call states its steps as data and hands them to the engine in one go.
 """
 
+import logging
 import os
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from . import channel_names, engine, naming, pipeline
 from .engine import ACKED
-from .errors import BrokerOperationError
+from .errors import BrokerBlocked, BrokerOperationError
 from .serialization import Message
+
+logger = logging.getLogger(__name__)
 
 
 class Groups(object):
@@ -33,6 +36,7 @@ class Groups(object):
     _properties: Callable[..., Any]
     _declare_channel_queue: Callable[..., Any]
     _management_client: Callable[..., Any]
+    _stats: Any
 
     def group_add(self, group: str, channel: str) -> None:
         self._check_group_name(group)
@@ -114,14 +118,22 @@ class Groups(object):
         body = self._serializer.dumps(message)
         self._ensure_infrastructure()
         # Full members drop the message (the broker nacks); that is the spec.
-        self._publish(
-            self.topology.group_router,
-            group,
-            body,
-            self._properties(),
-            False,
-            "send to group %s" % group,
-        )
+        try:
+            self._publish(
+                self.topology.group_router,
+                group,
+                body,
+                self._properties(),
+                False,
+                "send to group %s" % group,
+            )
+        except BrokerBlocked as exc:
+            # ASGI 1.0: send_group "cannot raise ChannelFull", and Channels
+            # 1.x ends a runworker on any other exception from it. A message
+            # the broker would not take through a whole alarm is dropped,
+            # counted and logged, like one for a full member.
+            self._stats.count_group_send_dropped()
+            logger.warning("send_group %s: message dropped: %s", group, exc)
 
     def send_group_many(
         self, items: Iterable[Tuple[str, Message]]

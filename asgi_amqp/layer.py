@@ -21,6 +21,7 @@ import os
 import secrets
 import string
 import threading
+import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from asgiref.base_layer import BaseChannelLayer
@@ -28,12 +29,19 @@ from asgiref.base_layer import BaseChannelLayer
 from . import engine, naming, statistics, twisted_support
 from .channel_names import MAX_NAME_LENGTH, check_channel_name, check_group_name
 from .engine import Engine
-from .errors import BrokerOperationError, ChannelFull, MessageTooLarge, settings_mismatch
+from .errors import (
+    BrokerBlocked,
+    BrokerOperationError,
+    ChannelFull,
+    MessageTooLarge,
+    settings_mismatch,
+)
 from .groups import Groups
 from .management import ManagementClient
 from .receiving import ReceiveTargets, Receiving
 from .sending import Sending
 from .serialization import Serializer
+from .twisted_support import on_reactor_thread
 from .urls import management_url_for, parse_urls, redact, vhost_of
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
@@ -209,16 +217,35 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
     # -- primitives ---------------------------------------------------------
 
     def _publish(self, exchange, routing_key, body, properties, mandatory, what, marked=False):
-        return self._engine.publish(
-            exchange,
-            routing_key,
-            body,
-            properties,
-            mandatory,
-            what,
-            marked=marked,
-            fans_out=exchange == self.topology.group_router,
-        )
+        """Publish and wait for the broker's answer, through a resource alarm.
+
+        While an alarm blocks publishing, a caller's thread waits for it to
+        clear, within ``operation_timeout``, and then publishes: a Channels
+        worker that raised instead would die of it (Channels 1.x retries a
+        full channel for 2 s in ``send_and_flush``, then raises). daphne's
+        reactor thread must not wait (every connection of daphne would
+        freeze), so there ``BrokerBlocked`` is raised at once and daphne
+        answers 503 or closes the socket with 1013, "try again later".
+        """
+        deadline = time.monotonic() + self.operation_timeout
+        while True:
+            try:
+                return self._engine.publish(
+                    exchange,
+                    routing_key,
+                    body,
+                    properties,
+                    mandatory,
+                    what,
+                    marked=marked,
+                    fans_out=exchange == self.topology.group_router,
+                )
+            except BrokerBlocked:
+                if on_reactor_thread() or not self._engine.wait_unblocked(deadline):
+                    raise
+                # One in flight when the alarm began may still be delivered:
+                # the copy is marked, so its reader drops it if it has both.
+                marked = True
 
     def _admin(self, steps, what):
         try:
@@ -280,11 +307,18 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         ``blocked``, ``blocked_reason``
             whether the broker blocks this process's publishing now (a
             resource alarm), and its reason ("low on memory", "low on
-            disk"); sends raise ``BrokerBlocked`` meanwhile (see the docs'
-            "Broker alarms").
+            disk"); meanwhile a send waits for it to clear, within
+            ``operation_timeout``, and then raises ``BrokerBlocked``; on
+            daphne's reactor thread it raises at once (see the docs'
+            "Broker alarms");
+        ``group_sends_dropped``
+            ``send_group`` messages dropped because an alarm outlasted
+            ``operation_timeout`` (``send_group`` never raises ``ChannelFull``;
+            each is logged at WARNING).
         """
         figures = self._engine.connection_statistics()
         figures["undecodable_messages"] = self._stats.undecodable
+        figures["group_sends_dropped"] = self._stats.group_sends_dropped
         return figures
 
     # -- helpers ----------------------------------------------------------------

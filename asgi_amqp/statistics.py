@@ -99,10 +99,15 @@ class Counters(object):
         self._total = _Series()
         self._channels = collections.OrderedDict()  # queue channel -> _Series
         self.undecodable = 0  # messages dropped because they could not be decoded
+        self.group_sends_dropped = 0  # send_group messages a resource alarm refused
 
     def count_undecodable(self):
         with self._lock:
             self.undecodable += 1
+
+    def count_group_send_dropped(self):
+        with self._lock:
+            self.group_sends_dropped += 1
 
     @staticmethod
     def _key(channel):

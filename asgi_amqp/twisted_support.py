@@ -13,6 +13,7 @@ Twisted is optional: without it the extension is not listed.
 """
 
 import collections.abc
+import sys
 
 try:
     from twisted.internet import defer, threads
@@ -20,6 +21,14 @@ except ImportError:  # pragma: no cover - exercised by installs without Twisted
     defer = threads = None  # type: ignore[assignment]
 
 AVAILABLE = threads is not None
+
+
+def on_reactor_thread() -> bool:
+    """Whether the caller runs on a Twisted reactor's own thread (daphne's),
+    which must never block: every connection of that process waits with it.
+    Twisted is not imported for this; a process without it has no reactor."""
+    threadable = sys.modules.get("twisted.python.threadable")
+    return threadable is not None and bool(threadable.isInIOThread())
 
 
 def receive_twisted(layer, channels):

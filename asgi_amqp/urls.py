@@ -42,8 +42,8 @@ def _parameters(url, client_name):
     if "heartbeat" not in given:
         parameters.heartbeat = DEFAULT_HEARTBEAT
     if "blocked_connection_timeout" not in given:
-        # Off: during a resource alarm sends fail at once with BrokerBlocked
-        # and receives go on (engine.connection); closing a blocked
+        # Off: during a resource alarm sends wait or fail with BrokerBlocked
+        # and receives go on (engine.alarms); closing a blocked
         # connection would not end the alarm, only interrupt the receives.
         parameters.blocked_connection_timeout = DEFAULT_BLOCKED_CONNECTION_TIMEOUT
     if "socket_timeout" not in given:

@@ -307,6 +307,12 @@ class Engine(object):
             }
         return len(receivers)
 
+    def wait_unblocked(self, deadline: float) -> bool:
+        """Wait until the broker no longer blocks publishing (a resource alarm),
+        at most until ``deadline`` (``time.monotonic()``); True once it does not."""
+        io = self._running_io()
+        return io.unblocked.wait(max(0.0, deadline - time.monotonic()))
+
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A delivery already pushed to this process for one of ``queues``, or None.
 

@@ -124,6 +124,8 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self.connection_losses = 0
         self.blocked = None  # see ResourceAlarms
         self.blocked_since = None
+        self.unblocked = threading.Event()
+        self.unblocked.set()
         self.retried = 0  # pieces of work handed from a lost connection to the next
         self.republished = 0  # marked copies of publishes whose confirm was lost
 

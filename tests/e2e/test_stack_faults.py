@@ -53,3 +53,20 @@ def test_the_stack_rides_through_broker_faults(scenario, queue_type):
         assert report["kills"] >= 2 and report["restart_seconds"] is not None
     else:
         assert report["kills"] >= 3 and report["restart_seconds"] is None
+
+
+def test_the_stack_survives_a_memory_alarm():
+    """An 8 s memory alarm in the middle of the chat (no kills): every
+    process lives (when sends raised at once, both runworkers died of
+    Channels' send_and_flush 2 s into it), /ping/ answers outside it, every
+    lost delivery is explained by a socket daphne closed for the alarm, and
+    a new client chats afterwards."""
+    report = stackfaults.run(queue_type="classic", duration=24.0, alarm=8.0)
+    print("\n" + stackfaults.format_report(report))
+    failed = [what for what, ok in stackfaults.targets(report) if not ok]
+    assert not failed, "%s\n%s\nlogs: %s" % (
+        failed,
+        stackfaults.format_report(report),
+        report.get("logs"),
+    )
+    assert report["kills"] == 0 and report["alarm_seconds"] >= 8.0

@@ -15,6 +15,7 @@ DEMO_ARGS ?=
 CHANNELS_BENCH_ARGS ?=
 ECHO_ARGS ?=
 FAULTS_ARGS ?= --duration 60 --scenario both
+SOAK_ARGS ?= --minutes 30
 
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -23,13 +24,14 @@ BENCH = $(VPY) -m benchmarks --redis-python $(REDIS_VENV)/bin/python
 
 .DEFAULT_GOAL := help
 .PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test lint docs demo demo-basic \
-        bench bench-report bench-channels bench-echo faults-stack leaks clean distclean
+        bench bench-report bench-channels bench-echo faults-stack leaks soak clean distclean
 
 help: ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
 	    awk 'BEGIN {FS = ":.*## "}; {printf "  make %-15s %s\n", $$1, $$2}'
 	@echo "variables: PYTEST_ARGS BENCH_ARGS REPORT_ARGS DEMO_ARGS CHANNELS_BENCH_ARGS"
-	@echo "           ECHO_ARGS FAULTS_ARGS='$(FAULTS_ARGS)' PYTHON VENV REDIS_VENV"
+	@echo "           ECHO_ARGS FAULTS_ARGS='$(FAULTS_ARGS)' SOAK_ARGS='$(SOAK_ARGS)'"
+	@echo "           PYTHON VENV REDIS_VENV"
 
 venv: $(STAMP) ## the project's virtualenv (.venv), installed editable
 
@@ -96,6 +98,9 @@ faults-stack: broker-deps ## the Channels stack through broker faults (FAULTS_AR
 
 leaks: broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)
 	ASGI_AMQP_LEAK_SIZES=full $(VPY) -m pytest -s tests/test_no_broker_leaks.py $(PYTEST_ARGS)
+
+soak: broker-deps $(VENV)/.soak-installed ## mixed traffic and connection kills, bounds on growth (SOAK_ARGS)
+	$(VPY) -m devtools.soak $(SOAK_ARGS)
 
 clean: ## caches and build output
 	rm -rf build dist .eggs .pytest_cache .hypothesis .mypy_cache .ruff_cache htmlcov \

@@ -61,6 +61,7 @@ setup(
             "twisted",
             "autobahn",
         ],
+        "soak": ["matplotlib"],  # make soak's chart
         "bench": ["tqdm", "pyarrow", "matplotlib", "pyspark>=3.5"],
         "docs": ["sphinx>=7", "furo", "sphinx-click>=5", "click>=8.0"],
     },

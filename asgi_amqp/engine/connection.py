@@ -31,17 +31,9 @@ Heartbeats are serviced by the loop whatever callers do. A connection that
 has never opened fails waiting work at once with the reason, so a typo in
 the URL is an error in the caller within seconds, not a hang.
 
-A lost connection fails nobody. Channels' worker loop catches nothing that
-``receive`` or ``send_group`` raise, so an exception there ends the
-runworker process. Instead, every piece of work dispatched on the lost
-connection that its caller still waits for is handed to the next
-connection, in the order it came: declares and binds run again (they are
-idempotent), receives ask again, and publishes are sent again (see
-``publisher`` for the ones that may already be in their queue). Work
-submitted while there is no connection waits for the next one. The
-caller's own timeout bounds all of it: only an outage longer than
-``operation_timeout`` reaches the caller, as ``OperationTimeout`` naming
-the lost connection.
+A lost connection fails nobody: the work in flight on it runs again on the
+next one (``carry_over.py`` says why and how), and work submitted while
+there is no connection waits for the next one.
 
 After an outage in which the broker refused new connections, group
 fan-out waits a moment before it goes out (``settling.py`` says why).
@@ -59,6 +51,7 @@ from pika.adapters.select_connection import IOLoop
 from ..errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ..urls import describe_parameters
 from .alarms import ResourceAlarms
+from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason
 from .consumers import ConsumerSettings
 from .deliveries import HandedOff, HeldMessages, Liveness
@@ -68,9 +61,6 @@ from .session import Session, Work
 from .settling import SettlingAfterOutage
 
 logger = logging.getLogger(__name__)
-
-
-_PRUNE_EVERY = 1024
 
 
 class IOThread(ResourceAlarms, SettlingAfterOutage):
@@ -101,10 +91,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self._open_connections = set()  # not closed yet; the loop stops once empty
         self._session = None
         self._waiting = collections.deque()  # work that needs a session
-        # Work dispatched on the current connection; what is still wanted
-        # when it drops goes to the next one (pruned as it grows).
-        self._dispatched = collections.deque()
-        self._prune_at = _PRUNE_EVERY
+        self._dispatched = Dispatched()  # what a loss hands to the next connection
         self._settling = collections.deque()  # see SettlingAfterOutage
         self._refused = False  # a connection attempt failed since the last loss
         self._attempt = 0
@@ -126,8 +113,6 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self.blocked_since = None
         self.unblocked = threading.Event()
         self.unblocked.set()
-        self.retried = 0  # pieces of work handed from a lost connection to the next
-        self.republished = 0  # marked copies of publishes whose confirm was lost
 
     # -- any thread ----------------------------------------------------------
 
@@ -141,6 +126,16 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
             raise
         if not self._started.wait(10):
             raise BrokerConnectionError("the I/O thread did not start")
+
+    @property
+    def retried(self):
+        """Pieces of work handed from a lost connection to the next."""
+        return self._dispatched.retried
+
+    @property
+    def republished(self):
+        """Marked copies of publishes whose confirm was lost, sent again."""
+        return self._dispatched.republished
 
     @property
     def _stopping(self):
@@ -233,9 +228,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         if self._held_to_settle(work):
             return
         if work.retry:
-            self._dispatched.append(work)
-            if len(self._dispatched) >= self._prune_at:
-                self._prune_dispatched()
+            self._dispatched.add(work)
         try:
             work(self._session)
         except Exception as exc:
@@ -243,11 +236,6 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
                 return  # a connection is going: _on_closed hands it on
             logger.exception("error while running %s", work.pending.description)
             work.pending.fail(BrokerConnectionError("internal error: %s" % exc))
-
-    def _prune_dispatched(self):
-        """Forget finished work, so the list grows only with work in flight."""
-        self._dispatched = collections.deque(w for w in self._dispatched if w.pending.wanted)
-        self._prune_at = max(_PRUNE_EVERY, 2 * len(self._dispatched))
 
     def _pair_open(self):
         return all(c is not None and c.is_open for c in (self._connection, self._publishing))
@@ -350,10 +338,9 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self._set_unblocked()
         session, self._session = self._session, None
         self.connected = False
-        dispatched, self._dispatched = self._dispatched, collections.deque()
+        dispatched = self._dispatched.take()
         dispatched.extend(self._settling)  # never sent, so first after the carried work
         self._settling = collections.deque()
-        self._prune_at = _PRUNE_EVERY
         if self._stopping:
             closed = LayerClosed("the layer is closed")
             if session is not None:
@@ -380,20 +367,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
 
     def _hand_on(self, dispatched):
         """Queue the lost connection's unfinished work first for the next one."""
-        carried = [work for work in dispatched if work.pending.wanted]
-        if not carried:
-            return
-        uncertain = sum(1 for work in carried if getattr(work, "maybe_delivered", False))
-        self.retried += len(carried)
-        self.republished += uncertain
-        if uncertain:
-            logger.warning(
-                "%d publishes lost their confirm with the connection; they will be "
-                "sent again, marked so that a receiver drops a copy it already has",
-                uncertain,
-            )
-        logger.info("%d operations in flight will run again on the next connection", len(carried))
-        self._waiting.extendleft(reversed(carried))
+        self._waiting.extendleft(reversed(self._dispatched.carry(dispatched)))
 
     def _drop(self, connection):
         """Close the other half of a pair that is going; its close is then ignored."""

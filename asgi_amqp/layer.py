@@ -227,7 +227,7 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         freeze), so there ``BrokerBlocked`` is raised at once and daphne
         answers 503 or closes the socket with 1013, "try again later".
         """
-        deadline = time.monotonic() + self.operation_timeout
+        deadline = None  # set at the first block: nothing extra on the usual path
         while True:
             try:
                 return self._engine.publish(
@@ -241,7 +241,11 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
                     fans_out=exchange == self.topology.group_router,
                 )
             except BrokerBlocked:
-                if on_reactor_thread() or not self._engine.wait_unblocked(deadline):
+                if on_reactor_thread():
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + self.operation_timeout
+                if not self._engine.wait_unblocked(deadline):
                     raise
                 # One in flight when the alarm began may still be delivered:
                 # the copy is marked, so its reader drops it if it has both.

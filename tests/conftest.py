@@ -11,12 +11,11 @@
 
 import logging
 import threading
-import time
 import uuid
 
 import pytest
 
-from helpers import LayerFactory, SilentBroker, private_node
+from helpers import LayerFactory, SilentBroker, private_node, wait_until
 
 
 def _layer_factory():
@@ -95,9 +94,7 @@ def _no_layer_thread_outlives_its_module():
     would log into the tests after it."""
     before = _layer_threads()
     yield
-    deadline = time.monotonic() + 10.0
-    left = _layer_threads() - before
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = _layer_threads() - before
-    assert not left, "threads still running after the module: %s" % sorted(t.name for t in left)
+    stopped = wait_until(lambda: not (_layer_threads() - before), 10.0, raise_on_timeout=False)
+    assert stopped, "threads still running after the module: %s" % sorted(
+        t.name for t in _layer_threads() - before
+    )

@@ -1,5 +1,6 @@
 """Groups on the broker: membership, expiry by marker and by message expiry, local members."""
 
+import threading
 import time
 
 import pytest
@@ -41,6 +42,56 @@ def test_discard_of_unknown_member_and_group_is_harmless(layer):
     layer.send_group("never-made", {"x": 1})  # nobody joined: dropped, no error
     layer.send("still.works", {"ok": True})
     assert layer.receive(["still.works"]) == ("still.works", {"ok": True})
+
+
+def test_a_group_deleted_when_it_emptied_can_be_joined_again(broker, layer):
+    """The layer declares a group's exchange once per process, and the broker
+    deletes it (auto-delete) when its last member leaves: joining again must
+    make it again."""
+    api = Management(broker)
+    exchange = layer.topology.group_exchange("again")
+    layer.group_add("again", "first.member")
+    layer.group_discard("again", "first.member")
+    wait_until(
+        lambda: exchange not in api.exchange_names(exchange),
+        timeout=5,
+        message="the emptied group's exchange deleted",
+    )
+    layer.group_add("again", "second.member")
+    layer.group_add("again", "second!local")
+    layer.send_group("again", {"n": 2})
+    assert layer.receive(["second.member"]) == ("second.member", {"n": 2})
+    assert layer.receive(["second!"]) == ("second!local", {"n": 2})
+
+
+def test_group_calls_from_many_threads_at_once(broker, new_layer):
+    """Concurrent group_add and group_discard calls run on several admin
+    channels of one connection; each one completes, and only its own."""
+    layer = new_layer(broker, flush=True, expiry=30, group_expiry=60)
+    members = ["many.t%d" % n for n in range(12)] + ["many!t%d" % n for n in range(12)]
+    errors = []
+
+    def join_then_leave(channel):
+        try:
+            layer.group_add("crowd", channel)
+            layer.group_add("crowd", channel)  # a renewal, on whichever channel
+            if channel.endswith(("0", "2", "4", "6", "8")):
+                layer.group_discard("crowd", channel)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append((channel, exc))
+
+    threads = [threading.Thread(target=join_then_leave, args=(c,)) for c in members]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    staying = sorted(c for c in members if not c.endswith(("0", "2", "4", "6", "8")))
+    assert sorted(layer.group_channels("crowd")) == staying
+    layer.send_group("crowd", {"all": True})
+    normal = [c for c in staying if "!" not in c]
+    received = sorted(drain(layer, normal) + drain(layer, ["many!"]))
+    assert received == [(c, {"all": True}) for c in staying]
 
 
 def test_membership_expires_after_group_expiry(layer):

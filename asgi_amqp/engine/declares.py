@@ -1,16 +1,30 @@
-"""Topology operations (declare, bind, unbind, delete), run one at a time.
+"""Topology operations (declare, bind, unbind, delete): one round trip each.
 
 An operation is a list of ``Step``s, each one AMQP RPC. Steps are written as
 plain data (see ``steps`` below) so that the layer states its intent, e.g.
 "declare the group exchange, declare the member exchange, bind them", and
 this executor alone deals with callbacks and channel errors.
 
-Operations run strictly one after another on their own channel. A channel
-error (404, 406) closes that channel; the executor fails only the operation
-that caused it, unless the step said a 404 is fine (deleting or unbinding
-something already gone) or a 406 is (an exchange that exists with other
-flags, made by an older version), reopens the channel and carries on with
-the next. A failed step's error names the step and its object.
+Why pipelined. A ``group_add`` is eight RPCs; run one after another, the
+caller paid eight broker round trips. The broker runs a channel's methods in
+the order they arrive, so every step but the last goes out with ``nowait``
+(pika sends it so when given no callback) and the caller waits once, for the
+last step's answer: when it comes, every step before it has succeeded.
+
+Why a careful pass. A ``nowait`` step that fails closes the channel and says
+only the reply code and text, not which step it was; the steps after it are
+dropped by the broker. So an operation whose pipelined pass failed runs again
+from its first step, one step at a time (every step is idempotent), which
+finds the step that fails and applies that step's rules: a 404 is fine for
+deleting or unbinding something already gone, a 406 for an exchange that
+exists with other flags (made by an older version); anything else fails the
+operation, with an error that names the step and its object.
+
+Why lanes. Operations run strictly one after another on a channel, so
+``DeclareLanes`` keeps a few channels and gives each operation to the least
+busy one: ``group_add`` calls from several threads overlap instead of
+queueing behind each other. The broker, not the client, is then the limit:
+creating a queue costs it a few milliseconds.
 """
 
 import collections
@@ -23,6 +37,8 @@ from .channel_user import ChannelUser
 
 logger = logging.getLogger(__name__)
 
+# Admin channels per connection at most (see ``DeclareLanes``).
+ADMIN_LANES = 4
 NOT_FOUND = 404
 PRECONDITION_FAILED = 406
 STATE_ERRORS = (
@@ -106,11 +122,27 @@ def broker_call_error(exc, what):
 
 
 class _Operation(object):
-    __slots__ = ("pending", "steps", "index", "result")
+    """An operation in progress: its steps, the next one, and how it runs.
+
+    ``careful``: one step at a time, after its pipelined pass failed.
+    """
+
+    __slots__ = ("pending", "steps", "index", "result", "careful")
 
     def __init__(self, pending, steps):
         self.pending = pending
         self.steps = list(steps)
+        self.index = 0
+        self.result = None
+        self.careful = False
+
+    def pipelined(self):
+        """True while every remaining step can go out at once."""
+        return not self.careful and self.index == 0 and len(self.steps) > 1
+
+    def run_carefully(self):
+        """Start again from the first step, waiting for each one's answer."""
+        self.careful = True
         self.index = 0
         self.result = None
 
@@ -148,14 +180,25 @@ class DeclareExecutor(ChannelUser):
             operation.pending.resolve(operation.result)
             self._next()
             return
-        step = operation.steps[operation.index]
         try:
+            if operation.pipelined():
+                self._send_ahead(operation)
+            step = operation.steps[operation.index]
             getattr(self.channel, step.method)(callback=self._on_step_done, **step.kwargs)
         except Exception as exc:  # connection gone, or a name pika cannot encode
+            step = operation.steps[operation.index]
             logger.debug("%s failed", step.method, exc_info=True)
             self._current = None
             operation.pending.fail(broker_call_error(exc, step.method))
             self._next()
+
+    def _send_ahead(self, operation):
+        """Send every step but the last with ``nowait``; the last one's
+        answer then vouches for them all."""
+        channel = self.channel
+        for step in operation.steps[:-1]:
+            getattr(channel, step.method)(callback=None, **step.kwargs)
+            operation.index += 1
 
     def _on_step_done(self, frame):
         operation = self._current
@@ -170,7 +213,14 @@ class DeclareExecutor(ChannelUser):
         if operation is None:
             return
         step = operation.steps[operation.index]
-        if reply_code == NOT_FOUND and step.not_found_ok:
+        if reply_code is not None and 400 <= reply_code < 500 and not operation.careful:
+            # Which pipelined step failed is unknown: find it step by step.
+            logger.debug(
+                "%s: %s %s; running it step by step", step.describe(), reply_code, reply_text
+            )
+            operation.run_carefully()
+            self._queue.appendleft(operation)
+        elif reply_code == NOT_FOUND and step.not_found_ok:
             # Already gone is what we wanted; go on once the channel is back.
             operation.index += 1
             self._queue.appendleft(operation)
@@ -199,3 +249,44 @@ class DeclareExecutor(ChannelUser):
         for operation in self._queue:
             operation.pending.fail(error)
         self._queue.clear()
+
+    def busy(self):
+        """Operations waiting here, the one in flight included."""
+        return len(self._queue) + (self._current is not None)
+
+
+class DeclareLanes(object):
+    """Up to ``lanes`` admin channels; each operation goes to the least busy.
+
+    A lane (its channel) opens only when every open lane is busy, so a
+    process that never declares from two threads at once keeps one admin
+    channel. The session treats this like one part of its own.
+    """
+
+    def __init__(self, connection, lanes=ADMIN_LANES):
+        self._connection = connection
+        self._most = max(1, lanes)
+        self._lanes = [DeclareExecutor(connection)]
+
+    def run(self, pending, steps):
+        """Run ``steps`` in order on one lane (see ``DeclareExecutor.run``)."""
+        lane = min(self._lanes, key=DeclareExecutor.busy)
+        if lane.busy() and len(self._lanes) < self._most:
+            lane = DeclareExecutor(self._connection)
+            self._lanes.append(lane)
+        lane.run(pending, steps)
+
+    # The session's part protocol, passed to every lane.
+
+    def shutdown(self):
+        self._each("shutdown")
+
+    def forget(self):
+        self._each("forget")
+
+    def fail_all(self, error):
+        self._each("fail_all", error)
+
+    def _each(self, method, *args):
+        for lane in self._lanes:
+            getattr(lane, method)(*args)

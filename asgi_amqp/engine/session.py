@@ -15,7 +15,7 @@ receive simply asks again, and a publish is sent again as a marked copy
 """
 
 from .consumers import ConsumerPool
-from .declares import DeclareExecutor
+from .declares import DeclareLanes
 from .getter import Getter
 from .publisher import Publisher
 
@@ -28,7 +28,7 @@ class Session(object):
         self.liveness = liveness
         # Its own connection, which a resource alarm may block (see ``connection``).
         self.publisher = Publisher(publishing)
-        self.declares = DeclareExecutor(connection)
+        self.declares = DeclareLanes(connection)
         self.consumers = ConsumerPool(
             connection, self.declares, liveness, handed_off, held, consumer_settings
         )

@@ -46,7 +46,7 @@ def _with_user(url, user, password):
 class User(object):
     """A broker user with one role's permissions on one prefix, made through the management API."""
 
-    def __init__(self, broker, api, prefix, role, extra_tags=()):
+    def __init__(self, broker, api, prefix, role, extra_tags=(), read=None):
         self.name = "%s-%s" % (role, uuid.uuid4().hex[:8])
         self.password = secrets.token_hex(8)
         self.prefix = prefix
@@ -54,7 +54,8 @@ class User(object):
         api.request(
             "PUT", "users/%s" % self.name, {"password": self.password, "tags": ",".join(tags)}
         )
-        configure, write, read = permissions.permissions(prefix, role)
+        configure, write, role_read = permissions.permissions(prefix, role)
+        read = role_read if read is None else read
         api.request(
             "PUT",
             "permissions/%s/%s" % (api._vhost, self.name),
@@ -93,6 +94,8 @@ def users(broker, api, prefixes):
         "app_b": User(broker, api, b, "application", extra_tags=("management",)),
         "sender": User(broker, api, a, "sender"),
         "monitor": User(broker, api, a, "monitoring"),
+        # The application's permissions with reading taken away: a misconfigured user.
+        "no_read": User(broker, api, a, "application", read="^$"),
     }
     yield made
     for user in made.values():
@@ -127,24 +130,30 @@ def _refused(call, *args):
     return text
 
 
-def _blocking_receive_refused(layer, channel, caplog):
-    """A blocking receive the broker refuses does not hang and hands out nothing.
-
-    The consumer's queue declare gets the 403: today that is logged, naming
-    the queue, and the receive returns empty at its timeout, as for a queue
-    whose node is down; raising the error would be clearer, and passes too.
-    """
+def _blocking_receive_refused(layer, channel):
+    """A blocking receive the broker refuses raises its 403, naming the queue,
+    at once: waiting cannot make the permission appear. (It used to return
+    nothing at its timeout, as for a queue whose node is down.)"""
     queue = layer.topology.channel_queue(channel)
     started = time.monotonic()
-    try:
-        result = layer.receive([channel], block=True)
-    except BrokerOperationError as exc:
-        assert exc.reply_code == 403 and queue in str(exc), exc
-    else:
-        assert result == (None, None)
-        logged = [record.getMessage() for record in caplog.records]
-        assert any("403 ACCESS_REFUSED" in line and queue in line for line in logged), logged
+    with pytest.raises(BrokerOperationError) as refused:
+        layer.receive([channel], block=True)
+    assert refused.value.reply_code == 403 and queue in str(refused.value), refused.value
+    assert "permissions" in str(refused.value)
     assert time.monotonic() - started < layer.receive_timeout + 2
+
+
+def test_a_user_who_may_not_read_gets_the_403_from_a_blocking_receive(users, layers):
+    """The queue declare passes (configure) and basic.consume is refused
+    (read): the receive raises, and the same layer's sends still work."""
+    app = layers.add(users["app"].layer())
+    app.receive(["unreadable"])  # the channel's queue exists
+    app.send("unreadable", {"n": 1})
+    layer = layers.add(users["no_read"].layer())
+    _blocking_receive_refused(layer, "unreadable")
+    _blocking_receive_refused(layer, "unreadable")  # again, as promptly
+    layer.send("unreadable", {"n": 2})
+    assert [m["n"] for _, m in drain(app, ["unreadable"])] == [1, 2]
 
 
 # -- application --------------------------------------------------------------------------------
@@ -246,7 +255,7 @@ def test_sender_sends_to_channels_that_exist(users, layers):
     assert app.receive(["daphne.response.p2!"]) == (local, {"n": 50})
 
 
-def test_sender_cannot_create_channels_receive_or_use_groups(users, layers, caplog):
+def test_sender_cannot_create_channels_receive_or_use_groups(users, layers):
     app = layers.add(users["app"].layer(expiry=30))
     app.receive(["known"])
     sender = layers.add(users["sender"].layer(expiry=30, dead_letter_worker=False))
@@ -259,7 +268,7 @@ def test_sender_cannot_create_channels_receive_or_use_groups(users, layers, capl
     assert [m["n"] for _, m in drain(app, ["known"])] == [1, 3]
     app.send("known", {"n": 4})
     _refused(sender.receive, ["known"])
-    _blocking_receive_refused(sender, "known", caplog)
+    _blocking_receive_refused(sender, "known")
     _refused(sender.send_group, "room", {"n": 5})
     _refused(sender.group_add, "room", "known")
     assert app.receive(["known"]) == ("known", {"n": 4})  # still there

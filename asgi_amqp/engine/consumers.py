@@ -41,7 +41,7 @@ import collections
 import logging
 import time
 
-from ..errors import PRECONDITION_FAILED
+from ..errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
 from . import declares
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
@@ -263,9 +263,13 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
     def _declared(self, consumer, arguments, error):
         if self._consumers.get(consumer.queue) is not consumer:
             return
-        if error is not None and getattr(error, "reply_code", None) == PRECONDITION_FAILED:
-            # The queue exists with other settings: waiting cannot help, so
-            # the receive fails now with the broker's reason.
+        if error is not None and getattr(error, "reply_code", None) in (
+            PRECONDITION_FAILED,
+            ACCESS_REFUSED,
+        ):
+            # The queue exists with other settings, or the user may not
+            # declare it: waiting cannot help, so the receive fails now with
+            # the broker's reason.
             del self._consumers[consumer.queue]
             self._fail_waiters(consumer.queue, error)
             return
@@ -365,6 +369,8 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
         # The broker requeues every unacked delivery of a closed channel, so
         # what was held is forgotten before anyone can be handed it; what
         # was adopted from a lane that is still open goes back from there.
+        if reply_code == ACCESS_REFUSED:
+            self._fail_refused(reply_text)
         for held in self._held.clear():
             if held.owner is None:
                 self._settle_held(held, ack=False)
@@ -380,6 +386,16 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
         settling, self._settling = self._settling, []
         for callback in settling:  # nothing more will arrive on this channel
             callback()
+
+    def _fail_refused(self, reply_text):
+        """A basic.consume the user may not make (no read permission) closed
+        the channel: its waiters fail now, naming the queue, instead of
+        waiting out their timeout for a consumer that can never start."""
+        text = reply_text or ""
+        for queue in [q for q in self._consumers if "'%s'" % q in text]:
+            self._fail_waiters(
+                queue, BrokerOperationError(ACCESS_REFUSED, text, "basic_consume '%s'" % queue)
+            )
 
     def forget(self):
         """The connection is gone: cancel our timers on the I/O loop, which

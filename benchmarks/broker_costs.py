@@ -18,8 +18,10 @@ membership the same ways: the layer's chain of eight steps and the marker's
 confirmed publish, synchronous step by step; each membership pipelined with
 one wait (the ``raw-pika-membership`` ceiling); and all memberships pipelined
 with a single wait at the end (the broker's own limit for this topology on
-one channel). Everything lives under a prefix of its own and is deleted at
-the end. Prints a Markdown table.
+one channel). With ``--broker-pid`` (the broker's ``beam.smp`` on this
+machine) each row also gives the broker's CPU time per call, from
+``/proc/PID/stat``. Everything lives under a prefix of its own and is
+deleted at the end. Prints a Markdown table.
 """
 
 import argparse
@@ -42,11 +44,21 @@ EXPIRY = 60
 CAPACITY = 1000000
 
 
+def process_cpu(pid):
+    """User + system CPU seconds of process ``pid`` so far (0.0 without a pid)."""
+    if not pid:
+        return 0.0
+    with open("/proc/%d/stat" % pid) as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Costs(object):
-    def __init__(self, url, count, prefix):
+    def __init__(self, url, count, prefix, broker_pid=None):
         from asgi_amqp import naming
 
         self.count = count
+        self.broker_pid = broker_pid
         self.topology = naming.Topology(prefix, EXPIRY, GROUP_EXPIRY, lambda _c: CAPACITY)
         self.connection = pika.BlockingConnection(connection_parameters(url))
         self.channel = self.connection.channel()
@@ -79,13 +91,14 @@ class Costs(object):
             if prepare is not None:
                 prepare()
             ops = calls(nowait)
+            cpu0 = process_cpu(self.broker_pid)
             if nowait:
                 begin = time.perf_counter_ns()
                 for op in ops:
                     op()
                 self.channel.basic_qos(prefetch_count=0)
                 wall = (time.perf_counter_ns() - begin) / 1e9
-                figures.append((None, wall / len(ops) * 1e3, len(ops) / wall))
+                figures.append((None, wall / len(ops) * 1e3, len(ops) / wall, self.cpu(cpu0, ops)))
             else:
                 durations = []
                 begin = time.perf_counter_ns()
@@ -99,17 +112,28 @@ class Costs(object):
                         statistics.median(durations) / 1e6,
                         sum(durations) / len(durations) / 1e6,
                         len(ops) / wall,
+                        self.cpu(cpu0, ops),
                     )
                 )
             if cleanup is not None:
                 cleanup()
-        (sync_p50, sync_mean, sync_rate), (_none, piped_ms, piped_rate) = figures
-        self.rows.append((label, sync_p50, sync_mean, sync_rate, piped_ms, piped_rate))
+        (sync_p50, sync_mean, sync_rate, sync_cpu), (_none, piped_ms, piped_rate, piped_cpu) = (
+            figures
+        )
+        self.rows.append(
+            (label, sync_p50, sync_mean, sync_rate, sync_cpu, piped_ms, piped_rate, piped_cpu)
+        )
         print(
             "%-58s sync p50 %6.2f ms mean %6.2f ms (%6.0f/s) | pipelined %6.2f ms (%6.0f/s)"
             % (label, sync_p50, sync_mean, sync_rate, piped_ms, piped_rate),
             flush=True,
         )
+
+    def cpu(self, since, ops):
+        """The broker's CPU ms per call since ``since`` (None without a pid)."""
+        if not self.broker_pid:
+            return None
+        return (process_cpu(self.broker_pid) - since) / len(ops) * 1e3
 
     def rpc(self, nowait, method, *args, **kwargs):
         """A call of ``method``: synchronous on the BlockingChannel, or nowait on its impl."""
@@ -290,16 +314,27 @@ class Costs(object):
         make_markers()
         properties = pika.BasicProperties(delivery_mode=1, headers={"asgi-kind": "marker"})
         durations = []
+        cpu0 = process_cpu(self.broker_pid)
         begin = time.perf_counter_ns()
         for queue in markers:
             start = time.perf_counter_ns()
             self.confirmed.basic_publish("", queue, b"", properties, mandatory=True)
             durations.append(time.perf_counter_ns() - start)
         wall = (time.perf_counter_ns() - begin) / 1e9
+        cpu = self.cpu(cpu0, markers)
         self.delete(markers)
         p50, mean = statistics.median(durations) / 1e6, sum(durations) / len(durations) / 1e6
         self.rows.append(
-            ("basic.publish + confirm (marker, to k:)", p50, mean, count / wall, None, None)
+            (
+                "basic.publish + confirm (marker, to k:)",
+                p50,
+                mean,
+                count / wall,
+                cpu,
+                None,
+                None,
+                None,
+            )
         )
         print("%-58s sync p50 %6.2f ms mean %6.2f ms" % (self.rows[-1][0], p50, mean))
 
@@ -347,6 +382,7 @@ class Costs(object):
         def run(label, mode):
             members = ["%s%s" % (base, c.partition("!")[2]) for c in self.fresh("w")]
             made_q, made_x = [], []
+            cpu0 = process_cpu(self.broker_pid)
             begin = time.perf_counter_ns()
             # "all": unconfirmed marker publishes on a channel without confirms
             # (a BlockingChannel in confirm mode must wait for each), then one
@@ -364,8 +400,9 @@ class Costs(object):
             if mode == "all":
                 channel.basic_qos(prefetch_count=0)
             wall = (time.perf_counter_ns() - begin) / 1e9
+            cpu = self.cpu(cpu0, members)
             self.delete(made_q, made_x)
-            self.rows.append((label, None, wall / count * 1e3, count / wall, None, None))
+            self.rows.append((label, None, wall / count * 1e3, count / wall, cpu, None, None, None))
             print(
                 "%-58s %6.2f ms per membership (%6.0f/s)"
                 % (label, wall / count * 1e3, count / wall)
@@ -377,24 +414,26 @@ class Costs(object):
 
     def table(self):
         lines = [
-            "| method | sync p50 ms | sync mean ms | sync /s "
-            "| pipelined ms per call | pipelined /s |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| method | sync p50 ms | sync mean ms | sync /s | broker CPU ms "
+            "| pipelined ms per call | pipelined /s | broker CPU ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
 
         def fmt(value, form):
             return "-" if value is None else form % value
 
-        for label, p50, mean, rate, piped_ms, piped_rate in self.rows:
+        for label, p50, mean, rate, cpu, piped_ms, piped_rate, piped_cpu in self.rows:
             lines.append(
-                "| %s | %s | %s | %s | %s | %s |"
+                "| %s | %s | %s | %s | %s | %s | %s | %s |"
                 % (
                     label,
                     fmt(p50, "%.2f"),
                     fmt(mean, "%.2f"),
                     fmt(rate, "%.0f"),
+                    fmt(cpu, "%.2f"),
                     fmt(piped_ms, "%.2f"),
                     fmt(piped_rate, "%.0f"),
+                    fmt(piped_cpu, "%.2f"),
                 )
             )
         return "\n".join(lines)
@@ -411,11 +450,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("AMQP_URL"), help="default: $AMQP_URL")
     parser.add_argument("--count", type=int, default=300, help="calls per method and way")
+    parser.add_argument(
+        "--broker-pid", type=int, default=None, help="the broker's beam.smp, for its CPU time"
+    )
     args = parser.parse_args(argv)
     if not args.url:
         parser.error("no broker: give --url or set AMQP_URL")
     prefix = "costs-%s-%d" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), os.getpid())
-    costs = Costs(args.url, args.count, prefix)
+    costs = Costs(args.url, args.count, prefix, args.broker_pid)
     try:
         version = costs.connection._impl.server_properties.get("version", b"?")
         print(

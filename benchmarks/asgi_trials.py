@@ -10,11 +10,13 @@ and the harness are imported here.
 """
 
 import os
+import random
+import string
 import threading
 import time
 
 from .harness import RoundResult
-from .scenarios import GROUP_MEMBERS, MESSAGE, RECEIVE_CHANNELS
+from .scenarios import GROUP_MEMBERS, MEMBERSHIP_ROOMS, MESSAGE, RECEIVE_CHANNELS
 
 SEND_CHANNEL = "bench.send"
 RECEIVE_CHANNEL = "bench.receive"
@@ -25,6 +27,12 @@ WAKEUP_CHANNEL = "bench.wakeup"
 GROUP = "bench-group"
 GROUP_CHANNELS = ["bench.member%03d" % k for k in range(GROUP_MEMBERS)]
 MEMORY_CHANNELS = ["bench.mem%d" % k for k in range(4)]
+# Group membership (i)-(l): process-local channels of two "daphne processes",
+# the measured ones and one kept member per group (discard scenarios).
+REPLY_BASE = "daphne.response.bench!"
+KEEP_BASE = "daphne.response.keep!"
+ROOMS = ["bench-room%d" % k for k in range(MEMBERSHIP_ROOMS)]
+MEMBERSHIP_SCENARIOS = ("group-add", "group-discard", "group-add-8t", "group-discard-8t")
 CAPACITY = 1000000
 EXPIRY = 60
 
@@ -33,7 +41,21 @@ ALL_CHANNELS = (
     + MULTI_CHANNELS
     + GROUP_CHANNELS
     + MEMORY_CHANNELS
+    + [REPLY_BASE, KEEP_BASE]
 )
+
+
+def local_channels(base, count):
+    """``count`` fresh process-local channels ``base + <random>``, as daphne names
+    its WebSocket reply channels."""
+    alphabet = string.ascii_letters + string.digits
+    tag = "".join(random.choice(alphabet) for _ in range(8))
+    return ["%s%s%05d" % (base, tag, i) for i in range(count)]
+
+
+def memberships(channels):
+    """(group, channel) pairs: the channels spread over ``ROOMS`` round robin."""
+    return [(ROOMS[i % len(ROOMS)], channel) for i, channel in enumerate(channels)]
 
 
 class Keeper(object):
@@ -57,6 +79,32 @@ class Keeper(object):
         for _ in range(count):
             self.layer.send(channel, MESSAGE)
 
+    def check_memberships(self, pairs, present):
+        """Problems with the layer's own record of ``pairs`` (group, channel):
+        with ``present``, each must be there; otherwise none may. The generic
+        check asks ``group_channels``; layers whose record is elsewhere override it."""
+        group_channels = getattr(self.layer, "group_channels", None)
+        if group_channels is None:
+            return []
+        wanted = {}
+        for group, channel in pairs:
+            wanted.setdefault(group, set()).add(channel)
+        wrong = 0
+        for group, channels in wanted.items():
+            found = set(group_channels(group)) & channels
+            wrong += len(channels - found) if present else len(found)
+        if wrong:
+            return [
+                "%d of %d memberships %s group_channels"
+                % (wrong, len(pairs), "missing from" if present else "still in")
+            ]
+        return []
+
+    def forget(self, pairs):
+        """Remove the memberships ``pairs`` after a round (untimed)."""
+        for group, channel in pairs:
+            self.layer.group_discard(group, channel)
+
 
 class LayerTrials(object):
     def __init__(self, layer, keeper, blocking=True):
@@ -68,14 +116,18 @@ class LayerTrials(object):
     def has(self, scenario_name):
         if scenario_name == "wakeup":
             return self.blocking
-        return scenario_name in (
-            "send",
-            "send-8t",
-            "receive",
-            "receive-10",
-            "roundtrip",
-            "group",
-            "memory",
+        return (
+            scenario_name
+            in (
+                "send",
+                "send-8t",
+                "receive",
+                "receive-10",
+                "roundtrip",
+                "group",
+                "memory",
+            )
+            + MEMBERSHIP_SCENARIOS
         )
 
     def trial(self, scenario_name, ops, options=None):
@@ -194,6 +246,54 @@ class LayerTrials(object):
         trial = Trial(op, prepare=prepare, finish=finish)
         return trial
 
+    # -- (i)-(l) ---------------------------------------------------------------------
+
+    def _membership_trial(self, ops, discard):
+        from .harness import Trial
+
+        layer, keeper = self.layer, self.keeper
+        pairs = memberships(local_channels(REPLY_BASE, ops))
+        kept = memberships(local_channels(KEEP_BASE, len(ROOMS))) if discard else []
+
+        def prepare():
+            keeper.purge(REPLY_BASE)
+            keeper.purge(KEEP_BASE)
+            if discard:
+                for group, channel in pairs + kept:
+                    layer.group_add(group, channel)
+                problems = check_membership_round(layer.send_group, keeper, pairs, kept, True)
+                if problems:
+                    raise RuntimeError("the memberships to discard: " + "; ".join(problems))
+
+        if discard:
+
+            def op(i):
+                group, channel = pairs[i]
+                layer.group_discard(group, channel)
+
+        else:
+
+            def op(i):
+                group, channel = pairs[i]
+                layer.group_add(group, channel)
+
+        def finish():
+            try:
+                return check_membership_round(layer.send_group, keeper, pairs, kept, not discard)
+            finally:
+                keeper.forget(pairs + kept)
+
+        return Trial(op, prepare=prepare, finish=finish)
+
+    def t_group_add(self, ops):
+        return self._membership_trial(ops, discard=False)
+
+    def t_group_discard(self, ops):
+        return self._membership_trial(ops, discard=True)
+
+    t_group_add_8t = t_group_add
+    t_group_discard_8t = t_group_discard
+
     # -- (g) -----------------------------------------------------------------------
 
     def t_wakeup(self, ops):
@@ -221,6 +321,45 @@ class LayerTrials(object):
 
     def t_memory(self, ops, options):
         return run_memory(self.layer, options, progress=options.get("progress"))
+
+
+def check_membership_round(send_group, keeper, pairs, kept, present):
+    """Problems found after a membership round (an empty list if none).
+
+    One ``send_group`` per group (``send_group(group, message)``); then the
+    measured channels' shared process-local queue must hold one message per
+    membership in ``pairs`` if ``present``, none otherwise, and the kept
+    members' queue one message per kept member. Both are purged afterwards.
+    ``keeper.check_memberships`` then looks at the layer's own record."""
+    problems = []
+    for group in ROOMS:
+        send_group(group, MESSAGE)
+    expected = len(pairs) if present else 0
+    if kept:
+        # Wait for the kept members first: a message that reaches a discarded
+        # member travels as fast as theirs.
+        seen_kept = keeper.wait_depth(KEEP_BASE, len(kept))
+        if seen_kept != len(kept):
+            problems.append(
+                "%d kept members should hold 1 message each, they hold %s in all"
+                % (len(kept), seen_kept)
+            )
+        if not present:
+            time.sleep(0.1)
+    seen = keeper.wait_depth(REPLY_BASE, expected)
+    if seen is None:
+        problems.append("cannot count the messages in %s" % REPLY_BASE)
+    elif seen != expected:
+        problems.append(
+            "one send_group to each of %d groups: %d %s memberships got %d messages, not %d"
+            % (len(ROOMS), len(pairs), "added" if present else "discarded", seen, expected)
+        )
+    keeper.purge(REPLY_BASE)
+    keeper.purge(KEEP_BASE)
+    problems += keeper.check_memberships(pairs, present)
+    if kept:
+        problems += keeper.check_memberships(kept, True)
+    return problems
 
 
 def rss_bytes():

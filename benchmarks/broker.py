@@ -16,7 +16,7 @@ import msgpack
 import pika
 import pika.exceptions
 
-from .asgi_trials import Keeper
+from .asgi_trials import ROOMS, Keeper
 from .scenarios import MESSAGE
 
 
@@ -114,6 +114,23 @@ class Admin(object):
     def bind(self, queue, exchange, routing_key=""):
         self._run("queue_bind", queue, exchange, routing_key=routing_key)
 
+    def depths(self, queues):
+        """Ready messages in each of ``queues`` (None for one that does not exist)."""
+        return [self.depth(queue) for queue in queues]
+
+    def delete_many(self, queues=(), exchanges=()):
+        """Delete ``queues`` and ``exchanges`` (gone already is fine), pipelined:
+        every delete sent with nowait, then one synchronous call. True if the
+        channel stayed open."""
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self.connection.channel()
+        impl = self._channel._impl  # pika: callback=None sends nowait=True
+        for queue in queues:
+            impl.queue_delete(queue, callback=None)
+        for exchange in exchanges:
+            impl.exchange_delete(exchange, callback=None)
+        return self._run("basic_qos", prefetch_count=0) is not None
+
     # -- clean-up -------------------------------------------------------------------
 
     def track_queue(self, name):
@@ -190,6 +207,36 @@ class LayerKeeper(Keeper):
             properties.message_id = "fill.%d" % self.counter
             self.admin.publish(queue, self.body, properties)
 
+    def check_memberships(self, pairs, present):
+        return check_markers(self.admin, self.layer.topology, pairs, present)
+
+    def forget(self, pairs):
+        forget_memberships(self.admin, self.layer.topology, pairs)
+
+
+def check_markers(admin, topology, pairs, present):
+    """Each membership's marker queue (``topology.marker_queue``) must hold its
+    one marker if ``present``, and must not exist otherwise."""
+    depths = admin.depths([topology.marker_queue(group, channel) for group, channel in pairs])
+    if present:
+        wrong = sum(1 for depth in depths if depth != 1)
+        what = "have no marker queue holding one marker"
+    else:
+        wrong = sum(1 for depth in depths if depth is not None)
+        what = "still have a marker queue"
+    return ["%d of %d memberships %s" % (wrong, len(pairs), what)] if wrong else []
+
+
+def forget_memberships(admin, topology, pairs):
+    """Delete what ``pairs`` (group, process-local channel) made: marker queues,
+    member queues and member exchanges (the group exchanges are auto-delete)."""
+    channels = sorted({channel for _group, channel in pairs})
+    admin.delete_many(
+        [topology.marker_queue(group, channel) for group, channel in pairs]
+        + [topology.local_member_queue(channel) for channel in channels],
+        [topology.member_exchange(channel) for channel in channels],
+    )
+
 
 def layer_objects(topology, channels, group):
     """(queues, exchanges) an AMQPChannelLayer with ``topology`` creates for
@@ -203,6 +250,7 @@ def layer_objects(topology, channels, group):
         topology.dead_letter_exchange,
         topology.group_router,
     ]
+    exchanges += [topology.group_exchange(room) for room in ROOMS]
     return queues, exchanges
 
 

@@ -5,7 +5,9 @@ In the harness's process: ``layer`` (asgi_amqp's AMQPChannelLayer),
 broker work by hand (``raw-pika``: one confirm per publish, basic_get;
 ``raw-pika-async``: the pipelined-confirm ceiling, a SelectConnection on an
 I/O thread of its own with up to 1000 confirms outstanding;
-``raw-pika-consume``: basic_consume with prefetch). In a worker process
+``raw-pika-consume``: basic_consume with prefetch; ``raw-pika-membership``:
+the ceiling of group membership, the layer's broker objects made with
+pipelined nowait steps). In a worker process
 (``common.Worker``): ``asgi-redis`` (asgi_redis 1.4.3 on a redis-server, in
 its own virtualenv), the layer's memory scenario, and with
 ``--baseline-src`` the layer imported from two source trees,
@@ -17,6 +19,7 @@ untimed housekeeping.
 """
 
 import collections
+import queue as queue_module
 import random
 import sys
 import threading
@@ -31,16 +34,25 @@ from .asgi_trials import (
     EXPIRY,
     GROUP,
     GROUP_CHANNELS,
+    KEEP_BASE,
     MULTI_CHANNELS,
     MULTI_FULL,
     RECEIVE_CHANNEL,
+    REPLY_BASE,
+    ROOMS,
     ROUNDTRIP_CHANNEL,
     SEND_CHANNEL,
     WAKEUP_CHANNEL,
 )
-from .broker import LayerKeeper, connection_parameters, layer_objects
+from .broker import (
+    LayerKeeper,
+    check_markers,
+    connection_parameters,
+    forget_memberships,
+    layer_objects,
+)
 from .harness import Contestant, RoundResult, Trial, register_contestant
-from .scenarios import MESSAGE
+from .scenarios import MEMBERSHIP_CEILING, MESSAGE, SEND_THREADS
 
 # -- ASGI layers -------------------------------------------------------------------------
 
@@ -800,3 +812,211 @@ class RawPikaConsumeContestant(_RawBase):
         )
         trial.receive = lambda _i: self._take(trial.state)
         return trial
+
+
+@register_contestant
+class RawMembershipContestant(Contestant):
+    """The ceiling of group membership: the layer's broker objects for one
+    ``group_add``/``group_discard``, made by hand with raw pika, every step
+    sent with nowait and one synchronous step at the end."""
+
+    name = MEMBERSHIP_CEILING
+    GROUP_EXPIRY = 86400  # the layer's default
+    description = (
+        "the group-membership ceiling: raw pika (BlockingConnection, confirms on) "
+        "making exactly the broker objects of AMQPChannelLayer.group_add for a "
+        "process-local channel, with the names, flags and arguments of "
+        "asgi_amqp.naming.Topology (expiry %d, group_expiry %d): queue.declare of "
+        "the channel's queue and of the member queue, exchange.declare of the group "
+        "exchange (fanout, auto-delete), exchange.bind from the group router, "
+        "exchange.declare of the member exchange (fanout, auto-delete), queue.bind "
+        "of the member queue, exchange.bind of the member exchange to the group "
+        "exchange, queue.declare of the marker queue, all with nowait, then the "
+        "marker's publish (mandatory), waiting for its confirm; group_discard: "
+        "exchange.unbind with nowait, then a synchronous queue.delete of the marker "
+        "queue. 1-thread scenarios: one connection; %d-thread ones: a connection "
+        "per thread. The same checks as the layer (deliveries through the group "
+        "router, marker queues)" % (EXPIRY, GROUP_EXPIRY, SEND_THREADS)
+    )
+
+    def setup(self, env):
+        from asgi_amqp import naming
+
+        self.topology = naming.Topology(
+            env.prefix + "-rm",
+            EXPIRY,
+            self.GROUP_EXPIRY,
+            lambda _channel: CAPACITY,
+        )
+        self.connections = []
+        self.channels = []
+        for _ in range(SEND_THREADS):
+            connection = pika.BlockingConnection(connection_parameters(env.url))
+            channel = connection.channel()
+            channel.confirm_delivery()
+            self.connections.append(connection)
+            self.channels.append(channel)
+        topology = self.topology
+        admin = env.admin
+        # The shared objects, as the layer declares them once per process.
+        admin.exchange_declare(topology.dead_letter_exchange, "fanout")
+        admin.exchange_declare(topology.group_router, "direct")
+        admin.declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments())
+        admin.bind(topology.dead_letter_queue, topology.dead_letter_exchange)
+        for base in (REPLY_BASE, KEEP_BASE):
+            admin.track_queue(topology.channel_queue(base))
+        for room in ROOMS:
+            admin.track_exchange(topology.group_exchange(room))
+        self.keeper = _RawMembershipKeeper(admin, topology)
+
+    def teardown(self, env):
+        for connection in getattr(self, "connections", []):
+            if connection.is_open:
+                connection.close()
+
+    def versions(self):
+        return {"pika": pika.__version__}
+
+    # -- one membership ------------------------------------------------------------
+
+    def add(self, channel, group, member):
+        """``group_add(group, member)`` on ``channel`` (a BlockingChannel)."""
+        topology = self.topology
+        impl = channel._impl  # callback=None: nowait=True
+        queue = topology.channel_queue(member)
+        target = topology.local_member_queue(member)
+        group_exchange = topology.group_exchange(group)
+        member_exchange = topology.member_exchange(member)
+        marker = topology.marker_queue(group, member)
+        impl.queue_declare(
+            queue, durable=True, arguments=topology.channel_queue_arguments(member), callback=None
+        )
+        impl.queue_declare(
+            target,
+            durable=True,
+            arguments=topology.local_member_queue_arguments(member),
+            callback=None,
+        )
+        impl.exchange_declare(
+            group_exchange, exchange_type="fanout", durable=True, auto_delete=True, callback=None
+        )
+        impl.exchange_bind(group_exchange, topology.group_router, routing_key=group, callback=None)
+        impl.exchange_declare(
+            member_exchange, exchange_type="fanout", durable=True, auto_delete=True, callback=None
+        )
+        impl.queue_bind(target, member_exchange, routing_key="", callback=None)
+        impl.exchange_bind(member_exchange, group_exchange, routing_key="", callback=None)
+        impl.queue_declare(
+            marker, durable=True, arguments=topology.marker_queue_arguments(), callback=None
+        )
+        properties = pika.BasicProperties(
+            delivery_mode=1,
+            content_type="application/x-msgpack",
+            message_id="m.%s" % random.random(),
+            headers={"asgi-kind": "marker", "asgi-group": group, "asgi-channel": member},
+            timestamp=int(time.time()),
+        )
+        # The one synchronous step: raises if a step before it closed the channel.
+        channel.basic_publish("", marker, b"", properties, mandatory=True)
+
+    def discard(self, channel, group, member):
+        topology = self.topology
+        channel._impl.exchange_unbind(
+            topology.member_exchange(member),
+            topology.group_exchange(group),
+            routing_key="",
+            callback=None,
+        )
+        channel.queue_delete(topology.marker_queue(group, member))
+
+    def send_group(self, group, message):
+        body = msgpack.packb(message, use_bin_type=True)
+        self.channels[0].basic_publish(
+            self.topology.group_router, group, body, PROPERTIES, mandatory=False
+        )
+
+    # -- trials --------------------------------------------------------------------
+
+    def _trial(self, ops, discard, threads):
+        pairs = asgi_trials.memberships(asgi_trials.local_channels(REPLY_BASE, ops))
+        kept = asgi_trials.memberships(asgi_trials.local_channels(KEEP_BASE, len(ROOMS)))
+        kept = kept if discard else []
+        keeper, work = self.keeper, (self.discard if discard else self.add)
+        pool = queue_module.Queue()
+        local = threading.local()
+        single = self.channels[0]
+
+        def prepare():
+            keeper.purge(REPLY_BASE)
+            keeper.purge(KEEP_BASE)
+            for channel in self.channels[:threads]:
+                pool.put(channel)
+            if discard:
+                for group, member in pairs + kept:
+                    self.add(single, group, member)
+                problems = asgi_trials.check_membership_round(
+                    self.send_group, keeper, pairs, kept, True
+                )
+                if problems:
+                    raise RuntimeError("the memberships to discard: " + "; ".join(problems))
+
+        if threads == 1:
+
+            def op(i):
+                group, member = pairs[i]
+                work(single, group, member)
+
+        else:
+
+            def op(i):
+                channel = getattr(local, "channel", None)
+                if channel is None:
+                    channel = local.channel = pool.get_nowait()
+                group, member = pairs[i]
+                work(channel, group, member)
+
+        def finish():
+            try:
+                return asgi_trials.check_membership_round(
+                    self.send_group, keeper, pairs, kept, not discard
+                )
+            finally:
+                keeper.forget(pairs + kept)
+
+        return Trial(op, prepare=prepare, finish=finish)
+
+    def scenario_group_add(self, env, ops):
+        return self._trial(ops, False, 1)
+
+    def scenario_group_discard(self, env, ops):
+        return self._trial(ops, True, 1)
+
+    def scenario_group_add_8t(self, env, ops):
+        return self._trial(ops, False, SEND_THREADS)
+
+    def scenario_group_discard_8t(self, env, ops):
+        return self._trial(ops, True, SEND_THREADS)
+
+
+class _RawMembershipKeeper(asgi_trials.Keeper):
+    """The ceiling's housekeeping, the same as the layer's (``LayerKeeper``)."""
+
+    def __init__(self, admin, topology):
+        super(_RawMembershipKeeper, self).__init__(None)
+        self.admin = admin
+        self.topology = topology
+
+    def purge(self, channel):
+        self.admin.purge(self.topology.channel_queue(channel))
+
+    def depth(self, channel):
+        return self.admin.depth(self.topology.channel_queue(channel))
+
+    def wait_depth(self, channel, expected):
+        return self.admin.wait_depth(self.topology.channel_queue(channel), expected)
+
+    def check_memberships(self, pairs, present):
+        return check_markers(self.admin, self.topology, pairs, present)
+
+    def forget(self, pairs):
+        forget_memberships(self.admin, self.topology, pairs)

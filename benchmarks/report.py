@@ -310,7 +310,7 @@ def targets_table(rows, stats, run):
             )
             against = "%s: %s %s" % (where, _fmt_number(row["against"], unit), other_what)
             value = "-" if row["value"] is None else "%.2fx" % row["value"]
-            goal = "%s %.1fx" % (row["op"], row["goal"])
+            goal = "%s %sx" % (row["op"], _fmt_goal(row["goal"]))
         else:
             against = "(fixed bound)"
             value = _fmt_number(row["value"], row.get("bound_unit") or "")
@@ -318,6 +318,11 @@ def targets_table(rows, stats, run):
         mark = {"PASS": "PASS", "SHORT": "**SHORT**", "n/a": "n/a"}[row["status"]]
         out.append([row["text"], subject, against, value, goal, mark])
     return headers, out
+
+
+def _fmt_goal(goal):
+    """1.0 -> "1.0", 0.25 -> "0.25" (one decimal unless the goal has more)."""
+    return "%.1f" % goal if round(goal, 1) == goal else "%g" % goal
 
 
 def _stat_label(stat, scenario):

@@ -1,4 +1,4 @@
-"""The scenarios (a)-(h) and the targets the layer is held to.
+"""The scenarios (a)-(l) and the targets the layer is held to.
 
 Each scenario is a registry entry; contestants implement it with a
 ``scenario_<name>`` method (``-`` becomes ``_``). To add one, register a
@@ -25,6 +25,9 @@ MESSAGE_BYTES = 200
 SEND_THREADS = 8
 RECEIVE_CHANNELS = 10
 GROUP_MEMBERS = 100
+MEMBERSHIP_ROOMS = 4
+MEMBERSHIP_OPS = 400
+MEMBERSHIP_CEILING = "raw-pika-membership"
 
 
 def _message(size=MESSAGE_BYTES):
@@ -204,6 +207,96 @@ MEMORY = register_scenario(
     )
 )
 
+_MEMBERSHIP_COMMON = (
+    "Each op is one membership of a fresh process-local channel "
+    "(daphne.response.bench!<random>, the reply channel of a WebSocket as daphne "
+    "names it) in one of %d groups, round robin. %s is the ceiling: raw pika "
+    "creating exactly the broker objects the layer creates for a membership (the "
+    "channel's queue, its member queue with the same arguments, the group exchange "
+    "bound to the group router, the member exchange, the queue binding, the "
+    "exchange binding, the marker queue and the confirmed marker publish; names, "
+    "flags and arguments from asgi_amqp.naming.Topology), every step sent with "
+    "nowait and one synchronous step at the end: the marker's confirm for an add, "
+    "the marker queue's delete for a discard." % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
+)
+
+GROUP_ADD = register_scenario(
+    Scenario(
+        name="group-add",
+        letter="i",
+        title="(i) group_add of a fresh process-local channel, 1 thread",
+        metric="group_add/s",
+        baseline=MEMBERSHIP_CEILING,
+        runner=run_sequential,
+        default_ops=MEMBERSHIP_OPS,
+        description=(
+            "One thread calls group_add ops times. "
+            + _MEMBERSHIP_COMMON
+            + " Checked after each round (untimed): one send_group to each group must "
+            "put exactly ops messages in the channels' shared process-local queue, and "
+            "for asgi_amqp and the ceiling every membership's marker queue must hold "
+            "its one marker; then the round's memberships are removed."
+        ),
+    )
+)
+
+GROUP_DISCARD = register_scenario(
+    Scenario(
+        name="group-discard",
+        letter="j",
+        title="(j) group_discard of those memberships, 1 thread",
+        metric="group_discard/s",
+        baseline=MEMBERSHIP_CEILING,
+        runner=run_sequential,
+        default_ops=MEMBERSHIP_OPS,
+        description=(
+            "ops memberships as in (i), plus one kept member per group in a channel "
+            "of another process, are made and checked with one send_group per group "
+            "(untimed); one thread then calls group_discard on the ops memberships. "
+            + _MEMBERSHIP_COMMON
+            + " Checked after each round: one send_group per group must reach the "
+            "kept members (one message each) and none of the discarded channels, and "
+            "for asgi_amqp and the ceiling the discarded memberships' marker queues "
+            "must be gone."
+        ),
+    )
+)
+
+GROUP_ADD_THREADED = register_scenario(
+    Scenario(
+        name="group-add-8t",
+        letter="k",
+        title="(k) group_add, %d threads through one layer instance" % SEND_THREADS,
+        metric="group_add/s",
+        baseline=MEMBERSHIP_CEILING,
+        runner=threaded_runner(SEND_THREADS),
+        default_ops=MEMBERSHIP_OPS,
+        description=(
+            "(i) with the ops split over %d threads sharing one layer instance, all "
+            "released together; the ceiling runs %d threads, each with a pika "
+            "connection of its own (pika connections are not thread-safe). Same "
+            "checks as (i)." % (SEND_THREADS, SEND_THREADS)
+        ),
+    )
+)
+
+GROUP_DISCARD_THREADED = register_scenario(
+    Scenario(
+        name="group-discard-8t",
+        letter="l",
+        title="(l) group_discard, %d threads through one layer instance" % SEND_THREADS,
+        metric="group_discard/s",
+        baseline=MEMBERSHIP_CEILING,
+        runner=threaded_runner(SEND_THREADS),
+        default_ops=MEMBERSHIP_OPS,
+        description=(
+            "(j) with the discards split over %d threads sharing one layer instance; "
+            "the ceiling runs %d threads with a pika connection each. Same checks "
+            "as (j)." % (SEND_THREADS, SEND_THREADS)
+        ),
+    )
+)
+
 
 class Target(object):
     """``subject`` in ``scenario`` against ``other`` (a contestant, or the
@@ -311,4 +404,22 @@ TARGETS = [
     Target("g1", "wakeup", "p50", "<=", 5.0, bound_unit="ms", text="(g) wake-up p50 <= 5 ms"),
     Target("g2", "wakeup", "p99", "<=", 5.0, bound_unit="ms", text="(g) wake-up p99 <= 5 ms"),
     Target("h", "memory", "growth", "<=", 10.0, bound_unit="%", text="(h) RSS growth <= 10%"),
+    Target(
+        "i",
+        "group-add",
+        "headline",
+        ">=",
+        0.25,
+        other="asgi-redis",
+        text="(i) group_add/s >= 0.25x asgi_redis",
+    ),
+    Target(
+        "j",
+        "group-discard",
+        "headline",
+        ">=",
+        0.25,
+        other="asgi-redis",
+        text="(j) group_discard/s >= 0.25x asgi_redis",
+    ),
 ]

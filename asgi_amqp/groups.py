@@ -10,7 +10,7 @@ call states its steps as data and hands them to the engine in one go.
 
 import logging
 import os
-from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from . import channel_names, engine, naming, pipeline
 from .engine import ACKED
@@ -27,7 +27,6 @@ class Groups(object):
     # Provided by AMQPChannelLayer (layer.py; _properties by sending.Sending).
     topology: naming.Topology
     _infrastructure_pid: Optional[int]
-    _declared_groups: Set[str]
     _engine: Any
     _serializer: Any
     _check_group_name: Callable[..., bool]
@@ -49,22 +48,21 @@ class Groups(object):
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
-            # An exchange was deleted under us: the member exchange when its
+            # An exchange was deleted between two steps: the member's when its
             # channel's message expired at that moment, or the group's when
-            # its last member left (it is auto-delete, so the one this
-            # process remembers may be gone). Building them again is correct.
-            self._declared_groups.discard(group)
+            # its last member left elsewhere. Building them again is correct.
             self._ensure_infrastructure(again=True)
             self._admin(self._membership_steps(group, channel), what)
-        self._declared_groups.add(group)
         self._renew_marker(group, channel, self.topology.marker_queue(group, channel))
 
     def _membership_steps(self, group, channel):
         """Every object of one membership, in an order the broker accepts.
 
         The engine sends them in one go and waits once (``engine.declares``).
-        The group's exchange and its binding to the router are left out once
-        this process has made them: they outlive any one membership.
+        The group's exchange and its binding to the router are declared every
+        time, although they usually exist: re-declaring costs the broker
+        almost nothing, while remembering them would be wrong once the group
+        empties (the exchange is auto-delete) and cost a refused chain.
         """
         topology = self.topology
         member = topology.member_exchange(channel)
@@ -79,16 +77,13 @@ class Groups(object):
             )
         else:
             target = topology.channel_queue(channel)
-        if group not in self._declared_groups:
-            steps += [
-                engine.exchange_declare(
-                    topology.group_exchange(group),
-                    auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
-                    inequivalent_ok=True,  # made before groups were auto-delete: use it
-                ),
-                engine.exchange_bind(topology.group_exchange(group), topology.group_router, group),
-            ]
         steps += [
+            engine.exchange_declare(
+                topology.group_exchange(group),
+                auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
+                inequivalent_ok=True,  # made before groups were auto-delete: use it
+            ),
+            engine.exchange_bind(topology.group_exchange(group), topology.group_router, group),
             engine.exchange_declare(member, auto_delete=True),
             engine.queue_bind(target, member),
             engine.exchange_bind(member, topology.group_exchange(group)),
@@ -183,7 +178,6 @@ class Groups(object):
         steps += [engine.exchange_delete(x) for x in exchanges]
         steps.append(engine.queue_purge(self.topology.dead_letter_queue))
         self._admin(steps, "flush")
-        self._declared_groups.clear()
         self._engine.forget_queues()
 
     def _ensure_infrastructure(self, again=False):

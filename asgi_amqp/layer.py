@@ -22,7 +22,7 @@ import secrets
 import string
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from asgiref.base_layer import BaseChannelLayer
 
@@ -191,8 +191,6 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
             dead_letter_worker=dead_letter_worker,
         )
         self._infrastructure_pid = None
-        # Groups whose exchange this process has declared and bound (groups.py).
-        self._declared_groups: Set[str] = set()
         self._queues_for_receive = ReceiveTargets(self.topology)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)

@@ -45,9 +45,8 @@ def test_discard_of_unknown_member_and_group_is_harmless(layer):
 
 
 def test_a_group_deleted_when_it_emptied_can_be_joined_again(broker, layer):
-    """The layer declares a group's exchange once per process, and the broker
-    deletes it (auto-delete) when its last member leaves: joining again must
-    make it again."""
+    """The broker deletes a group's exchange (auto-delete) when its last
+    member leaves: joining again makes it again."""
     api = Management(broker)
     exchange = layer.topology.group_exchange("again")
     layer.group_add("again", "first.member")

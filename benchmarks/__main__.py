@@ -7,7 +7,7 @@
     python -m benchmarks --only layer --baseline-src ../before   # + layer@baseline
     python -m benchmarks --list
 
-Suites, in this order: ``layer`` (scenarios (a)-(l) against asgi_redis,
+Suites, in this order: ``layer`` (scenarios (a)-(o) against asgi_redis,
 asgiref.inmemory and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
 against the PySpark sender, ``bulk_bench.py``), ``channels`` (daphne +
 runworker on both layers, ``channels_bench.py``) and ``echo`` (one worker
@@ -44,7 +44,7 @@ MODULES = {
     "echo": "echo_ceiling",
 }
 TITLES = {
-    "layer": "Layer scenarios (a)-(l)",
+    "layer": "Layer scenarios (a)-(o)",
     "bulk": "Bulk sends",
     "channels": "Channels 1.x end to end",
     "echo": "One worker echoing, without Django",

@@ -22,6 +22,11 @@ SEND_CHANNEL = "bench.send"
 RECEIVE_CHANNEL = "bench.receive"
 MULTI_CHANNELS = ["bench.multi%d" % k for k in range(RECEIVE_CHANNELS)]
 MULTI_FULL = MULTI_CHANNELS[RECEIVE_CHANNELS // 2]
+EMPTY_CHANNELS = ["bench.empty%d" % k for k in range(RECEIVE_CHANNELS)]
+# One daphne process's reply channels: it receives from their common base
+# (the part up to the '!'), and a message names the WebSocket it is for.
+LOCAL_BASE = "daphne.response.poll!"
+LOCAL_FULL = LOCAL_BASE + "ws05"
 ROUNDTRIP_CHANNEL = "bench.roundtrip"
 WAKEUP_CHANNEL = "bench.wakeup"
 GROUP = "bench-group"
@@ -41,7 +46,8 @@ ALL_CHANNELS = (
     + MULTI_CHANNELS
     + GROUP_CHANNELS
     + MEMORY_CHANNELS
-    + [REPLY_BASE, KEEP_BASE]
+    + EMPTY_CHANNELS
+    + [REPLY_BASE, KEEP_BASE, LOCAL_BASE]
 )
 
 
@@ -123,6 +129,9 @@ class LayerTrials(object):
                 "send-8t",
                 "receive",
                 "receive-10",
+                "poll-10",
+                "poll-local",
+                "receive-local",
                 "roundtrip",
                 "group",
                 "memory",
@@ -162,16 +171,19 @@ class LayerTrials(object):
 
     # -- (c), (d) ---------------------------------------------------------------
 
-    def _receive_trial(self, ops, channels, full):
+    def _receive_trial(self, ops, channels, full, stored=None):
+        """``stored``: where ``full``'s messages are kept, if not under its own
+        name (a process-local channel's base)."""
         from .harness import Trial
 
         layer, keeper = self.layer, self.keeper
+        stored = stored or full
 
         def prepare():
             for channel in channels:
                 keeper.purge(channel)
             keeper.fill(full, ops)
-            seen = keeper.wait_depth(full, ops)
+            seen = keeper.wait_depth(stored, ops)
             if seen is not None and seen != ops:
                 raise RuntimeError("filled %s with %d messages, it holds %s" % (full, ops, seen))
 
@@ -180,9 +192,9 @@ class LayerTrials(object):
             return got == full and message is not None
 
         def finish():
-            left = keeper.depth(full)
+            left = keeper.depth(stored)
             if left:
-                keeper.purge(full)
+                keeper.purge(stored)
                 return ["%d messages left after %d receives" % (left, ops)]
             return []
 
@@ -193,6 +205,31 @@ class LayerTrials(object):
 
     def t_receive_10(self, ops):
         return self._receive_trial(ops, list(MULTI_CHANNELS), MULTI_FULL)
+
+    def t_receive_local(self, ops):
+        return self._receive_trial(ops, [LOCAL_BASE], LOCAL_FULL, stored=LOCAL_BASE)
+
+    # -- (m), (n) ---------------------------------------------------------------
+
+    def _poll_trial(self, channels):
+        from .harness import Trial
+
+        layer, keeper = self.layer, self.keeper
+
+        def prepare():
+            for channel in channels:
+                keeper.purge(channel)
+
+        def op(_i):
+            return layer.receive(channels, block=False) == (None, None)
+
+        return Trial(op, prepare=prepare, finish=lambda: [])
+
+    def t_poll_10(self, ops):
+        return self._poll_trial(list(EMPTY_CHANNELS))
+
+    def t_poll_local(self, ops):
+        return self._poll_trial([LOCAL_BASE])
 
     # -- (e) -----------------------------------------------------------------------
 

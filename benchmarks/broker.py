@@ -202,6 +202,8 @@ class LayerKeeper(Keeper):
         queue = self._queue(channel)
         self.admin.declare(queue, self.layer.topology.channel_queue_arguments(channel))
         properties = self.properties
+        # A process-local channel's messages name it (one queue per process).
+        properties.headers = {"asgi-channel": channel} if "!" in channel else None
         for _ in range(count):
             self.counter += 1
             properties.message_id = "fill.%d" % self.counter

@@ -1,4 +1,4 @@
-"""The layer suite: scenarios (a)-(l), asgi_amqp side by side with asgi_redis,
+"""The layer suite: scenarios (a)-(o), asgi_amqp side by side with asgi_redis,
 asgiref.inmemory and raw pika (``python -m benchmarks --only layer``).
 
 Everything the run creates on the broker lives under a unique prefix

@@ -1,4 +1,4 @@
-"""The scenarios (a)-(l) and the targets the layer is held to.
+"""The scenarios (a)-(o) and the targets the layer is held to.
 
 Each scenario is a registry entry; contestants implement it with a
 ``scenario_<name>`` method (``-`` becomes ``_``). To add one, register a
@@ -121,6 +121,52 @@ RECEIVE_MANY = register_scenario(
             "calls a non-blocking receive naming all %d ops times. raw-pika: "
             "basic_get on the queues in random order until one answers."
             % (RECEIVE_CHANNELS, RECEIVE_CHANNELS)
+        ),
+    )
+)
+
+POLL_EMPTY = register_scenario(
+    Scenario(
+        name="poll-10",
+        letter="m",
+        title="(m) non-blocking receive over %d empty channels" % RECEIVE_CHANNELS,
+        metric="poll/s",
+        runner=run_sequential,
+        description=(
+            "%d channels are emptied (untimed); one thread calls a non-blocking "
+            "receive naming all of them ops times, and every call must return "
+            "nothing: a worker's poll when there is no work." % RECEIVE_CHANNELS
+        ),
+    )
+)
+
+POLL_EMPTY_LOCAL = register_scenario(
+    Scenario(
+        name="poll-local",
+        letter="n",
+        title="(n) non-blocking receive over an empty process-local channel",
+        metric="poll/s",
+        runner=run_sequential,
+        description=(
+            "(m) for daphne's poll: one thread calls a non-blocking receive on the "
+            "base of one process's reply channels (daphne.response.poll!) ops times, "
+            "and every call must return nothing."
+        ),
+    )
+)
+
+RECEIVE_LOCAL = register_scenario(
+    Scenario(
+        name="receive-local",
+        letter="o",
+        title="(o) non-blocking receive, 1 full process-local channel",
+        metric="recv/s",
+        runner=run_sequential,
+        description=(
+            "(c) for daphne: one WebSocket's reply channel (daphne.response.poll!ws05) "
+            "is filled with ops messages (untimed); one thread then calls a "
+            "non-blocking receive on the process's base (daphne.response.poll!) ops "
+            "times, and each call must return a message for that channel."
         ),
     )
 )
@@ -381,6 +427,33 @@ TARGETS = [
         1.0,
         other="asgi-redis",
         text="(d) receive/s over 10 channels >= 1.0x asgi_redis",
+    ),
+    Target(
+        "m",
+        "poll-10",
+        "headline",
+        ">=",
+        0.5,
+        other="asgi-redis",
+        text="(m) polls of 10 empty channels/s >= 0.5x asgi_redis",
+    ),
+    Target(
+        "n",
+        "poll-local",
+        "headline",
+        ">=",
+        0.5,
+        other="asgi-redis",
+        text="(n) polls of an empty process-local channel/s >= 0.5x asgi_redis",
+    ),
+    Target(
+        "o",
+        "receive-local",
+        "headline",
+        ">=",
+        1.0,
+        other="asgi-redis",
+        text="(o) receive/s, process-local >= 1.0x asgi_redis",
     ),
     Target(
         "e1",

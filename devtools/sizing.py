@@ -518,11 +518,14 @@ class Sizing(object):
             "empty_node": probe.sample("empty node", 0),
         }
         try:
-            self.results["layers"] = self.family_layers(probe)
+            if len(self.args.layers) > 1:
+                self.results["layers"] = self.family_layers(probe)
             if self.args.messages:
                 self.results["cpu"] = self.family_cpu(probe)
-            self.results["channels"] = self.family_channels(probe)
-            self.results["members"] = self.family_members(probe)
+            if len(self.args.channels) > 1:
+                self.results["channels"] = self.family_channels(probe)
+            if len(self.args.members) > 1:
+                self.results["members"] = self.family_members(probe)
             if len(self.args.quorum) > 1:
                 self.results["quorum"] = self.family_channels(probe, quorum=True)
             self.results["idle_at_end"] = {
@@ -676,26 +679,29 @@ def markdown(results: Dict[str, Any]) -> str:
             ]
         )
 
-    family_table("Layers (one per runworker or daphne process)", results["layers"], "layer")
-    idle = results["layers"]["idle_cpu_percent"]
-    lines += [
-        "Idle broker CPU: %s."
-        % ", ".join("%.2f %% of a core with %s layers" % (v, k) for k, v in idle.items()),
-        "",
-    ]
-    family_table(
-        "Channels (classic queues, one small message each)", results["channels"], "channel"
-    )
-    family_table(
-        "Group members (process-local channels, first group)",
-        results["members"]["first_group"],
-        "membership",
-    )
-    family_table(
-        "Group members (the same channels, a second group)",
-        results["members"]["second_group"],
-        "membership",
-    )
+    if "layers" in results:
+        family_table("Layers (one per runworker or daphne process)", results["layers"], "layer")
+        idle = results["layers"]["idle_cpu_percent"]
+        lines += [
+            "Idle broker CPU: %s."
+            % ", ".join("%.2f %% of a core with %s layers" % (v, k) for k, v in idle.items()),
+            "",
+        ]
+    if "channels" in results:
+        family_table(
+            "Channels (classic queues, one small message each)", results["channels"], "channel"
+        )
+    if "members" in results:
+        family_table(
+            "Group members (process-local channels, first group)",
+            results["members"]["first_group"],
+            "membership",
+        )
+        family_table(
+            "Group members (the same channels, a second group)",
+            results["members"]["second_group"],
+            "membership",
+        )
     if "quorum" in results:
         family_table(
             "Channels with queue_type=quorum (one small message each)",

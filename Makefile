@@ -111,3 +111,8 @@ clean: ## caches and build output
 
 distclean: clean ## clean, and the virtualenvs
 	rm -rf $(VENV) $(REDIS_VENV)
+
+SIZING_ARGS ?= --cluster
+.PHONY: sizing
+sizing: broker-deps ## broker memory, fds and CPU per layer object (SIZING_ARGS; minutes)
+	$(VPY) -m devtools.sizing $(SIZING_ARGS)

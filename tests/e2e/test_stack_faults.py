@@ -78,7 +78,13 @@ def test_the_stack_rides_through_the_loss_of_its_cluster_node():
     connected to stops for 3 s. Nothing may be lost (the quorum queues'
     promise), every process lives, no client is silent for long, and the
     groups empty afterwards. The clients send 1 message/s each: see
-    ``stackfaults.NODE_LOSS_RATE``."""
+    ``stackfaults.NODE_LOSS_RATE``.
+
+    The node stopped is the one the processes' connections are on then,
+    which after the kills is not the first: the first holds the classic
+    member queues of the clients' memberships, and stopping it loses the
+    group messages sent while it is down (``--stop-first-node``; see the
+    docs' "Clusters and the loss of a node")."""
     report = stackfaults.run(
         queue_type="quorum",
         duration=24.0,

@@ -24,7 +24,7 @@ BENCH = $(VPY) -m benchmarks --redis-python $(REDIS_VENV)/bin/python
 
 .DEFAULT_GOAL := help
 .PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test lint docs demo demo-basic \
-        bench bench-report bench-channels bench-echo faults-stack leaks soak clean distclean
+        bench bench-report bench-channels bench-echo faults faults-stack leaks soak clean distclean
 
 help: ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -95,6 +95,13 @@ bench-echo: broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## = benc
 
 faults-stack: broker-deps ## the Channels stack through broker faults (FAULTS_ARGS)
 	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
+
+# Every fault kind for 180 s each: kills, restart and alarm for both queue
+# types, and the loss of a cluster node with quorum queues. FAULTS_ARGS,
+# when given, comes last and overrides (e.g. FAULTS_ARGS='--duration 60').
+faults: broker-deps ## every fault kind, 3 minutes each (about 30 min in all; FAULTS_ARGS overrides)
+	$(VPY) tests/project/stackfaults.py --scenario all --duration 180 \
+	    $(if $(filter command line environment,$(origin FAULTS_ARGS)),$(FAULTS_ARGS))
 
 leaks: broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)
 	ASGI_AMQP_LEAK_SIZES=full $(VPY) -m pytest -s tests/test_no_broker_leaks.py $(PYTEST_ARGS)

@@ -8,6 +8,8 @@
 * :func:`drain`: every message waiting on some channels;
 * :func:`private_node`: a RabbitMQ node of the caller's own, for tests that
   break the broker (``tests/conftest.py``'s ``node`` fixture);
+* :func:`start_cluster` and :func:`cluster_url`: a cluster of private nodes
+  (``tests/test_cluster.py`` and the stack fault test's ``node-loss``);
 * :class:`SilentBroker`: a listener that never answers, to prove a call did
   not reach for the broker;
 * :class:`Management`: the management API of a broker's vhost;
@@ -43,7 +45,9 @@ __all__ = [
     "free_port",
     "make_layer",
     "private_node",
+    "cluster_url",
     "run_cli",
+    "start_cluster",
     "wait_until",
 ]
 
@@ -147,6 +151,62 @@ def private_node(**options):
         yield node
     finally:
         node.cleanup(graceful=False)
+
+
+def _in_parallel(*functions):
+    """Call every function in a thread of its own; raise the first error."""
+    errors = []
+
+    def call(function):
+        try:
+            function()
+        except BaseException as exc:  # noqa: B902 - raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(f,)) for f in functions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def start_cluster(size=3, name="asgiamqp-cl", quorum_vhost=None):
+    """``size`` private RabbitMQ nodes joined into one cluster; the list of nodes.
+
+    The nodes start in parallel (5-6 s each on their own), then join the
+    first one at a time: two nodes joining the same node at once can race
+    on the cluster's schema. With ``quorum_vhost``, that vhost is created
+    with the default queue type quorum and ``guest`` may use it. The caller
+    cleans up every node (``node.cleanup(graceful=False)``); on an error
+    here, every node started is cleaned up first.
+    """
+    from devtools.rabbitmq import RabbitNode
+
+    tag = uuid.uuid4().hex[:6]
+    nodes = [RabbitNode(name="%s%d-%s" % (name, i + 1, tag)) for i in range(size)]
+    try:
+        _in_parallel(*[node.start for node in nodes])
+        for node in nodes[1:]:
+            node.join_cluster(nodes[0])
+        status = nodes[0].ctl("cluster_status", "--formatter", "json")
+        missing = [node.nodename for node in nodes if node.nodename not in status]
+        if missing:
+            raise AssertionError("not in the cluster: %s" % ", ".join(missing))
+        if quorum_vhost:
+            nodes[0].ctl("add_vhost", quorum_vhost, "--default-queue-type", "quorum")
+            nodes[0].ctl("set_permissions", "-p", quorum_vhost, "guest", ".*", ".*", ".*")
+    except BaseException:
+        for node in nodes:
+            node.cleanup(graceful=False)
+        raise
+    return nodes
+
+
+def cluster_url(node, vhost="/"):
+    """``node``'s AMQP URL on ``vhost``."""
+    return node.amqp_url.replace("/%2F", "/" + ("%2F" if vhost == "/" else vhost))
 
 
 class SilentBroker(object):

@@ -27,7 +27,6 @@ option of the layer.
 """
 
 import collections
-import threading
 import time
 import uuid
 
@@ -37,8 +36,7 @@ import pytest
 
 from asgi_amqp import BrokerConnectionError, naming
 from asgi_amqp.errors import BrokerOperationError
-from devtools.rabbitmq import RabbitNode
-from helpers import Management, Traffic, drain, wait_until
+from helpers import Management, Traffic, cluster_url, drain, start_cluster, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -48,51 +46,19 @@ RESUME_WITHIN = 10.0
 QUORUM_VHOST = "quorum-default"
 
 
-def _parallel(*functions):
-    errors = []
-
-    def run(function):
-        try:
-            function()
-        except BaseException as exc:  # noqa: B902 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(f,)) for f in functions]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    nodes = [RabbitNode(name="asgiamqp-cl%d-%s" % (i + 1, uuid.uuid4().hex[:6])) for i in range(3)]
+    nodes = start_cluster(3, name="asgiamqp-cl", quorum_vhost=QUORUM_VHOST)
     try:
-        _parallel(*[node.start for node in nodes])
-        # One join at a time: two nodes joining the same node concurrently can
-        # race on the cluster's schema.
-        nodes[1].join_cluster(nodes[0])
-        nodes[2].join_cluster(nodes[0])
-        status = nodes[0].ctl("cluster_status", "--formatter", "json")
-        for node in nodes:
-            assert node.nodename in status
-        nodes[0].ctl("add_vhost", QUORUM_VHOST, "--default-queue-type", "quorum")
-        nodes[0].ctl("set_permissions", "-p", QUORUM_VHOST, "guest", ".*", ".*", ".*")
         yield nodes
     finally:
         for node in nodes:
             node.cleanup(graceful=False)
 
 
-def _url(node, vhost="/"):
-    return node.amqp_url.replace("/%2F", "/" + ("%2F" if vhost == "/" else vhost))
-
-
 def _raw_channel(node, vhost="/"):
     connection = pika.BlockingConnection(
-        pika.URLParameters(_url(node, vhost) + "?socket_timeout=5")
+        pika.URLParameters(cluster_url(node, vhost) + "?socket_timeout=5")
     )
     channel = connection.channel()
     channel.confirm_delivery()
@@ -144,7 +110,7 @@ def test_traffic_through_the_loss_of_a_node(cluster, new_layer):
     layer = _layer(new_layer, urls, prefix, management_url=n2.management_url)
     quorum_layer = _layer(
         new_layer,
-        [_url(n, QUORUM_VHOST) for n in cluster],
+        [cluster_url(n, QUORUM_VHOST) for n in cluster],
         prefix,
         management_url=n2.management_url,
     )

@@ -179,7 +179,8 @@ class Proc(object):
 class ChatStack(object):
     """daphne + ``workers`` runworker processes serving ``tests/project``.
 
-    :param amqp_url: the broker (``AMQP_URL`` of the children).
+    :param amqp_url: the broker (``AMQP_URL`` of the children), or a list of
+        a cluster's nodes, tried in that order (comma-separated in ``AMQP_URL``).
     :param management_url: its management API, or None.
     :param prefix: the layer prefix (``CHAT_LAYER_PREFIX``); use a fresh one
         per stack when several share a broker.
@@ -206,7 +207,8 @@ class ChatStack(object):
         echo=False,
         verbosity=1,
     ):
-        self.amqp_url = amqp_url
+        self.amqp_urls = [amqp_url] if isinstance(amqp_url, str) else list(amqp_url)
+        self.amqp_url = self.amqp_urls[0]
         self.management_url = management_url
         self.prefix = prefix
         self.n_workers = workers
@@ -243,7 +245,7 @@ class ChatStack(object):
         env = dict(os.environ)
         env.update(
             {
-                "AMQP_URL": self.amqp_url,
+                "AMQP_URL": ",".join(self.amqp_urls),
                 "CHAT_LAYER_PREFIX": self.prefix,
                 "CHAT_STATE_DIR": self.state_dir,
                 "DJANGO_SETTINGS_MODULE": self.settings,
@@ -416,7 +418,7 @@ class ChatStack(object):
         from asgi_amqp import AMQPChannelLayer
 
         layer = AMQPChannelLayer(
-            url=self.amqp_url,
+            url=self.amqp_urls,
             management_url=self.management_url,
             prefix=self.prefix,
             dead_letter_worker=False,

@@ -4,6 +4,8 @@ Everything that differs between machines comes from the environment:
 
 ``AMQP_URL`` / ``AMQP_MANAGEMENT_URL``
     the broker and its management API (``make demo`` and the tests set them).
+    ``AMQP_URL`` may list a cluster's nodes, comma-separated, as for the
+    ``asgi-amqp`` command: the layer tries them in that order.
 ``CHAT_LAYER_PREFIX``
     prefix of the layer's queues and exchanges (default ``chat``); two
     deployments on one vhost with different prefixes never see each other.
@@ -87,8 +89,13 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 
 _PREFIX = os.environ.get("CHAT_LAYER_PREFIX", "chat")
+_URLS = [
+    url.strip()
+    for url in os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F").split(",")
+    if url.strip()
+]
 _LAYER_CONFIG = {
-    "url": os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
+    "url": _URLS[0] if len(_URLS) == 1 else _URLS,
     "management_url": os.environ.get("AMQP_MANAGEMENT_URL") or None,
     "prefix": _PREFIX,
     "expiry": 60,

@@ -445,7 +445,7 @@ def child_drive(kind, prefix, redis_url, seconds, warmup=0.5):
     print(json.dumps({"rate": rate}), flush=True)
 
 
-def child_drain(kind, prefix, redis_url, count, threads=1):
+def child_drain(kind, prefix, redis_url, count, threads=1, announce=False):
     """Queue ``count`` messages and a stop per thread, then time one worker
     process of ``threads`` threads through them; then count its replies."""
     if kind == BASELINE:
@@ -458,8 +458,9 @@ def child_drain(kind, prefix, redis_url, count, threads=1):
         worker = LayerSide(kind, prefix, redis_url, capacity=count + threads + 10)
     feeder.feed([dict(MESSAGE, order=order) for order in range(count)])
     feeder.feed([{"stop": True}] * threads)  # after the others: send_many keeps the order
-    sys.stderr.write("draining\n")  # a profiler may start now
-    sys.stderr.flush()
+    if announce:  # for a profiler, which may start now (py-spy record --pid)
+        sys.stderr.write("draining\n")
+        sys.stderr.flush()
     handled = Handled()
     handled.tick()  # the clock and the CPU count start now, not at the first message
     started = time.perf_counter()
@@ -774,6 +775,9 @@ def child_main(argv=None):
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--drain", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--announce", action="store_true", help="say 'draining' on stderr when the clock starts"
+    )
     args = parser.parse_args(argv)
     common.apply_layer_source()
     if args.child == BASELINE:
@@ -781,7 +785,9 @@ def child_main(argv=None):
     if args.role == "worker":
         child_worker(args.child, args.prefix, args.redis_url)
     elif args.role == "drain":
-        child_drain(args.child, args.prefix, args.redis_url, args.drain, args.threads)
+        child_drain(
+            args.child, args.prefix, args.redis_url, args.drain, args.threads, args.announce
+        )
     else:
         child_drive(args.child, args.prefix, args.redis_url, args.seconds)
     return 0

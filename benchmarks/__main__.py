@@ -203,6 +203,13 @@ def build_parser():
     channels.add_argument(
         "--channels-driver-threads", type=int, default=4, help="threads of the closed-loop driver"
     )
+    channels.add_argument(
+        "--channels-threads",
+        default="1,2,4,8",
+        metavar="COUNTS",
+        help="runworker --threads N of the threads table, comma-separated (1 reuses the "
+        "rounds' drain; each other N restarts both workers)",
+    )
     echo = parser.add_argument_group("echo suite")
     echo.add_argument("--echo-seconds", type=float, default=4.0, help="seconds per echo round")
     echo.add_argument(
@@ -212,7 +219,24 @@ def build_parser():
         metavar="COUNT",
         help="messages per drain round (0: no drain table)",
     )
+    echo.add_argument(
+        "--echo-threads",
+        default="1,2,4,8",
+        metavar="COUNTS",
+        help="worker threads of the drain table's raw-pika-pipelined, asgi_amqp and "
+        "asgi_redis workers, comma-separated",
+    )
     return parser
+
+
+def _thread_counts(parser, option, text):
+    try:
+        counts = [int(n) for n in _names([text])]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        parser.error("%s takes thread counts such as 1,2,4,8, not %r" % (option, text))
+    return sorted(set(counts))
 
 
 def _names(items):
@@ -245,6 +269,8 @@ def parse_args(argv):
     args.channels_layers = _names([args.channels_layers])
     if set(args.channels_layers) - {"asgi_amqp", "asgi_redis"}:
         parser.error("--channels-layers takes asgi_amqp and/or asgi_redis")
+    args.echo_threads = _thread_counts(parser, "--echo-threads", args.echo_threads)
+    args.channels_threads = _thread_counts(parser, "--channels-threads", args.channels_threads)
     layer_bench.check_args(parser, args)
     args.baseline = None
     if args.baseline_src:

@@ -26,6 +26,15 @@ runworker drain
     reply is in the driver's queue, read with the broker's own client
     (a passive queue.declare, a Redis LLEN). Both stacks run with a channel
     capacity of twice ``--channels-drain-count`` so the burst fits.
+runworker threads
+    the same drain with ``runworker --threads N`` for each N of
+    ``--channels-threads`` (default 1,2,4,8): the worker is started again
+    with N threads, warmed up with one drain, then drained
+    ``--rounds`` times, alternating between the layers. The 1-thread
+    figures are the drain rounds above (the same worker, the same
+    measurement). Every reply must come back. The check: the best
+    asgi_amqp runworker handles at least 1.2x the messages/s of the best
+    asgi_redis runworker (each at its own best thread count).
 runworker closed loop
     ``channels_drive.py --threads 4`` keeps 32 messages in flight and sends
     a new one for every reply: the worker with the driver and the broker
@@ -168,6 +177,7 @@ class Contestant(object):
         self.throughput = []  # per round: result dicts
         self.loop = []  # per round: channels_drive.py closed-loop results
         self.drain = []  # per round: channels_drive.py --drain results
+        self.threads = {}  # runworker --threads N -> per round: --drain results
 
 
 def _percentile(values, q):
@@ -185,9 +195,10 @@ def measure_closed_loop(contestant, duration, window, threads):
     )
 
 
-def measure_drain(contestant, count):
+def measure_drain(contestant, count, threads=1):
     """Messages/s the runworker handles through a queue of ``count`` (channels_drive.py)."""
-    return _drive(contestant, ["--drain", str(count)], 120 + count / 50.0)
+    options = ["--drain", str(count), "--worker-threads", str(threads)]
+    return _drive(contestant, options, 120 + count / 50.0)
 
 
 def _drive(contestant, options, timeout):
@@ -238,7 +249,16 @@ def summarize(contestant):
             sum(r["lost"] for r in thr)
             + sum(r["lost"] for r in contestant.loop)
             + sum(r["lost"] for r in contestant.drain)
+            + sum(r["lost"] for rounds in contestant.threads.values() for r in rounds)
         ),
+        "threads": {
+            n: {
+                "rate": _median_round(rounds, lambda r: r["rate"]),
+                "cpu": _median_round(rounds, lambda r: r["cpu"]) * 100,
+                "rounds": [round(r["rate"], 1) for r in rounds],
+            }
+            for n, rounds in sorted(contestant.threads.items())
+        },
         "rounds_p50_ms": [round(_percentile(r, 50) * 1000, 2) for r in lat],
         "rounds_p99_ms": [round(_percentile(r, 99) * 1000, 2) for r in lat],
         "rounds_rate": [round(r["rate"], 1) for r in thr],
@@ -279,6 +299,39 @@ def table(rows):
     return "\n".join(lines)
 
 
+THREADS_TARGET = 1.2  # best asgi_amqp runworker over best asgi_redis runworker
+
+
+def best_threads(row):
+    """(msg/s, N) of the runworker's best --threads N, or None."""
+    rates = [(figures["rate"], n) for n, figures in row["threads"].items()]
+    return max(rates) if rates else None
+
+
+def threads_table(rows, thread_counts):
+    """runworker drain msg/s per --threads N (median round) and each layer's best."""
+    lines = [
+        "| layer | %s | best (threads) | lost |"
+        % " | ".join("--threads %d msg/s (CPU %%)" % n for n in thread_counts),
+        "|---|" + "---|" * (len(thread_counts) + 2),
+    ]
+    for r in rows:
+        best = best_threads(r)
+        if best is None:
+            continue
+        cells = [
+            "%.0f (%.0f%%)" % (r["threads"][n]["rate"], r["threads"][n]["cpu"])
+            if n in r["threads"]
+            else "-"
+            for n in thread_counts
+        ]
+        lines.append(
+            "| %s | %s | %.0f (%d) | %d |"
+            % (r["layer"], " | ".join(cells), best[0], best[1], r["lost"])
+        )
+    return "\n".join(lines)
+
+
 def verdict(rows):
     by = {r["layer"]: r for r in rows}
     if "asgi_amqp" not in by or "asgi_redis" not in by:
@@ -307,6 +360,16 @@ def verdict(rows):
             "%.0f vs %.0f msg/s (x%.2f)" % (a["rate"], r["rate"], a["rate"] / r["rate"]),
         ),
     ]
+    best_a, best_r = best_threads(a), best_threads(r)
+    if best_a and best_r:
+        checks.append(
+            (
+                "best runworker --threads >= %.1fx asgi_redis's best" % THREADS_TARGET,
+                best_a[0] >= THREADS_TARGET * best_r[0],
+                "%.0f msg/s with %d threads vs %.0f with %d (x%.2f)"
+                % (best_a[0], best_a[1], best_r[0], best_r[1], best_a[0] / best_r[0]),
+            )
+        )
     return checks
 
 
@@ -434,12 +497,15 @@ def run(args, ctx):
                 if thr["errors"]:
                     say("    errors: %s" % "; ".join(thr["errors"][:3]))
                     status = 1
+        sweep_threads(contestants, opts)
 
         rows = [summarize(c) for c in contestants]
         if any(r["lost"] for r in rows):
             status = 1
         say()
         text = table(rows)
+        if opts.thread_counts:
+            text += "\n\n" + threads_table(rows, opts.thread_counts)
         say(text)
         checks = verdict(rows)
         say()
@@ -468,6 +534,41 @@ def run(args, ctx):
     return common.SuiteResult(status, headline, paths, "; ".join(notes))
 
 
+def sweep_threads(contestants, opts):
+    """The runworker drain with ``--threads N``, for each N of ``opts.thread_counts``.
+
+    N = 1 is the worker of the rounds above, whose drain rounds it reuses;
+    for another N each layer's worker is started again with ``--threads N``,
+    warmed up with one drain, and the layers' drains then alternate.
+    """
+    for threads in opts.thread_counts:
+        if threads == 1:
+            for c in contestants:
+                c.threads[1] = list(c.drain)
+            continue
+        for c in contestants:
+            c.stack.worker_args = ["--threads", str(threads)]
+            c.stack.replace_worker(c.stack.workers[0], kill=False)
+            say("  %s: runworker --threads %d, pid %d" % (c.name, threads, c.stack.workers[0].pid))
+            measure_drain(c, min(500, opts.drain_count), threads)  # warm-up, not recorded
+            c.threads[threads] = []
+        for round_no in range(opts.rounds):
+            for c in common.rotate(contestants, round_no):
+                drained = measure_drain(c, opts.drain_count, threads)
+                c.threads[threads].append(drained)
+                say(
+                    "  round %d %-10s runworker --threads %d drain %5.0f msg/s (CPU %3.0f%%)%s"
+                    % (
+                        round_no + 1,
+                        c.name,
+                        threads,
+                        drained["rate"],
+                        drained["cpu"] * 100,
+                        "  LOST %d" % drained["lost"] if drained["lost"] else "",
+                    )
+                )
+
+
 class _Opts(object):
     def __init__(self, args, rounds):
         self.rounds = rounds
@@ -477,6 +578,7 @@ class _Opts(object):
         self.window = args.channels_window
         self.drain_count = args.channels_drain_count
         self.driver_threads = args.channels_driver_threads
+        self.thread_counts = list(getattr(args, "channels_threads", None) or [])
 
 
 def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
@@ -514,6 +616,14 @@ def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
         text,
         "",
     ]
+    if opts.thread_counts:
+        lines[1:1] = [
+            "",
+            "Threads table: the runworker drain with `runworker --threads N` (N = %s); "
+            "--threads 1 is the drain of the rounds above, each other N a worker started "
+            "again with N threads, one warm-up drain, then %d alternating rounds."
+            % (",".join(str(n) for n in opts.thread_counts), opts.rounds),
+        ]
     for name, ok, detail in checks:
         lines.append("* %s: **%s** (%s)" % (name, "yes" if ok else "no", detail))
     lines += (

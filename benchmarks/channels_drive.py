@@ -2,6 +2,7 @@
 count what it handles; run by channels_bench.py with each layer's interpreter.
 
     python benchmarks/channels_drive.py --worker-pid PID --drain 3000
+    python benchmarks/channels_drive.py --worker-pid PID --drain 3000 --worker-threads 4
     python benchmarks/channels_drive.py --worker-pid PID --seconds 3 --window 32
 
 The layer is the project's (``DJANGO_SETTINGS_MODULE``, ``CHAT_LAYER_PREFIX``
@@ -14,6 +15,8 @@ its pid) while COUNT messages are queued for it, then continued and timed
 until all COUNT replies are queued; the counts are read with the broker's
 own client (a passive ``queue.declare``, a Redis ``LLEN``), not with
 statistics that lag by seconds. The channel capacity must hold COUNT.
+``--worker-threads N`` is the worker's ``runworker --threads``: stopped, it
+may hold one pushed message per thread.
 
 Without it, a closed loop: ``--window`` messages in flight, a new one sent
 for every reply, for ``--seconds``, from ``--threads`` threads sharing the
@@ -135,7 +138,7 @@ def _wait_stopped(pid, timeout=10.0):
         time.sleep(0.001)
 
 
-def drain(layer, driver, worker_pid, count):
+def drain(layer, driver, worker_pid, count, worker_threads=1):
     """The rate at which the worker handles ``count`` messages queued while it was stopped.
 
     The worker is stopped (SIGSTOP, by its pid) while ``count`` messages are
@@ -143,6 +146,8 @@ def drain(layer, driver, worker_pid, count):
     replies are in the driver's queue, read with the broker's own client
     every 10 ms. Nothing else runs meanwhile, so the figure is the worker's
     own pace with a full queue in front of it: what one runworker handles.
+    A stopped worker of ``worker_threads`` threads may hold one pushed
+    message per thread (a consumer's prefetch window, a BRPOP each).
     """
     layer.receive([driver.reply_prefix], block=False)  # declares its queue, on asgi_amqp
     inbox = backlog_probe(layer, WORKER_CHANNEL)
@@ -154,7 +159,7 @@ def drain(layer, driver, worker_pid, count):
             for _ in range(count):
                 driver.send_one()
             deadline = time.monotonic() + 30
-            while inbox() < count - 1:  # the worker may hold one, pushed before it stopped
+            while inbox() < count - max(1, worker_threads):  # pushed before it stopped
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         "only %d of %d messages reached the worker's queue" % (inbox(), count)
@@ -198,6 +203,12 @@ def main():
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=1,
+        help="the runworker's --threads: messages it may hold while stopped",
+    )
+    parser.add_argument(
         "--drain",
         type=int,
         default=0,
@@ -215,7 +226,7 @@ def main():
     layer = get_channel_layer()
     driver = Driver(layer, "bench.drive!")  # a process-local channel: received by its prefix
     if args.drain:
-        result = drain(layer, driver, args.worker_pid, args.drain)
+        result = drain(layer, driver, args.worker_pid, args.drain, args.worker_threads)
         print(json.dumps(result))
         close = getattr(layer, "close", None)
         if close:

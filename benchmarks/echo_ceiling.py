@@ -11,10 +11,16 @@ replies per second. Contestants, in alternating order:
     one thread, pika's BlockingConnection: a prefetch-1 consumer, an ack and
     a confirmed, mandatory publish per message. The broker's floor for a
     worker that confirms its replies.
-``raw-pika-io-thread``
-    the same broker work in asgi_amqp's thread shape: a SelectConnection
-    owned by an I/O thread; the worker hands over with
-    ``add_callback_threadsafe`` and waits on a lock for the confirm.
+``raw-pika-pipelined``
+    the same broker work in the pipelined shape (``PipelinedSide``, the
+    ceiling of a worker process of N threads over one connection): one I/O
+    thread owns a SelectConnection with confirms on and a consumer whose
+    prefetch window (32) puts deliveries in a local queue; a worker thread
+    takes its next delivery from that queue without a round trip, hands its
+    ack over without waiting (it rides with the reply's publish), hands the
+    publish over and waits on a lock for that publish's confirm only; every
+    hand-off goes through one list under a lock, with one
+    ``add_callback_threadsafe`` per batch.
 ``asgi_amqp``
     the layer, fed by the same raw pika driver as the two rows above (on the
     layer's queues), so the three AMQP workers are compared alone.
@@ -33,13 +39,21 @@ has. The worker reports its CPU per message (process time from its first
 message to the stop message, all threads). The table gives the median round.
 
 The driver above is a closed loop from one thread in a process of its own,
-sharing the machine's cores with the worker. A second table takes it out:
-``--drain COUNT`` messages are queued first and one process then times its
-worker through them to a stop message (``raw-pika``, ``raw-pika-io-thread``,
-``asgi_amqp``, ``asgi_redis``; the layers with a capacity that holds them).
-That is each worker's own pace with a full queue, the figure
-``make bench-channels`` gives for a real runworker: its ``raw-pika-io-thread``
-row is the ceiling of the layer's thread shape without any layer code.
+sharing the machine's cores with the worker (one worker thread each). A
+second table takes it out: ``--drain COUNT`` messages are queued first and
+one process then times its worker through them, each worker thread looping
+blocking receive -> send reply until it takes a stop message of its own
+(``raw-pika``, one thread only; ``raw-pika-pipelined``, ``asgi_amqp`` and
+``asgi_redis`` with each thread count of ``--echo-threads``, default
+1,2,4,8, as ``runworker --threads N`` runs them; the layers with a capacity
+that holds the queue). That is each worker process's own pace with a full
+queue, the figure ``make bench-channels`` gives for a real runworker. After
+the clock stops, every reply is counted in the reply channel (the broker's
+count for raw pika, a receive of each for the layers): one missing fails
+the round. The table gives each thread count's median round, each
+contestant's best, and the ratios best asgi_amqp / best asgi_redis (the
+target is 1.2x) and best asgi_amqp / best ``raw-pika-pipelined`` (the
+share of the ceiling the layer reaches).
 
 The sides run in child processes (``python -m benchmarks.echo_ceiling
 --child KIND --role ROLE``); only the standard library is imported at module
@@ -49,7 +63,6 @@ level, because asgi_redis's children run in its own virtualenv. Writes
 
 import argparse
 import collections
-import functools
 import json
 import os
 import statistics
@@ -69,8 +82,12 @@ BASELINE = "asgi_amqp@baseline"
 
 WINDOW = 32
 MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
-KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_amqp+own-driver", "asgi_redis")
-DRAIN_KINDS = ("raw-pika", "raw-pika-io-thread", "asgi_amqp", "asgi_redis")
+PIPELINED = "raw-pika-pipelined"
+KINDS = ("raw-pika", PIPELINED, "asgi_amqp", "asgi_amqp+own-driver", "asgi_redis")
+DRAIN_KINDS = ("raw-pika", PIPELINED, "asgi_amqp", "asgi_redis")
+DEFAULT_THREADS = (1, 2, 4, 8)
+SINGLE_THREADED = ("raw-pika",)  # BlockingConnection: one thread only
+TARGET = 1.2  # best asgi_amqp worker process over best asgi_redis worker process
 
 
 # -- the contestants' two sides (run in child processes) ---------------------------------
@@ -104,6 +121,16 @@ class LayerSide(object):
 
     def send(self, message):
         self.layer.send("echo.w", message)
+
+    def feed(self, messages):
+        """Queue ``messages`` (untimed): many in flight where the layer can."""
+        if hasattr(self.layer, "send_many"):
+            for outcome in self.layer.send_many(("echo.w", m) for m in messages):
+                if outcome is not None:
+                    raise outcome
+        else:
+            for message in messages:
+                self.send(message)
 
     def replies(self):
         while True:
@@ -158,6 +185,10 @@ class RawSide(object):
     def send(self, message):
         self.channel.basic_publish("", self.queues[0], self.msgpack.packb(message), mandatory=True)
 
+    def feed(self, messages):
+        for message in messages:
+            self.send(message)
+
     def replies(self):
         for _method, _properties, body in self.channel.consume(self.queues[1], auto_ack=True):
             yield self.msgpack.unpackb(body)
@@ -166,18 +197,39 @@ class RawSide(object):
         self.connection.close()
 
 
-class IOThreadSide(object):
-    """Raw pika in the layer's thread shape (worker side only)."""
+PIPELINED_PREFETCH = 32  # the consumer's window: a worker thread always finds its next one here
 
-    def __init__(self, prefix):
+
+class PipelinedSide(object):
+    """Raw pika in the pipelined shape (worker side only), for any number of threads.
+
+    One I/O thread owns a SelectConnection with confirms on and a consumer
+    whose prefetch window puts deliveries in a local queue. A worker thread
+    takes its next delivery from that queue (no round trip), hands its ack
+    over without waiting, hands its reply's publish over and waits on a
+    lock for that publish's confirm only. Every hand-off goes through one
+    list under a lock, with one ``add_callback_threadsafe`` per batch.
+    """
+
+    ACK, PUBLISH = 0, 1
+
+    def __init__(self, prefix, prefetch=PIPELINED_PREFETCH):
+        import queue
+
         import msgpack
         import pika
 
         self.msgpack = msgpack
+        self.is_ack = pika.spec.Basic.Ack
         self.queues = _raw_queues(prefix)
-        self.deliveries = collections.deque()
-        self.delivered = threading.Semaphore(0)
-        self.confirm_waiters = collections.deque()
+        self.prefetch = prefetch
+        self.deliveries = queue.SimpleQueue()
+        self.work_lock = threading.Lock()
+        self.work = []  # (kind, argument, waiter) for the I/O thread
+        self.scheduled = False  # a callback for the list is on its way
+        self.sequence = 0  # the last publish's delivery tag (I/O thread)
+        self.waiters = {}  # delivery tag -> [lock, confirmed], in order (I/O thread)
+        self.returned = 0
         self.opened = threading.Event()
         self.connection = pika.SelectConnection(
             pika.URLParameters(os.environ["AMQP_URL"]),
@@ -191,10 +243,11 @@ class IOThreadSide(object):
     # I/O thread
     def _on_channel(self, channel):
         self.channel = channel
+        channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(
             self._on_confirm,
             callback=lambda _: channel.basic_qos(
-                prefetch_count=1, callback=lambda _: self._consume()
+                prefetch_count=self.prefetch, callback=lambda _: self._consume()
             ),
         )
 
@@ -205,37 +258,65 @@ class IOThreadSide(object):
         self.opened.set()
 
     def _on_message(self, _channel, method, _properties, body):
-        self.deliveries.append((method.delivery_tag, body))
-        self.delivered.release()
+        self.deliveries.put((method.delivery_tag, body))
+
+    def _on_return(self, *_):
+        self.returned += 1  # unroutable: the round fails
 
     def _on_confirm(self, frame):
-        while self.confirm_waiters:
-            self.confirm_waiters.popleft().release()
-            if not frame.method.multiple:
-                break
+        method = frame.method
+        done = [method.delivery_tag]
+        if method.multiple:
+            done = []
+            for tag in self.waiters:  # in publish order
+                if tag > method.delivery_tag:
+                    break
+                done.append(tag)
+        confirmed = isinstance(method, self.is_ack)
+        for tag in done:
+            waiter = self.waiters.pop(tag)
+            waiter[1] = confirmed
+            waiter[0].release()
 
-    def _publish(self, body, done):
-        self.confirm_waiters.append(done)
-        self.channel.basic_publish("", self.queues[1], body, mandatory=True)
+    def _run_work(self):
+        with self.work_lock:
+            work, self.work = self.work, []
+            self.scheduled = False
+        for kind, argument, waiter in work:
+            if kind == self.ACK:
+                self.channel.basic_ack(argument)
+            else:
+                self.sequence += 1
+                self.waiters[self.sequence] = waiter
+                self.channel.basic_publish("", self.queues[1], argument, mandatory=True)
 
-    # the worker's thread
+    # the worker's threads
+    def _hand_over(self, kind, argument, waiter=None, wake=True):
+        with self.work_lock:
+            self.work.append((kind, argument, waiter))
+            if self.scheduled or not wake:
+                return
+            self.scheduled = True
+        self.connection.ioloop.add_callback_threadsafe(self._run_work)
+
     def serve(self, handled):
-        threadsafe = self.connection.ioloop.add_callback_threadsafe
+        """One worker thread's loop, until it takes a stop message."""
         while True:
-            if not self.delivered.acquire(timeout=30):
-                raise RuntimeError("no delivery within 30 s")
-            tag, body = self.deliveries.popleft()
-            threadsafe(functools.partial(self.channel.basic_ack, tag))
+            tag, body = self.deliveries.get(timeout=30)  # queue.Empty after 30 s
             message = self.msgpack.unpackb(body)
+            # The ack rides with the reply's publish, in the same batch.
+            self._hand_over(self.ACK, tag, wake=bool(message.get("stop")))
             if message.get("stop"):
                 return
             handled.tick()
             message["text"] = message["text"][::-1]
-            done = threading.Lock()
-            done.acquire()
-            threadsafe(functools.partial(self._publish, self.msgpack.packb(message), done))
-            if not done.acquire(timeout=10):
+            waiter = [threading.Lock(), None]
+            waiter[0].acquire()
+            self._hand_over(self.PUBLISH, self.msgpack.packb(message), waiter)
+            if not waiter[0].acquire(timeout=10):
                 raise RuntimeError("no publisher confirm within 10 s")
+            if not waiter[1] or self.returned:
+                raise RuntimeError("a reply was refused (nacked or returned)")
 
     def close(self):
         self.connection.ioloop.add_callback_threadsafe(self.connection.close)
@@ -267,28 +348,67 @@ def _side(kind, role, prefix, redis_url):
         return _raw_driver_for_the_layer(prefix)
     if kind == "asgi_amqp+own-driver":
         kind = "asgi_amqp"
-    if kind == "raw-pika" or (kind == "raw-pika-io-thread" and role == "drive"):
+    if kind == "raw-pika" or (kind == PIPELINED and role == "drive"):
         return RawSide(prefix)
-    if kind == "raw-pika-io-thread":
-        return IOThreadSide(prefix)
+    if kind == PIPELINED:
+        return PipelinedSide(prefix)
     return LayerSide(kind, prefix, redis_url)
 
 
 class Handled(object):
-    """Messages echoed, and the CPU they took (start-up and imports left out)."""
+    """Messages echoed, and the CPU they took (start-up and imports left out);
+    shared by a worker's threads."""
 
     def __init__(self):
         self.count = 0
         self.cpu_from = None
+        self.lock = threading.Lock()
 
     def tick(self):
-        if self.cpu_from is None:
-            self.cpu_from = time.process_time()
-        else:
-            self.count += 1
+        with self.lock:
+            if self.cpu_from is None:
+                self.cpu_from = time.process_time()
+            else:
+                self.count += 1
 
     def cpu_us(self):
         return (time.process_time() - self.cpu_from) * 1e6 / max(1, self.count)
+
+
+def serve(side, handled, threads):
+    """``side.serve`` in ``threads`` threads, each until it takes a stop message."""
+    if threads == 1:
+        return side.serve(handled)
+    errors = []
+
+    def loop():
+        try:
+            side.serve(handled)
+        except BaseException as exc:  # raised below, after the others stopped
+            errors.append(exc)
+
+    workers = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
+def count_replies(side, count, timeout):
+    """How many of ``count`` replies are in the reply channel, each order once."""
+    orders = set()
+    if isinstance(side, RawSide):  # the broker's own count
+        queue = side.queues[1]
+        return side.channel.queue_declare(queue, passive=True).method.message_count
+    deadline = time.monotonic() + timeout
+    while len(orders) < count and time.monotonic() < deadline:
+        channel, message = side.layer.receive(["echo.r"], block=True)
+        if channel is None:
+            break  # nothing for a whole receive timeout: the rest is lost
+        orders.add(message["order"])
+    return len(orders)
 
 
 def child_worker(kind, prefix, redis_url):
@@ -325,27 +445,38 @@ def child_drive(kind, prefix, redis_url, seconds, warmup=0.5):
     print(json.dumps({"rate": rate}), flush=True)
 
 
-def child_drain(kind, prefix, redis_url, count):
-    """Queue ``count`` messages and a stop, then time one worker through them."""
+def child_drain(kind, prefix, redis_url, count, threads=1, announce=False):
+    """Queue ``count`` messages and a stop per thread, then time one worker
+    process of ``threads`` threads through them; then count its replies."""
     if kind == BASELINE:
         kind = "asgi_amqp"
     if kind.startswith("raw-pika"):
         feeder = RawSide(prefix)
-        worker = RawSide(prefix) if kind == "raw-pika" else IOThreadSide(prefix)
+        worker = RawSide(prefix) if kind == "raw-pika" else PipelinedSide(prefix)
     else:
-        feeder = LayerSide(kind, prefix, redis_url, capacity=count + 10)
-        worker = LayerSide(kind, prefix, redis_url, capacity=count + 10)
-    for order in range(count):
-        feeder.send(dict(MESSAGE, order=order))
-    feeder.send({"stop": True})
+        feeder = LayerSide(kind, prefix, redis_url, capacity=count + threads + 10)
+        worker = LayerSide(kind, prefix, redis_url, capacity=count + threads + 10)
+    feeder.feed([dict(MESSAGE, order=order) for order in range(count)])
+    feeder.feed([{"stop": True}] * threads)  # after the others: send_many keeps the order
+    if announce:  # for a profiler, which may start now (py-spy record --pid)
+        sys.stderr.write("draining\n")
+        sys.stderr.flush()
     handled = Handled()
     handled.tick()  # the clock and the CPU count start now, not at the first message
     started = time.perf_counter()
-    worker.serve(handled)
+    serve(worker, handled, threads)
     elapsed = time.perf_counter() - started
+    # Every send was confirmed (or, on Redis, written) before its thread went on.
+    delivered = count_replies(feeder, count, 60 + count / 200.0)
     print(
         json.dumps(
-            {"rate": handled.count / elapsed, "cpu_us": handled.cpu_us(), "handled": handled.count}
+            {
+                "rate": handled.count / elapsed,
+                "cpu_us": handled.cpu_us(),
+                "handled": handled.count,
+                "delivered": delivered,
+                "threads": threads,
+            }
         ),
         flush=True,
     )
@@ -420,9 +551,16 @@ def _echo_round(kind, python, seconds, redis_url, env, prefix):
     return report
 
 
-def _drain_round(kind, python, count, redis_url, env, admin):
+def _drain_round(kind, python, count, redis_url, env, admin, threads=1):
     prefix = "drain-%s" % uuid.uuid4().hex[:8]
-    argv = _child_argv(kind, python, prefix, redis_url) + ["--role", "drain", "--drain", str(count)]
+    argv = _child_argv(kind, python, prefix, redis_url) + [
+        "--role",
+        "drain",
+        "--drain",
+        str(count),
+        "--threads",
+        str(threads),
+    ]
     try:
         done = subprocess.run(
             argv, stdout=subprocess.PIPE, cwd=ROOT, timeout=120 + count / 50.0, check=True, env=env
@@ -430,11 +568,80 @@ def _drain_round(kind, python, count, redis_url, env, admin):
     finally:
         _cleanup(admin, kind, prefix)
     report = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    if report["handled"] != count:
-        raise RuntimeError(
-            "the %s worker handled %d of %d messages" % (kind, report["handled"], count)
-        )
+    for what in ("handled", "delivered"):
+        if report[what] != count:
+            raise RuntimeError(
+                "the %s worker (%d threads) %s %d of %d messages"
+                % (kind, threads, what, report[what], count)
+            )
     return report
+
+
+def _median(reports, key="rate"):
+    return statistics.median(r[key] for r in reports)
+
+
+def _best(sweep, kind):
+    """(median msg/s, threads) of ``kind``'s best thread count, or None."""
+    rates = [(_median(reports), threads) for (k, threads), reports in sweep.items() if k == kind]
+    return max(rates) if rates else None
+
+
+def _ratio_line(sweep, name, over, target=None):
+    a, b = _best(sweep, name), _best(sweep, over)
+    if not a or not b:
+        return None
+    line = "best %s / best %s: %.2fx (%.0f msg/s with %d threads / %.0f with %d)" % (
+        name,
+        over,
+        a[0] / b[0],
+        a[0],
+        a[1],
+        b[0],
+        b[1],
+    )
+    if target:
+        line += ", target >= %.1fx: %s" % (target, "met" if a[0] / b[0] >= target else "SHORT")
+    return line
+
+
+def sweep_table(sweep, kinds, thread_counts):
+    """Drain msg/s per thread count (median round), the best and its CPU."""
+    redis = _best(sweep, "asgi_redis")
+    lines = [
+        "| worker | %s | best (threads) | vs best asgi_redis | worker CPU per message at best "
+        "| rounds at best |"
+        % " | ".join("%d thread%s" % (n, "s" if n > 1 else "") for n in thread_counts),
+        "|---|" + "---|" * (len(thread_counts) + 4),
+    ]
+    for kind in kinds:
+        best = _best(sweep, kind)
+        if best is None:
+            continue
+        cells = [
+            "%.0f" % _median(sweep[kind, n]) if sweep.get((kind, n)) else "-" for n in thread_counts
+        ]
+        reports = sweep[kind, best[1]]
+        lines.append(
+            "| %s | %s | %.0f (%d) | %s | %.0f us | %s |"
+            % (
+                kind,
+                " | ".join(cells),
+                best[0],
+                best[1],
+                "%.2fx" % (best[0] / redis[0]) if redis else "-",
+                _median(reports, "cpu_us"),
+                ", ".join("%.0f" % r["rate"] for r in reports),
+            )
+        )
+    ratios = [
+        _ratio_line(sweep, "asgi_amqp", "asgi_redis", TARGET),
+        _ratio_line(sweep, "asgi_amqp", PIPELINED),
+        _ratio_line(sweep, PIPELINED, "asgi_redis"),
+    ]
+    if BASELINE in kinds:
+        ratios.append(_ratio_line(sweep, BASELINE, "asgi_redis", TARGET))
+    return "\n".join(lines) + "\n\n" + "".join("* %s\n" % r for r in ratios if r)
 
 
 def _table(results, kinds, unit="echoes/s"):
@@ -488,8 +695,9 @@ def run(args, ctx):
     from .broker import Admin
 
     admin = Admin(ctx.amqp_url)
+    thread_counts = list(getattr(args, "echo_threads", None) or DEFAULT_THREADS)
     results = collections.defaultdict(list)
-    drained = collections.defaultdict(list)
+    drained = collections.defaultdict(list)  # (kind, threads) -> reports
     try:
         for number in range(rounds):
             for kind in common.rotate(kinds, number):
@@ -502,15 +710,24 @@ def run(args, ctx):
                     % (number + 1, kind, report["rate"], report["cpu_us"])
                 )
         for number in range(rounds if args.echo_drain else 0):
-            for kind in common.rotate(drain_kinds, number):
-                report = _drain_round(
-                    kind, pythons[kind], args.echo_drain, redis_url, envs[kind], admin
-                )
-                drained[kind].append(report)
-                common.say(
-                    "  drain %d %-20s %6.0f msg/s     worker CPU %4.0f us/message"
-                    % (number + 1, kind, report["rate"], report["cpu_us"])
-                )
+            for threads in thread_counts:
+                kinds_now = [k for k in drain_kinds if threads == 1 or k not in SINGLE_THREADED]
+                for kind in common.rotate(kinds_now, number):
+                    report = _drain_round(
+                        kind, pythons[kind], args.echo_drain, redis_url, envs[kind], admin, threads
+                    )
+                    drained[kind, threads].append(report)
+                    common.say(
+                        "  drain %d %-20s %d thread%s %6.0f msg/s  worker CPU %4.0f us/message"
+                        % (
+                            number + 1,
+                            kind,
+                            threads,
+                            "s" if threads > 1 else " ",
+                            report["rate"],
+                            report["cpu_us"],
+                        )
+                    )
     finally:
         admin.close()
     table = _table(results, kinds)
@@ -522,12 +739,14 @@ def run(args, ctx):
     )
     headline = table
     if drained:
-        drain_table = _table(drained, drain_kinds, "drain msg/s")
+        drain_table = sweep_table(drained, drain_kinds, thread_counts)
         common.say()
         common.say(drain_table)
-        text += "\n## Drain: %d messages queued first, one worker timed through them\n\n%s\n" % (
-            args.echo_drain,
-            drain_table,
+        text += (
+            "\n## Drain: %d messages queued first, one worker process of N threads timed "
+            "through them\n\nEach thread loops blocking receive -> send reply; every reply "
+            "was counted in its queue afterwards. Drain msg/s, median round.\n\n%s\n"
+            % (args.echo_drain, drain_table)
         )
         headline += "\n\n" + drain_table
     if notes:
@@ -537,7 +756,11 @@ def run(args, ctx):
         "echo_ceiling",
         "One worker echoing, without Django",
         text,
-        {"echo": dict(results), "drain": dict(drained), "notes": notes},
+        {
+            "echo": dict(results),
+            "drain": {"%s@%d" % key: reports for key, reports in drained.items()},
+            "notes": notes,
+        },
         ctx.command,
     )
     return common.SuiteResult(0, headline, paths, "; ".join(notes))
@@ -551,6 +774,10 @@ def child_main(argv=None):
     parser.add_argument("--redis-url", default="")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--drain", type=int, default=3000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--announce", action="store_true", help="say 'draining' on stderr when the clock starts"
+    )
     args = parser.parse_args(argv)
     common.apply_layer_source()
     if args.child == BASELINE:
@@ -558,7 +785,9 @@ def child_main(argv=None):
     if args.role == "worker":
         child_worker(args.child, args.prefix, args.redis_url)
     elif args.role == "drain":
-        child_drain(args.child, args.prefix, args.redis_url, args.drain)
+        child_drain(
+            args.child, args.prefix, args.redis_url, args.drain, args.threads, args.announce
+        )
     else:
         child_drive(args.child, args.prefix, args.redis_url, args.seconds)
     return 0

@@ -189,6 +189,8 @@ class ChatStack(object):
     :param env: extra environment for the children (e.g. ``CHAT_TEST_HOOKS``).
     :param daphne_args: extra daphne arguments (e.g. ``["--force-sync"]``).
     :param python: interpreter for the children (default: this one).
+    :param worker_args: extra ``runworker`` arguments (e.g. ``["--threads", "4"]``);
+        an attribute, read by each worker started later.
     """
 
     def __init__(
@@ -206,6 +208,7 @@ class ChatStack(object):
         log_dir=None,
         echo=False,
         verbosity=1,
+        worker_args=(),
     ):
         self.amqp_urls = [amqp_url] if isinstance(amqp_url, str) else list(amqp_url)
         self.amqp_url = self.amqp_urls[0]
@@ -220,6 +223,7 @@ class ChatStack(object):
         self.python = python or sys.executable
         self.echo = echo
         self.verbosity = verbosity
+        self.worker_args = list(worker_args)
         self._own_dir = tempfile.mkdtemp(prefix="chatstack-")
         self.state_dir = os.path.join(self._own_dir, "state")
         self.log_dir = log_dir or os.path.join(self._own_dir, "logs")
@@ -300,7 +304,7 @@ class ChatStack(object):
             "runworker",
             "-v",
             str(self.verbosity),
-        ]
+        ] + list(self.worker_args)
         proc = self._spawn(name, argv)
         self.workers.append(proc)
         return proc

@@ -127,7 +127,7 @@ class _Operation(object):
     ``careful``: one step at a time, after its pipelined pass failed.
     """
 
-    __slots__ = ("pending", "steps", "index", "result", "careful")
+    __slots__ = ("pending", "steps", "index", "result", "careful", "sent_ahead")
 
     def __init__(self, pending, steps):
         self.pending = pending
@@ -135,6 +135,7 @@ class _Operation(object):
         self.index = 0
         self.result = None
         self.careful = False
+        self.sent_ahead = False  # its steps went out together: a refusal names none
 
     def pipelined(self):
         """True while every remaining step can go out at once."""
@@ -143,6 +144,7 @@ class _Operation(object):
     def run_carefully(self):
         """Start again from the first step, waiting for each one's answer."""
         self.careful = True
+        self.sent_ahead = False
         self.index = 0
         self.result = None
 
@@ -196,6 +198,7 @@ class DeclareExecutor(ChannelUser):
         """Send every step but the last with ``nowait``; the last one's
         answer then vouches for them all."""
         channel = self.channel
+        operation.sent_ahead = True
         for step in operation.steps[:-1]:
             getattr(channel, step.method)(callback=None, **step.kwargs)
             operation.index += 1
@@ -213,8 +216,10 @@ class DeclareExecutor(ChannelUser):
         if operation is None:
             return
         step = operation.steps[operation.index]
-        if reply_code is not None and 400 <= reply_code < 500 and not operation.careful:
-            # Which pipelined step failed is unknown: find it step by step.
+        if reply_code is not None and 400 <= reply_code < 500 and operation.sent_ahead:
+            # Which of the steps sent together failed is unknown: find it step
+            # by step. (An operation of one step, the usual passive declare,
+            # is never sent ahead: its refusal is its own.)
             logger.debug(
                 "%s: %s %s; running it step by step", step.describe(), reply_code, reply_text
             )

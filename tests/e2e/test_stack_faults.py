@@ -30,6 +30,14 @@ from e2e_support import chatstack  # noqa: F401  (puts tests/project on sys.path
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
+# The alarm run's clients send 5 messages/s each, as the quorum runs do, for
+# the same reason: this guards what an alarm costs, not throughput. At 10/s
+# the stack's pace on 2 cores varied from run to run (4.3k to 9.3k of 11.9k
+# deliveries in 24 s, the same code), and a backlog at the alarm's start loses
+# messages sent seconds before it, which the report cannot tell from others.
+ALARM_RATE = 5.0
+
+
 def _meets_its_targets(report, restart_pause=5.0):
     print("\n" + stackfaults.format_report(report))
     failed = [what for what, ok in stackfaults.targets(report, restart_pause) if not ok]
@@ -67,7 +75,7 @@ def test_the_stack_survives_a_memory_alarm():
     Channels' send_and_flush 2 s into it), /ping/ answers outside it, every
     lost delivery is explained by a socket daphne closed for the alarm, and
     a new client chats afterwards."""
-    report = stackfaults.run(queue_type="classic", duration=24.0, alarm=8.0)
+    report = stackfaults.run(queue_type="classic", duration=24.0, alarm=8.0, rate=ALARM_RATE)
     _meets_its_targets(report)
     assert report["kills"] == 0 and report["alarm_seconds"] >= 8.0
 

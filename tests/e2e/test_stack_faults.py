@@ -93,6 +93,24 @@ def test_the_stack_rides_through_the_loss_of_its_cluster_node():
     member queues of the clients' memberships, and stopping it loses the
     group messages sent while it is down (``--stop-first-node``; see the
     docs' "Clusters and the loss of a node")."""
+    report = _node_loss()
+    assert report["node_loss_seconds"] is not None and report["kills"] >= 1
+
+
+def test_mirrored_member_queues_make_the_loss_of_their_node_lossless():
+    """The operations guide's recipe for groups with process-local members
+    under quorum queues: a policy mirrors the memberships' classic queues
+    (``l:`` and ``k:``). The node stopped is the first one, where those
+    queues live. Without the policy the group messages sent while it is
+    down are lost (measured at 40 s: 1,100 of 4,000 deliveries, every one
+    sent in the 11 s it was down); with it, nothing may be lost."""
+    report = _node_loss(stop_first=True, mirror_members=True)
+    assert report["member_queues_mirrored"] and report["lost"] == 0
+
+
+def _node_loss(**options):
+    """24 s on a cluster of its own with quorum queues; a node stops for 3 s,
+    5 s in. The report, once it meets every target."""
     report = stackfaults.run(
         queue_type="quorum",
         duration=24.0,
@@ -100,6 +118,7 @@ def test_the_stack_rides_through_the_loss_of_its_cluster_node():
         restart_pause=3.0,
         node_loss=True,
         node_loss_at=5.0,
+        **options,
     )
     _meets_its_targets(report, restart_pause=3.0)
-    assert report["node_loss_seconds"] is not None and report["kills"] >= 1
+    return report

@@ -464,6 +464,12 @@ def _group_members(layer, rooms):
     return {room: layer.group_channels("room-" + room) for room in rooms}
 
 
+# The operations guide's policy for the classic queues of memberships
+# (member queues ``l:`` and marker queues ``k:``) under quorum queues: the
+# pattern (with the prefix) and the definition.
+MEMBER_QUEUES_POLICY = (r"^%s:(l|k):", '{"ha-mode":"all","ha-sync-mode":"automatic"}')
+
+
 def run(
     queue_type="classic",
     duration=30.0,
@@ -481,6 +487,7 @@ def run(
     cluster=None,
     node_loss_at=None,
     stop_first=False,
+    mirror_members=False,
 ):
     """Run the stack through faults; returns the report (a dict).
 
@@ -502,7 +509,10 @@ def run(
     into the run. With ``stop_first`` the node stopped is the first one:
     where the processes connected first, and so where the classic member
     and marker queues of the clients' memberships live (the kills move the
-    connections on to the other nodes).
+    connections on to the other nodes). With ``mirror_members`` those
+    classic queues are mirrored on every node by a policy
+    (``MEMBER_QUEUES_POLICY``, RabbitMQ 3.x), the recipe the operations
+    guide gives for a lossless node loss with process-local members.
     """
     per_room = max(1, clients // max(1, rooms))
     capacity = max(1000, int(clients * rate * (restart_pause + 15) * per_room))
@@ -524,6 +534,15 @@ def run(
         node = cluster[-1]
     urls = [n.amqp_url for n in cluster] if node_loss else [node.amqp_url]
     prefix = "faults-%s" % uuid.uuid4().hex[:8]
+    if mirror_members:
+        node.ctl(
+            "set_policy",
+            "asgi-members",
+            MEMBER_QUEUES_POLICY[0] % prefix,
+            MEMBER_QUEUES_POLICY[1],
+            "--apply-to",
+            "queues",
+        )
     handled_log = os.path.join(chatstack.tempfile.gettempdir(), prefix + "-handled.log")
     stack = chatstack.ChatStack(
         urls,
@@ -542,6 +561,7 @@ def run(
     members = []
     report = {
         "queue_type": queue_type,
+        "member_queues_mirrored": mirror_members,
         "duration": duration,
         "scenario": (
             "node-loss"
@@ -873,6 +893,7 @@ def format_report(report):
     keys = [
         "scenario",
         "queue_type",
+        "member_queues_mirrored",
         "duration",
         "kills",
         "restart_seconds",
@@ -960,6 +981,14 @@ def main(argv=None):
             "rather than the one the processes are connected to then"
         ),
     )
+    parser.add_argument(
+        "--mirror-member-queues",
+        action="store_true",
+        help=(
+            "node-loss: mirror the memberships' classic queues on every node with a "
+            "policy (RabbitMQ 3.x), as the operations guide advises with quorum queues"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--echo", action="store_true", help="show the processes' output")
     args = parser.parse_args(argv)
@@ -996,6 +1025,7 @@ def main(argv=None):
             alarm=args.alarm_seconds if scenario == "alarm" else 0.0,
             node_loss=scenario == "node-loss",
             stop_first=args.stop_first_node,
+            mirror_members=args.mirror_member_queues,
         )
         reports.append(report)
         failed |= not all(ok for _, ok in targets(report, args.restart_pause))

@@ -488,6 +488,7 @@ def run(
     node_loss_at=None,
     stop_first=False,
     mirror_members=False,
+    workers=2,
 ):
     """Run the stack through faults; returns the report (a dict).
 
@@ -513,6 +514,7 @@ def run(
     classic queues are mirrored on every node by a policy
     (``MEMBER_QUEUES_POLICY``, RabbitMQ 3.x), the recipe the operations
     guide gives for a lossless node loss with process-local members.
+    ``workers`` is the number of runworker processes (2 by default).
     """
     per_room = max(1, clients // max(1, rooms))
     capacity = max(1000, int(clients * rate * (restart_pause + 15) * per_room))
@@ -548,7 +550,7 @@ def run(
         urls,
         node.management_url,
         prefix=prefix,
-        workers=2,
+        workers=workers,
         echo=echo,
         env={
             "CHAT_QUEUE_TYPE": queue_type,
@@ -561,6 +563,7 @@ def run(
     members = []
     report = {
         "queue_type": queue_type,
+        "workers": workers,
         "member_queues_mirrored": mirror_members,
         "duration": duration,
         "scenario": (
@@ -893,6 +896,7 @@ def format_report(report):
     keys = [
         "scenario",
         "queue_type",
+        "workers",
         "member_queues_mirrored",
         "duration",
         "kills",
@@ -989,6 +993,7 @@ def main(argv=None):
             "policy (RabbitMQ 3.x), as the operations guide advises with quorum queues"
         ),
     )
+    parser.add_argument("--workers", type=int, default=2, help="runworker processes (2)")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--echo", action="store_true", help="show the processes' output")
     args = parser.parse_args(argv)
@@ -1026,6 +1031,7 @@ def main(argv=None):
             node_loss=scenario == "node-loss",
             stop_first=args.stop_first_node,
             mirror_members=args.mirror_member_queues,
+            workers=args.workers,
         )
         reports.append(report)
         failed |= not all(ok for _, ok in targets(report, args.restart_pause))

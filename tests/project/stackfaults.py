@@ -8,6 +8,13 @@ restarts its application (``stop_app``, a pause, ``start_app``). Nothing is
 restarted by hand. The scenarios are separate runs, so that what a
 restart costs (see :func:`targets`) never hides a loss at a kill.
 
+From the command line the restart scenario runs the deployment that the
+docs give for riding through an outage under Channels' ``enforce_ordering``
+(``--websocket-worker``): the first runworker alone takes the
+``websocket.*`` channels, with one thread, and the others the rest. With
+two workers competing for a socket's frames, the backlog the outage leaves
+is never worked through (docs: "One runworker for the WebSocket channels").
+
 In the ``node-loss`` scenario the broker is a 3-node cluster of private
 nodes and the queues are quorum queues. Every process is given the three
 nodes' URLs; the kills go on, and once in the middle the node that the
@@ -489,6 +496,7 @@ def run(
     stop_first=False,
     mirror_members=False,
     workers=2,
+    websocket_worker=False,
 ):
     """Run the stack through faults; returns the report (a dict).
 
@@ -514,7 +522,10 @@ def run(
     classic queues are mirrored on every node by a policy
     (``MEMBER_QUEUES_POLICY``, RabbitMQ 3.x), the recipe the operations
     guide gives for a lossless node loss with process-local members.
-    ``workers`` is the number of runworker processes (2 by default).
+    ``workers`` is the number of runworker processes (2 by default). With
+    ``websocket_worker`` the first of them alone takes the ``websocket.*``
+    channels, with one thread, and the others the rest: the deployment the
+    docs give for riding through an outage under ``enforce_ordering``.
     """
     per_room = max(1, clients // max(1, rooms))
     capacity = max(1000, int(clients * rate * (restart_pause + 15) * per_room))
@@ -551,6 +562,7 @@ def run(
         node.management_url,
         prefix=prefix,
         workers=workers,
+        websocket_worker=websocket_worker,
         echo=echo,
         env={
             "CHAT_QUEUE_TYPE": queue_type,
@@ -564,6 +576,7 @@ def run(
     report = {
         "queue_type": queue_type,
         "workers": workers,
+        "websocket_worker": websocket_worker,
         "member_queues_mirrored": mirror_members,
         "duration": duration,
         "scenario": (
@@ -897,6 +910,7 @@ def format_report(report):
         "scenario",
         "queue_type",
         "workers",
+        "websocket_worker",
         "member_queues_mirrored",
         "duration",
         "kills",
@@ -994,6 +1008,16 @@ def main(argv=None):
         ),
     )
     parser.add_argument("--workers", type=int, default=2, help="runworker processes (2)")
+    parser.add_argument(
+        "--websocket-worker",
+        choices=["restart", "always", "never"],
+        default="restart",
+        help=(
+            "when the first runworker alone takes the websocket.* channels (one "
+            "thread) and the others the rest, the docs' deployment for riding "
+            "through a broker outage: in the restart scenario (default), always or never"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--echo", action="store_true", help="show the processes' output")
     args = parser.parse_args(argv)
@@ -1032,6 +1056,8 @@ def main(argv=None):
             stop_first=args.stop_first_node,
             mirror_members=args.mirror_member_queues,
             workers=args.workers,
+            websocket_worker=args.websocket_worker == "always"
+            or (args.websocket_worker == "restart" and scenario == "restart"),
         )
         reports.append(report)
         failed |= not all(ok for _, ok in targets(report, args.restart_pause))

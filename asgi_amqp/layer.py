@@ -81,9 +81,11 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
     :param consumer_idle_timeout: seconds after which an unused consumer is cancelled.
     :param consumer_prefetch: messages the broker may push to one consumer of
         this process before they are taken (16). More lets the threads of one
-        worker process (``runworker --threads N``) overlap; the pushed
-        messages are unacked, so they are not counted against ``capacity``
-        and go back to their queue after ``linger`` or if the process dies.
+        worker process (``runworker --threads N``) overlap; a process-local
+        channel's consumer always gets the whole window (daphne's replies).
+        The pushed messages are unacked, so they are not counted against
+        ``capacity``, and go back to their queue after ``linger`` or if the
+        process dies.
     :param max_consumers: consumers this process keeps at most (1000). Every
         channel received from gets one, non-blocking receives included, so
         that the next receive takes what the broker already pushed; past

@@ -31,6 +31,8 @@ import urllib.request
 import uuid
 from urllib.parse import unquote, urlsplit
 
+import pika
+
 from asgi_amqp import AMQPChannelLayer
 from asgi_amqp.management import ManagementClient
 from devtools.rabbitmq import free_port
@@ -124,6 +126,17 @@ class LayerFactory(object):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def queue_counts(broker, queue):
+    """The broker's own counts for ``queue`` (a passive declare on a
+    connection of its own): ``message_count`` (ready messages, neither
+    pushed nor unacked) and ``consumer_count``."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method
+    finally:
+        connection.close()
 
 
 def drain(layer, channels, block=False):

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from helpers import drain, make_layer, wait_until
+from helpers import drain, make_layer, queue_counts, wait_until
 
 LINGER = 0.25  # the layer's default
 # A message stranded in the busy worker is given back a few ms after
@@ -218,3 +218,30 @@ def test_a_held_message_is_the_only_slack_in_capacity(broker, new_layer):
     with pytest.raises(sender.ChannelFull):
         sender.send("cap", {"late": True})
     assert len(drain(sender, ["cap"])) == 4 + accepted
+
+
+def _ready_in(broker, queue):
+    """The broker's own count of ready (not pushed, not unacked) messages."""
+    return queue_counts(broker, queue).message_count
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["process-local", "normal"])
+def test_only_a_process_local_channel_is_pushed_a_whole_window(broker, new_layer, local):
+    """A process-local channel has one reader, this process: its blocking
+    receives' consumer gets the whole ``consumer_prefetch`` window, so daphne,
+    which reads its replies from one thread, finds the next ones already
+    pushed instead of waiting a broker round trip for each. A normal
+    channel's window stays at one per receiving thread (other processes may
+    take the rest). The broker's count of ready messages shows what it
+    pushed; ``linger`` is long, so nothing goes back meanwhile."""
+    layer = new_layer(broker, flush=True, linger=10.0, consumer_prefetch=8)
+    channel, readable = ("replies!abc", "replies!") if local else ("jobs", "jobs")
+    for n in range(12):
+        layer.send(channel, {"n": n})
+    assert layer.receive([readable], block=True) == (channel, {"n": 0})
+    pushed = 8 if local else 1
+    queue = layer.topology.channel_queue(channel)
+    # The window's pushes follow the first one.
+    wait_until(lambda: _ready_in(broker, queue) == 11 - pushed, 5, message="ready count")
+    taken = [layer.receive([readable], block=True)[1]["n"] for _ in range(11)]
+    assert taken == list(range(1, 12))  # in order, nothing lost or repeated

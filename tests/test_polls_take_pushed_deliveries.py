@@ -13,19 +13,14 @@ import subprocess
 import sys
 import textwrap
 
-import pika
 import pytest
 
-from helpers import drain, wait_until
+from helpers import drain, queue_counts, wait_until
 
 
 def consumers_on(broker, queue):
     """The broker's own count of consumers on ``queue``."""
-    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
-    try:
-        return connection.channel().queue_declare(queue, passive=True).method.consumer_count
-    finally:
-        connection.close()
+    return queue_counts(broker, queue).consumer_count
 
 
 def poll_until_consumed(layer, broker, channel):

@@ -2,7 +2,9 @@
 
 A message held for a caller who never comes would wait in a busy process
 while another process is idle, so it is nacked back once it has waited
-``linger`` (``linger / k`` when ``k`` of one queue are held); a consumer
+``linger`` (``linger / k`` when ``k`` of one normal channel's queue are
+held; a process-local queue's always get ``linger``: no other process could
+take them, and its consumer holds up to a whole prefetch window); a consumer
 nobody wanted for ``idle_timeout`` (``linger`` for one started for polls)
 is cancelled to free the broker's resources. One timer on the I/O loop
 serves every consumer, due when the oldest held message reaches its
@@ -14,6 +16,8 @@ on the I/O thread.
 """
 
 import time
+
+from ..naming import is_process_local_queue
 
 
 class Housekeeping(object):
@@ -39,6 +43,12 @@ class Housekeeping(object):
             self._housekeeping = None
         self._schedule_housekeeping(max(0.0, when - time.monotonic()))
 
+    def _allowed_wait(self, queue, count):
+        """How long the oldest of ``count`` messages held from ``queue`` may wait."""
+        if is_process_local_queue(queue):
+            return self._linger
+        return self._linger / max(count, 1)
+
     def _sweep(self):
         """Give back what lingered and cancel what nobody wants.
 
@@ -62,7 +72,7 @@ class Housekeeping(object):
                 due = self._linger if due is None else min(due, self._linger)
                 continue
             since, count = self._held.held_since(consumer.queue)
-            allowed = self._linger / max(count, 1)
+            allowed = self._allowed_wait(consumer.queue, count)
             lingered = since is not None and now - since > allowed
             unused_for = self._linger if consumer.polled else self._idle_timeout
             idle = since is None and now - consumer.wanted_at > unused_for

@@ -303,12 +303,13 @@ def test_group_fan_out_to_quorum_queues_survives_a_broker_restart(node, new_laye
 # -- the guard against copies (no faults needed) -----------------------------
 
 
-def _publish_copy(broker, layer, channel, original_id, message, headers=None):
-    """What the sender does after losing a confirm: the same message again, marked."""
+def _publish_copy(broker, layer, channel, original_id, message, headers=None, marked=True):
+    """What the sender does after losing a confirm: the same message again,
+    marked (``marked=False``: the original, with the same id)."""
     body = layer._serializer.dumps(message)
     connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
     try:
-        all_headers = {REPUBLISHED_HEADER: 1}
+        all_headers = {REPUBLISHED_HEADER: 1} if marked else {}
         all_headers.update(headers or {})
         connection.channel().basic_publish(
             "",
@@ -346,6 +347,27 @@ def test_a_marked_copy_of_a_message_already_handed_out_is_dropped(broker, block,
         headers = {"asgi-channel": channel} if "!" in channel else None
         _publish_copy(broker, layer, channel, ids[-1], {"n": 1}, headers)
         layer.send(channel, {"n": 2})
+        assert layer.receive([receive_as], block=block) == (channel, {"n": 2})
+        assert layer.receive([receive_as]) == (None, None)
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_an_original_that_comes_after_its_marked_copy_is_dropped(broker, block, new_layer):
+    """The broker may still route the original from the sender's closed
+    connection after the copy came through its next one: whichever comes
+    first is handed out, the other is dropped."""
+    layer = new_layer(broker, receive_timeout=0.5)
+    for channel, receive_as in [
+        ("late.normal", "late.normal"),
+        ("late.local!a", "late.local!"),
+    ]:
+        assert layer.receive([receive_as]) == (None, None)  # declares the queue
+        headers = {"asgi-channel": channel} if "!" in channel else None
+        message_id = "late-original.%s" % channel
+        _publish_copy(broker, layer, channel, message_id, {"n": 1}, headers)
+        _publish_copy(broker, layer, channel, message_id, {"n": 1}, headers, marked=False)
+        assert layer.receive([receive_as], block=block) == (channel, {"n": 1})
+        layer.send(channel, {"n": 2})  # the next message still comes, once
         assert layer.receive([receive_as], block=block) == (channel, {"n": 2})
         assert layer.receive([receive_as]) == (None, None)
 

@@ -24,6 +24,11 @@ import time
 
 from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
 
+# After a marked copy arrives, unmarked messages are compared with the
+# copies for this long (seconds): its original, routed late from the closed
+# connection, comes within it.
+COPY_WINDOW = 60.0
+
 
 class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered message_id")):
     """A message as it came off the broker, decoded later by the caller."""
@@ -40,20 +45,33 @@ class HandedOff(object):
     * its sender lost the publisher confirm and sent a marked copy
       (``naming.REPUBLISHED_HEADER``, see ``publisher``).
 
-    Either is dropped when its key is in this log. The key is the queue,
-    the message id and the channel (the ``asgi-channel`` header, or for a
-    group message fanned out to process-local members the member queue it
-    was dead-lettered from), so one group message reaching two members of
-    this process is two keys. Other processes cannot see this log: on a
+    Either is dropped when its key is in this log. A copy may also come
+    *before* its original, if the broker is still routing the original from
+    the closed connection when the sender's next connection publishes the
+    copy; a busy broker after a restart is where duplicates pointing to
+    this were counted. So for ``COPY_WINDOW`` after a copy arrived, an
+    unmarked message whose key is that of a copy held or handed out, its
+    original, is dropped too; otherwise an unmarked message costs no
+    lookup. The key is the queue, the message id and the channel (the
+    ``asgi-channel`` header, or for a group message fanned out to
+    process-local members the member queue it was dead-lettered from), so
+    one group message reaching two members of this process is two keys.
+    Other processes cannot see this log: on a
     channel read by several processes a copy may reach another process;
     see the docs' delivery guarantees. A copy comes back within
     ``operation_timeout`` of the reconnect, so the log holds enough keys for
     several seconds of a busy process.
     """
 
-    def __init__(self, size=50000):
+    def __init__(self, size=50000, copies=10000):
         self._size = size
         self._keys = collections.OrderedDict()
+        # Keys of marked copies handed out: if the original comes after all,
+        # it is the duplicate. Copies are rare: only after a copy arrived
+        # (within COPY_WINDOW) are unmarked messages looked up at all.
+        self._copies_size = copies
+        self._copies = collections.OrderedDict()
+        self._check_unmarked_until = 0.0
         self._lock = threading.Lock()  # callers add the messages they take themselves
         # The I/O thread's held messages (HeldMessages): a copy
         # that arrives while its original waits there, unhanded, is a copy.
@@ -90,18 +108,39 @@ class HandedOff(object):
                 self._keys[key] = None
                 if len(self._keys) > self._size:
                     self._keys.popitem(last=False)
+                if REPUBLISHED_HEADER in delivery.headers:
+                    self._copies[key] = None
+                    if len(self._copies) > self._copies_size:
+                        self._copies.popitem(last=False)
 
     def is_duplicate(self, queue, method, properties):
+        """Whether a delivery just pushed or fetched repeats one this process has.
+
+        Runs on the I/O thread, for every delivery: the usual one (neither
+        redelivered nor marked, and no copy arrived lately) returns at once.
+        """
         headers = properties.headers
-        if not method.redelivered and not (headers and REPUBLISHED_HEADER in headers):
-            return False
+        marked = bool(headers) and REPUBLISHED_HEADER in headers
+        if not method.redelivered and not marked:
+            if not properties.message_id or time.monotonic() > self._check_unmarked_until:
+                return False
+            # The original of a copy that came first: held, or handed out.
+            key = delivery_key(queue, properties.message_id, headers or {})
+            if self.held is not None and self.held.has(queue, key):
+                return True
+            with self._lock:
+                return key in self._copies
         key = delivery_key(queue, properties.message_id, headers or {})
         # The held set first: a caller taking from it records the key here
         # before it lets go of the held set's lock (see HeldMessages.take).
         if self.held is not None and self.held.has(queue, key):
             return True
         with self._lock:
-            return key in self._keys or key in self._taking
+            if key in self._keys or key in self._taking:
+                return True
+        if marked:
+            self._check_unmarked_until = time.monotonic() + COPY_WINDOW
+        return False
 
 
 def delivery_key(queue, message_id, headers):

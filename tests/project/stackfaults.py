@@ -667,11 +667,18 @@ def run(
         alive = {proc.name: proc.alive() for proc in stack.processes()}
         lost_ids = []
         duplicated = 0
+        duplicates = []  # what each duplicate was, for the report
         for client in members:
             for message_id, (room, _) in sent_at.items():
                 if room == client.room and not client.deliveries.get(message_id):
                     lost_ids.append(message_id)
             duplicated += sum(n - 1 for n in client.deliveries.values() if n > 1)
+            duplicates.extend(
+                "%s got %s %d times (sent %+.1f s from the start)"
+                % (client.name, m, n, sent_at[m][1] - start)
+                for m, n in client.deliveries.items()
+                if n > 1 and m in sent_at
+            )
         # The one disruption: the restart, or the loss of a node. Its
         # figures are named after it (lost_at_restart, lost_at_node_loss...).
         restart = faults.restart or faults.node_loss
@@ -711,6 +718,7 @@ def run(
                 "lost": len(lost_ids),
                 "lost_at_" + label: lost_at_restart,
                 "duplicated": duplicated,
+                "duplicates": sorted(duplicates)[:10],
                 "longest_silence_kill": round(max(kill_gaps or [0.0]), 2),
                 "longest_silence_" + label: round(max(restart_gaps or [0.0]), 2),
                 "pings": pinger.answered,
@@ -930,6 +938,7 @@ def format_report(report):
         "duplicated",
         "duplicated_by_frames_run_twice",
         "frames_run_twice",
+        "duplicates",
         "longest_silence_kill",
         "longest_silence_restart",
         "longest_silence_node_loss",

@@ -373,9 +373,8 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
             consumer.fills += 1  # the broker keeps what comes next until we ack
         self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery, consumer))
         since, count = self._held.held_since(consumer.queue)
-        if count > 1 and not is_process_local_queue(consumer.queue):
-            # Its allowed wait just shrank (see Housekeeping): sweep in time for it.
-            self._sweep_by(since + self._linger / count + 0.002)
+        if count > 1:  # its allowed wait may just have shrunk: sweep in time for it
+            self._sweep_by(since + self._allowed_wait(consumer.queue, count) + 0.002)
 
     def _on_broker_cancel(self, frame):
         # The queue was deleted (flush, or expiry); waiters re-declare on their next call.

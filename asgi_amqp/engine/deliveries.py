@@ -121,21 +121,23 @@ class HandedOff(object):
         """
         headers = properties.headers
         marked = bool(headers) and REPUBLISHED_HEADER in headers
-        if not method.redelivered and not marked:
-            if not properties.message_id or time.monotonic() > self._check_unmarked_until:
+        unmarked = not method.redelivered and not marked
+        if unmarked:
+            until = self._check_unmarked_until
+            if not until or not properties.message_id:
                 return False
-            # The original of a copy that came first: held, or handed out.
-            key = delivery_key(queue, properties.message_id, headers or {})
-            if self.held is not None and self.held.has(queue, key):
-                return True
-            with self._lock:
-                return key in self._copies
+            if time.monotonic() > until:
+                self._check_unmarked_until = 0.0
+                return False
         key = delivery_key(queue, properties.message_id, headers or {})
         # The held set first: a caller taking from it records the key here
         # before it lets go of the held set's lock (see HeldMessages.take).
+        # For an unmarked message, what is held with its key is its copy.
         if self.held is not None and self.held.has(queue, key):
             return True
         with self._lock:
+            if unmarked:
+                return key in self._copies  # the original of a copy handed out
             if key in self._keys or key in self._taking:
                 return True
         if marked:

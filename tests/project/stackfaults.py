@@ -29,7 +29,9 @@ The report counts, per run:
   how many were sent around the restart (from ``stop_app`` until the
   broker was back), when a classic queue drops what it held;
 * the longest silence a connected client saw, around a kill and around the
-  restart (or the node loss);
+  restart (or the node loss). The restart's lasts until everything sent up
+  to the broker's return has been delivered (``restart_drained_seconds``
+  after it): until then a socket's frames wait behind that backlog;
 * for the node loss: the node stopped, the processes' connections per node
   before it and at the end, how long from ``stop_app`` to ``start_app``'s
   return and how long the node's listener was away;
@@ -84,6 +86,7 @@ class Client(object):
             stack.ws_url("/chat/%s/?name=%s" % (room, name)), timeout=10, enable_multithread=True
         )
         self.deliveries = collections.Counter()  # message id -> times received
+        self.first_received = {}  # message id -> monotonic time of its first delivery
         self.frame_times = []
         self.reset = None
         self.reset_at = None  # monotonic time the stack closed it
@@ -117,6 +120,7 @@ class Client(object):
                 self.welcomed.set()
             elif frame.get("type") == "message" and frame.get("id"):
                 self.deliveries[frame["id"]] += 1
+                self.first_received.setdefault(frame["id"], self.frame_times[-1])
 
     def _was_reset(self, why):
         if self.reset is None:
@@ -362,6 +366,23 @@ class Pinger(object):
                 self.answered += 1
             else:
                 self.failed.append((issued, "HTTP %d" % status))
+
+
+def _drained_at(clients, sent_at, until):
+    """When the last message sent up to ``until`` reached its last member.
+
+    What the clients sent while the broker was away waits in daphne and in
+    the queues; after the broker is back the workers work through it, and
+    until they have, a socket's next frame waits behind it. A silence that
+    begins before then is the restart's, not a kill's.
+    """
+    times = [
+        client.first_received[m]
+        for client in clients
+        for m, (room, when) in sent_at.items()
+        if room == client.room and when <= until and m in client.first_received
+    ]
+    return max(times, default=until)
 
 
 def _silences(clients, start, end):
@@ -693,13 +714,19 @@ def run(
             offsets = collections.Counter(round(sent_at[m][1] - restart[0]) for m in lost_ids)
             report["lost_by_send_time"] = dict(sorted(offsets.items()))
         gaps = _silences(members, start, end)
+        # The disruption lasts until what was sent up to its end has been
+        # delivered: a silence that begins while the workers still work
+        # through that backlog counts as the disruption's.
+        disrupted = None
+        if restart is not None:
+            drained = _drained_at(members, sent_at, restart[1])
+            disrupted = (restart[0] - 2.0, max(restart[1], drained) + 2.0)
+            report[label + "_drained_seconds"] = round(max(0.0, drained - restart[1]), 1)
         kill_gaps = [
-            g for g, at in gaps if restart is None or not restart[0] - 2.0 <= at <= restart[1] + 2.0
+            g for g, at in gaps if disrupted is None or not disrupted[0] <= at <= disrupted[1]
         ]
         restart_gaps = [
-            g
-            for g, at in gaps
-            if restart is not None and restart[0] - 2.0 <= at <= restart[1] + 2.0
+            g for g, at in gaps if disrupted is not None and disrupted[0] <= at <= disrupted[1]
         ]
         report.update(
             {
@@ -928,6 +955,8 @@ def format_report(report):
         "connections_at_node_loss",
         "node_loss_seconds",
         "node_outage_seconds",
+        "restart_drained_seconds",
+        "node_loss_drained_seconds",
         "settle_seconds",
         "sent",
         "expected",

@@ -485,9 +485,15 @@ def _where_lost(layer, lost_ids, handled_log, reply_channels):
     how many Channels' ``enforce_ordering`` parked in a socket's ``__wait__``
     channel for good), or handled but not delivered to every member."""
     runs = collections.Counter()
+    stale = collections.Counter()  # (reply channel, order) -> times a worker saw it after its turn
     if os.path.exists(handled_log):
         with open(handled_log, encoding="utf8") as log:
-            runs.update(line.split()[1] for line in log if len(line.split()) >= 2)
+            for line in log:
+                fields = line.split()
+                if len(fields) >= 4 and fields[1] == "stale":
+                    stale[(fields[2], fields[3])] += 1
+                elif len(fields) >= 2:
+                    runs[fields[1]] += 1
     handled = set(runs)
     lost_messages = set(lost_ids)
     parked = set()
@@ -511,6 +517,11 @@ def _where_lost(layer, lost_ids, handled_log, reply_channels):
         "lost_never_handled": len(never_handled),
         "lost_parked_by_enforce_ordering": len(never_handled & parked),
         "lost_after_handling": len(lost_messages & handled),
+        # Duplicate frames whose turn had passed: enforce_ordering parks
+        # them for good and cycles them through websocket.receive after
+        # every later frame of their socket (see chat.consumers).
+        "stale_frames": len(stale),
+        "stale_frame_sightings": sum(stale.values()),
     }
 
 
@@ -1045,6 +1056,8 @@ def format_report(report):
         "lost_never_handled",
         "lost_parked_by_enforce_ordering",
         "lost_after_handling",
+        "stale_frames",
+        "stale_frame_sightings",
     ]
     lines = ["%-25s %s" % (key, report.get(key)) for key in keys if key in report]
     for what, ok in targets(report):

@@ -19,6 +19,7 @@ its state in the channel session (shared between workers through the
 session store in ``CHAT_STATE_DIR``).
 """
 
+import functools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import time
 from urllib.parse import parse_qs
 
 from channels import Group
-from channels.sessions import enforce_ordering
+from channels.sessions import channel_session, enforce_ordering
 from django.conf import settings
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,28 @@ def chat_connect(message, room):
     logger.info("%s joined room %s (%s)", name, room, message.reply_channel.name)
 
 
+def _notes_stale_frames(func):
+    """Log a frame whose ``order`` has run already (to CHAT_HANDLED_LOG).
+
+    Such a frame is a duplicate: a copy of daphne's send, or of a worker's
+    requeue, whose original another worker took. ``enforce_ordering``
+    parks it in the socket's ``__wait__`` channel for good, and sends it
+    back to ``websocket.receive`` after every later frame of that socket,
+    where it is parked again; the stack fault report counts them.
+    """
+
+    @functools.wraps(func)
+    def inner(message, *args, **kwargs):
+        order = message.content.get("order")
+        next_order = message.channel_session.get("__channels_next_order", 0)
+        if order is not None and int(order) < next_order:
+            _log_handled("stale %s %s" % (message.reply_channel.name, order))
+        return func(message, *args, **kwargs)
+
+    return channel_session(inner)
+
+
+@_notes_stale_frames
 @enforce_ordering
 def chat_receive(message, room):
     raw = message.content.get("text")

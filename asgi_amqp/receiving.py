@@ -53,6 +53,25 @@ class Receiving(object):
                 return decoded
         return None, None
 
+    def _take_held(self, queues) -> Optional[Tuple[str, Message]]:
+        """A message already pushed to this process for one of ``queues``, or None.
+
+        Never waits and never starts the layer's threads, so that daphne's
+        reactor thread may call it (``receive_twisted``): a lock, a decode,
+        and the ack handed to the I/O thread without waiting for it.
+        """
+        if not self._engine.started_here:
+            return None
+        names = [queue for queue, _ in queues]
+        for _ in range(_MAX_SKIPPED):
+            delivery = self._engine.take_held(names)
+            if delivery is None:
+                return None
+            decoded = self._decode(delivery)
+            if decoded is not None:
+                return decoded
+        return None
+
     def _fetch(self, queues, block):
         """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
         try:

@@ -211,15 +211,21 @@ def messages_taken_in(record: Any) -> int:
 
     A classic queue numbers what it takes in (``next_seq_id``); returned and
     refused publishes get no number. That figure comes with the queue's full
-    statistics, a little after its first depth: until then, what the queue
-    holds plus what it delivered. A quorum queue has no such figure: the
-    broker's publish count, which includes returned and refused publishes.
+    statistics, which the management API keeps apart from its depth and
+    updates at other moments: a record may give a newer depth beside an
+    older ``next_seq_id`` (a test under load read 0, the declaration's, for
+    a queue that had taken in 3). It is used only when its own ``len`` is
+    the record's ``messages_ready``, i.e. both come from one sample;
+    otherwise the figure is what the queue holds plus what it delivered. A
+    quorum queue has no such figure: the broker's publish count, which
+    includes returned and refused publishes.
     """
     stats = record.get("message_stats") or {}
     if record.get("type") == "quorum":
         return _int(stats.get("publish"))
-    taken = (record.get("backing_queue_status") or {}).get("next_seq_id")
-    if taken is not None:
+    backing = record.get("backing_queue_status") or {}
+    taken = backing.get("next_seq_id")
+    if taken is not None and backing.get("len") == record.get("messages_ready"):
         return _int(taken)
     delivered = _int(stats.get("deliver_get")) - _int(stats.get("redeliver"))
     return _int(record.get("messages")) + max(0, delivered)

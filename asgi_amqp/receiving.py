@@ -42,16 +42,12 @@ class Receiving(object):
         if not queues:
             return None, None  # as asgiref's in-memory layer and asgi_redis do
         names = [queue for queue, _ in queues]
-        for _ in range(_MAX_SKIPPED):
-            # A consumer of an earlier blocking receive may have been pushed
-            # one already: take it here, without a trip to the I/O thread.
-            delivery = self._engine.take_held(names) or self._fetch(queues, block)
-            if delivery is None:
-                return None, None
-            decoded = self._decode(delivery)
-            if decoded is not None:
-                return decoded
-        return None, None
+        # A consumer of an earlier blocking receive may have been pushed one
+        # already: take it here, without a trip to the I/O thread.
+        found = self._first_readable(
+            lambda: self._engine.take_held(names) or self._fetch(queues, block)
+        )
+        return (None, None) if found is None else found
 
     def _take_held(self, queues) -> Optional[Tuple[str, Message]]:
         """A message already pushed to this process for one of ``queues``, or None.
@@ -63,8 +59,13 @@ class Receiving(object):
         if not self._engine.started_here:
             return None
         names = [queue for queue, _ in queues]
+        return self._first_readable(lambda: self._engine.take_held(names))
+
+    def _first_readable(self, next_delivery):
+        """(channel, message) of the first delivery ``next_delivery()`` gives
+        that decodes, skipping at most ``_MAX_SKIPPED``; None once it gives None."""
         for _ in range(_MAX_SKIPPED):
-            delivery = self._engine.take_held(names)
+            delivery = next_delivery()
             if delivery is None:
                 return None
             decoded = self._decode(delivery)

@@ -215,8 +215,8 @@ def test_messages_count_is_what_the_queue_took_in(broker, new_layer):
 
 def test_messages_count_ignores_a_queue_sample_older_than_the_depth():
     """The management API keeps a classic queue's depth and its full
-    statistics apart; a record seen under load gave this sample's depth
-    beside the ``backing_queue_status`` of the queue's declaration."""
+    statistics apart and updates them at other moments: a test under load
+    read ``next_seq_id`` 0, the declaration's, right after a depth of 2."""
     stale = {
         "type": "classic",
         "messages": 2,

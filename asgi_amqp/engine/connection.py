@@ -50,6 +50,7 @@ from pika.adapters.select_connection import IOLoop
 
 from ..errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ..urls import describe_parameters
+from .acks import TakenAcks
 from .alarms import ResourceAlarms
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason
@@ -102,6 +103,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         # redelivered message over twice.
         self._handed_off = handed_off if handed_off is not None else HandedOff()
         self._held = HeldMessages()  # shared with callers: see take_held
+        self._taken = TakenAcks()  # what they took, until the acks go (acks.py)
         self._handed_off.held = self._held  # a copy of a held message is a copy too
         # Read by callers: when the connection was lost (None while connected
         # or before the first one) and why; and how often it was lost.
@@ -170,12 +172,14 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         if taken is None:
             return None
         queue, held = taken
-        try:
-            # Nobody waits for it; the lost connection's deliveries are back
-            # in their queues, so it is never run on the next one.
-            self.submit(Work(Pending("acknowledgement"), "acknowledge", (queue, held), retry=False))
-        except LayerClosed:
-            pass  # the connection closes with the layer: the broker requeues it
+        # The ack may wait for the next take (see ``acks``).
+        if self._taken.add(queue, held, self._held.holds(queue)):
+            try:
+                # Nobody waits for it; the lost connection's deliveries are
+                # back in their queues, so it is never run on the next one.
+                self.submit(Work(Pending("acknowledgements"), "send_taken_acks", retry=False))
+            except LayerClosed:
+                pass  # the connection closes with the layer: the broker requeues them
         return held.delivery
 
     def outage(self):
@@ -214,6 +218,8 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
             self._ioloop.close()
 
     def _drain_inbox(self):
+        if self._session is not None and len(self._taken):
+            self._session.consumers.send_taken_acks()  # first: they may have waited
         for work in self._inbox.take_all():
             if not work.pending.wanted:
                 continue
@@ -294,6 +300,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
             self._handed_off,
             self._held,
             self._consumer_settings,
+            self._taken,
         )
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:
@@ -406,6 +413,8 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
             work.pending.fail(error)
 
     def _shutdown(self):
+        if self._session is not None:
+            self._session.consumers.send_taken_acks()  # what callers took is theirs
         self._fail_waiting(LayerClosed("the layer is closed"))
         closing = False
         for connection in (self._connection, self._publishing):

@@ -46,6 +46,7 @@ import time
 from ..errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
 from ..naming import is_process_local_queue
 from . import declares
+from .acks import TakenAcks, Unsettled
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
 from .futures import Pending
@@ -113,9 +114,13 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
 
     name = "consume"
 
-    def __init__(self, connection, declare_executor, liveness, handed_off, held, settings):
+    def __init__(
+        self, connection, declare_executor, liveness, handed_off, held, settings, taken=None
+    ):
         self._declares = declare_executor
         self._held = held
+        self._taken = taken if taken is not None else TakenAcks()  # see acks.py
+        self._unsettled = Unsettled()  # this channel's deliveries not yet acked or nacked
         self._unavailable = {}  # queue -> monotonic time before which it is not retried
         self._liveness = liveness
         self._handed_off = handed_off
@@ -137,6 +142,7 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
         super(ConsumerPool, self).__init__(connection)
 
     def setup(self, channel, done):
+        self._unsettled.clear()  # delivery tags start again on a new channel
         channel.add_on_cancel_callback(self._on_broker_cancel)
         self._qos = 1
         channel.basic_qos(prefetch_count=self._qos, callback=done)
@@ -209,12 +215,56 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
         return True
 
     def acknowledge(self, queue, held):
-        """Ack a held message a caller has taken (here or in its own thread)."""
+        """Ack a held message a caller has taken on the I/O thread."""
         consumer = self._consumers.get(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
         if self._settle_held(held, ack=True) and held.owner is not None:
             held.owner.unacked -= 1
+
+    def send_taken_acks(self):
+        """Ack what callers took in their own threads (``acks.TakenAcks``).
+
+        One ``multiple`` ack covers the run that starts at the oldest
+        unsettled delivery of this channel, where every message was taken;
+        the others are acked one by one. A message from a closed channel
+        needs no ack: the broker put it back, and the hand-off log drops it
+        when it comes again.
+        """
+        taken = self._taken.take_all()
+        if not taken:
+            return
+        now = time.monotonic()
+        channel = self.channel
+        if channel is not None and not channel.is_open:
+            channel = None  # closing: the broker puts back what it carried
+        ours = []
+        for queue, held in taken:
+            consumer = self._consumers.get(queue)
+            if consumer is not None:
+                consumer.wanted_at = now
+            if held.owner is not None and channel is not None and held.channel is channel:
+                ours.append(held)
+            else:
+                self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
+        if not ours:
+            return
+        upto = self._unsettled.multiple_upto([held.delivery_tag for held in ours])
+        if upto is not None:
+            channel.basic_ack(upto, multiple=True)
+            self._unsettled.settled_upto(upto)
+        for held in ours:
+            if upto is None or held.delivery_tag > upto:
+                self._ack_tag(held.delivery_tag)
+            held.owner.unacked -= 1
+
+    def _ack_tag(self, tag):
+        self.channel.basic_ack(tag)
+        self._unsettled.settled(tag)
+
+    def _nack_tag(self, tag):
+        self.channel.basic_nack(tag, requeue=True)
+        self._unsettled.settled(tag)
 
     def _settle_held(self, held, ack):
         """Ack or nack a held message on the channel it came by, if that is still open.
@@ -229,10 +279,16 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
                 return False
         elif channel is None or not channel.is_open:
             return False
-        if ack:
-            channel.basic_ack(held.delivery_tag)
+        if held.owner is None:  # adopted from a lane: not this channel's delivery
+            if ack:
+                channel.basic_ack(held.delivery_tag)
+            else:
+                channel.basic_nack(held.delivery_tag, requeue=True)
+        elif ack:
+            self._ack_tag(held.delivery_tag)
         else:
-            channel.basic_nack(held.delivery_tag, requeue=True)
+            self._nack_tag(held.delivery_tag)
+        if not ack:
             self.requeued = True
         return True
 
@@ -345,13 +401,14 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
     def _on_message(self, channel, method, properties, body):
         if self.closing:
             return  # unacked: the broker requeues it when the channel closes
+        self._unsettled.pushed(method.delivery_tag)
         consumer = self._by_tag.get(method.consumer_tag)
         if consumer is None:
             # Sent before our basic.cancel reached the broker.
-            channel.basic_nack(method.delivery_tag, requeue=True)
+            self._nack_tag(method.delivery_tag)
             return
         if self._handed_off.is_duplicate(consumer.queue, method, properties):
-            channel.basic_ack(method.delivery_tag)
+            self._ack_tag(method.delivery_tag)
             return
         delivery = Delivery(
             consumer.queue,
@@ -366,7 +423,7 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
             if waiter.pending.resolve(delivery):
                 self._handed_off.add(delivery)
                 consumer.wanted_at = time.monotonic()
-                channel.basic_ack(method.delivery_tag)
+                self._ack_tag(method.delivery_tag)
                 return
         consumer.unacked += 1
         if consumer.unacked >= consumer.prefetch:
@@ -381,7 +438,9 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
         consumer = self._by_tag.pop(frame.method.consumer_tag, None)
         if consumer is not None:
             self._consumers.pop(consumer.queue, None)
-            self._held.withdraw(consumer.queue)
+            for held in self._held.withdraw(consumer.queue):
+                # Gone with their queue; a multiple ack may cover them harmlessly.
+                self._unsettled.settled(held.delivery_tag)
             self._liveness.forget(consumer.queue)
 
     def on_lost(self, reply_code, reply_text):

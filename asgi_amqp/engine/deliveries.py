@@ -230,6 +230,10 @@ class HeldMessages(object):
                 record(held.delivery)
             return queue, held
 
+    def holds(self, queue):
+        """Whether any message is held for ``queue``."""
+        return queue in self._by_queue  # one dict lookup: atomic, no lock needed
+
     def has(self, queue, key):
         """Whether a message with ``key`` (see ``delivery_key``) is held."""
         with self._lock:

@@ -59,6 +59,7 @@ class Housekeeping(object):
         self._housekeeping = None
         if not self.ready:
             return
+        self.send_taken_acks()  # before held messages behind them go back
         now = time.monotonic()
         wanted = set()
         for waiter in self._waiters:

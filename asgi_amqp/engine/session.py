@@ -23,14 +23,16 @@ from .publisher import Publisher
 class Session(object):
     """What lives on one connection: a channel for each kind of work."""
 
-    def __init__(self, connection, publishing, liveness, handed_off, held, consumer_settings):
+    def __init__(
+        self, connection, publishing, liveness, handed_off, held, consumer_settings, taken=None
+    ):
         self.connection = connection
         self.liveness = liveness
         # Its own connection, which a resource alarm may block (see ``connection``).
         self.publisher = Publisher(publishing)
         self.declares = DeclareLanes(connection)
         self.consumers = ConsumerPool(
-            connection, self.declares, liveness, handed_off, held, consumer_settings
+            connection, self.declares, liveness, handed_off, held, consumer_settings, taken
         )
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts = (self.publisher, self.declares, self.consumers, self.getter)
@@ -56,9 +58,10 @@ class Session(object):
         """
         self.consumers.wait(pending, queues, deadline, threads)
 
-    def acknowledge(self, pending, queue, held):
-        """Ack a held message that a caller took in its own thread."""
-        self.consumers.acknowledge(queue, held)
+    def send_taken_acks(self, pending):
+        """Ack the held messages callers took in their own threads (``acks``)."""
+        self.consumers.send_taken_acks()
+        pending.resolve(None)
 
     def forget_queues(self, pending):
         """Forget which queues are known to exist (after a flush deleted them)."""

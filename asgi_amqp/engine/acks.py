@@ -21,15 +21,21 @@ now. The I/O thread also sends them before anything else it is woken for,
 and before a housekeeping sweep gives held messages back, so an ack never
 waits longer than the held messages behind it, which ``linger`` bounds.
 
-``ConsumerPool.send_taken_acks`` sends them: one ``basic.ack`` with
+``Acknowledging.send_taken_acks`` sends them: one ``basic.ack`` with
 ``multiple=True`` for the run of waiting acks that starts at the oldest
 unsettled delivery of the consumers' channel, and a single ack for each of
 the others. ``Unsettled`` is what makes ``multiple`` safe: it knows every
 delivery tag the channel was pushed and not yet acked or nacked, so a
 multiple ack never covers a message nobody took.
+
+``Acknowledging`` is a mixin of ``consumers.ConsumerPool``: every ack and
+nack of the consumers' channel goes through it, which is what keeps
+``Unsettled`` exact. It uses the pool's state (``channel``, ``_consumers``,
+``_taken``, ``_unsettled``); everything in it runs on the I/O thread.
 """
 
 import threading
+import time
 
 from ..naming import is_process_local_queue
 
@@ -114,3 +120,83 @@ class Unsettled(object):
             covered.append(tag)
         for tag in covered:
             del self._tags[tag]
+
+
+class Acknowledging(object):
+    """Acks and nacks on the consumers' channel, single or batched."""
+
+    def acknowledge(self, queue, held):
+        """Ack a held message a caller has taken on the I/O thread."""
+        consumer = self._consumers.get(queue)
+        if consumer is not None:
+            consumer.wanted_at = time.monotonic()
+        if self._settle_held(held, ack=True) and held.owner is not None:
+            held.owner.unacked -= 1
+
+    def send_taken_acks(self):
+        """Ack what callers took in their own threads (``acks.TakenAcks``).
+
+        One ``multiple`` ack covers the run that starts at the oldest
+        unsettled delivery of this channel, where every message was taken;
+        the others are acked one by one. A message from a closed channel
+        needs no ack: the broker put it back, and the hand-off log drops it
+        when it comes again.
+        """
+        taken = self._taken.take_all()
+        if not taken:
+            return
+        now = time.monotonic()
+        channel = self.channel
+        if channel is not None and not channel.is_open:
+            channel = None  # closing: the broker puts back what it carried
+        ours = []
+        for queue, held in taken:
+            consumer = self._consumers.get(queue)
+            if consumer is not None:
+                consumer.wanted_at = now
+            if held.owner is not None and channel is not None and held.channel is channel:
+                ours.append(held)
+            else:
+                self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
+        if not ours:
+            return
+        upto = self._unsettled.multiple_upto([held.delivery_tag for held in ours])
+        if upto is not None:
+            channel.basic_ack(upto, multiple=True)
+            self._unsettled.settled_upto(upto)
+        for held in ours:
+            if upto is None or held.delivery_tag > upto:
+                self._ack_tag(held.delivery_tag)
+            held.owner.unacked -= 1
+
+    def _ack_tag(self, tag):
+        self.channel.basic_ack(tag)
+        self._unsettled.settled(tag)
+
+    def _nack_tag(self, tag):
+        self.channel.basic_nack(tag, requeue=True)
+        self._unsettled.settled(tag)
+
+    def _settle_held(self, held, ack):
+        """Ack or nack a held message on the channel it came by, if that is still open.
+
+        That is the consumers' channel, or for a message adopted from a
+        ``basic.get`` (see ``adopt``) a getter's lane. Once its channel
+        closed the broker has put it back already. True if it was sent.
+        """
+        channel = held.channel
+        if held.owner is not None:
+            if channel is not self.channel or channel is None:
+                return False
+        elif channel is None or not channel.is_open:
+            return False
+        if held.owner is None:  # adopted from a lane: not this channel's delivery
+            if ack:
+                channel.basic_ack(held.delivery_tag)
+            else:
+                channel.basic_nack(held.delivery_tag, requeue=True)
+        else:
+            (self._ack_tag if ack else self._nack_tag)(held.delivery_tag)
+        if not ack:
+            self.requeued = True
+        return True

@@ -46,7 +46,7 @@ import time
 from ..errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
 from ..naming import is_process_local_queue
 from . import declares
-from .acks import TakenAcks, Unsettled
+from .acks import Acknowledging, TakenAcks, Unsettled
 from .channel_user import ChannelUser
 from .deliveries import Delivery, Held
 from .futures import Pending
@@ -108,9 +108,10 @@ class _Waiter(object):
         self.timer = None
 
 
-class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
+class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
     """The consumers' channel: blocking receives here, polls in ``PolledQueues``,
-    the linger and idle timers in ``Housekeeping``."""
+    the linger and idle timers in ``Housekeeping``, acks and nacks in
+    ``Acknowledging``."""
 
     name = "consume"
 
@@ -212,84 +213,6 @@ class ConsumerPool(PolledQueues, Housekeeping, ChannelUser):
             return True
         self._handed_off.add(held.delivery)
         self.acknowledge(queue, held)
-        return True
-
-    def acknowledge(self, queue, held):
-        """Ack a held message a caller has taken on the I/O thread."""
-        consumer = self._consumers.get(queue)
-        if consumer is not None:
-            consumer.wanted_at = time.monotonic()
-        if self._settle_held(held, ack=True) and held.owner is not None:
-            held.owner.unacked -= 1
-
-    def send_taken_acks(self):
-        """Ack what callers took in their own threads (``acks.TakenAcks``).
-
-        One ``multiple`` ack covers the run that starts at the oldest
-        unsettled delivery of this channel, where every message was taken;
-        the others are acked one by one. A message from a closed channel
-        needs no ack: the broker put it back, and the hand-off log drops it
-        when it comes again.
-        """
-        taken = self._taken.take_all()
-        if not taken:
-            return
-        now = time.monotonic()
-        channel = self.channel
-        if channel is not None and not channel.is_open:
-            channel = None  # closing: the broker puts back what it carried
-        ours = []
-        for queue, held in taken:
-            consumer = self._consumers.get(queue)
-            if consumer is not None:
-                consumer.wanted_at = now
-            if held.owner is not None and channel is not None and held.channel is channel:
-                ours.append(held)
-            else:
-                self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
-        if not ours:
-            return
-        upto = self._unsettled.multiple_upto([held.delivery_tag for held in ours])
-        if upto is not None:
-            channel.basic_ack(upto, multiple=True)
-            self._unsettled.settled_upto(upto)
-        for held in ours:
-            if upto is None or held.delivery_tag > upto:
-                self._ack_tag(held.delivery_tag)
-            held.owner.unacked -= 1
-
-    def _ack_tag(self, tag):
-        self.channel.basic_ack(tag)
-        self._unsettled.settled(tag)
-
-    def _nack_tag(self, tag):
-        self.channel.basic_nack(tag, requeue=True)
-        self._unsettled.settled(tag)
-
-    def _settle_held(self, held, ack):
-        """Ack or nack a held message on the channel it came by, if that is still open.
-
-        That is the consumers' channel, or for a message adopted from a
-        ``basic.get`` (see ``adopt``) a getter's lane. Once its channel
-        closed the broker has put it back already. True if it was sent.
-        """
-        channel = held.channel
-        if held.owner is not None:
-            if channel is not self.channel or channel is None:
-                return False
-        elif channel is None or not channel.is_open:
-            return False
-        if held.owner is None:  # adopted from a lane: not this channel's delivery
-            if ack:
-                channel.basic_ack(held.delivery_tag)
-            else:
-                channel.basic_nack(held.delivery_tag, requeue=True)
-        elif ack:
-            self._ack_tag(held.delivery_tag)
-        else:
-            self._nack_tag(held.delivery_tag)
-        if not ack:
-            self.requeued = True
         return True
 
     def _fail_waiters(self, queue, error):

@@ -59,7 +59,11 @@ class Session(object):
         self.consumers.wait(pending, queues, deadline, threads)
 
     def send_taken_acks(self, pending):
-        """Ack the held messages callers took in their own threads (``acks``)."""
+        """Ack the held messages callers took in their own threads (``acks``).
+
+        The I/O thread already sends them when it drains its inbox; this
+        work is what wakes it for them, and finds nothing left as a rule.
+        """
         self.consumers.send_taken_acks()
         pending.resolve(None)
 

@@ -93,6 +93,28 @@ DOCKER_IMAGE = "rabbitmq:3-management"
 
 _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 
+# RabbitMQ reads each of its settings from RABBITMQ_<NAME> and, when that is
+# unset or empty, from plain <NAME> (rabbit_env's get_prefixed_env_var and
+# the rabbitmq-env script; rabbitmq-env.conf uses the plain names). So a
+# LOGS, LOG or NODENAME that a user's shell exports for something else would
+# move a private node's log, log level or name. The node gets none of them.
+# HOME stays: it is also the home directory (see ``environ``).
+RABBITMQ_UNPREFIXED_VARIABLES = frozenset(
+    """
+    ADVANCED_CONFIG_FILE ALLOW_INPUT BASE BOOT_MODULE CONFIG_FILE CONFIG_FILES
+    CONF_ENV_FILE CTL_DIST_PORT_MAX CTL_DIST_PORT_MIN CTL_ERL_ARGS DBG
+    DEFAULT_ALLOC_ARGS DEFAULT_PASS DEFAULT_USER DEFAULT_VHOST DIST_PORT
+    DISTRIBUTION_BUFFER_SIZE ENABLED_PLUGINS ENABLED_PLUGINS_FILE ERLANG_COOKIE
+    FEATURE_FLAGS FEATURE_FLAGS_FILE IGNORE_SIGINT KEEP_PID_FILE_ON_EXIT LOG
+    LOGS LOG_BASE LOG_FF_REGISTRY MAX_NUMBER_OF_ATOMS MAX_NUMBER_OF_PROCESSES
+    MNESIA_BASE MNESIA_DIR MOTD_FILE NODENAME NODE_IP_ADDRESS NODE_ONLY
+    NODE_PORT PID_FILE PLUGINS_DIR PLUGINS_EXPAND_DIR PRODUCT_NAME
+    PRODUCT_VERSION QUORUM_DIR SCHEDULER_BIND_TYPE SCHEDULER_BUSY_WAIT_THRESHOLD
+    SERVER_ADDITIONAL_ERL_ARGS SERVER_CODE_PATH SERVER_ERL_ARGS
+    SERVER_START_ARGS STREAM_DIR UPGRADE_LOG USE_LONGNAME
+    """.split()
+)
+
 
 class RabbitNodeError(RuntimeError):
     """A private node failed to start or stop, or a ``rabbitmqctl`` call failed."""
@@ -571,7 +593,11 @@ class RabbitNode:
     def environ(self) -> Dict[str, str]:
         """The environment for ``rabbitmq-server`` and ``rabbitmqctl`` of this node."""
         d = self._require_dir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("RABBITMQ_") and k not in RABBITMQ_UNPREFIXED_VARIABLES
+        }
         if self._identity is not None:
             env.update(
                 HOME=self._identity["home"],

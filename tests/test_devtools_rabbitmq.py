@@ -108,6 +108,31 @@ def test_private_node_lifecycle():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
+@needs_rabbitmq
+def test_private_node_ignores_the_unprefixed_settings_of_the_callers_shell(monkeypatch):
+    # RabbitMQ falls back from RABBITMQ_LOGS to LOGS, from RABBITMQ_NODENAME
+    # to NODENAME, and so on: names a user's shell may export for other tools.
+    base = tempfile.mkdtemp(prefix="devtools-test-")
+    os.chmod(base, 0o755)
+    elsewhere = os.path.join(base, "elsewhere.log")
+    monkeypatch.setenv("LOGS", elsewhere)
+    monkeypatch.setenv("NODENAME", "not-this-node@localhost")
+    monkeypatch.setenv("MNESIA_DIR", os.path.join(base, "not-this-mnesia"))
+    node = rmq.RabbitNode(base_dir=base)
+    try:
+        node.start()
+        assert not {"LOGS", "NODENAME", "MNESIA_DIR"} & set(node.environ())
+        assert node.nodename.startswith("asgiamqp-")
+        assert node.nodename in node.ctl("-q", "eval", "node().")
+        assert os.path.exists(node.log_file)
+        assert not os.path.exists(elsewhere)
+        assert not os.path.exists(os.path.join(base, "not-this-mnesia"))
+    finally:
+        node.cleanup(graceful=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @needs_rabbitmq
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the node to another user")
 def test_node_dir_must_be_reachable_by_the_rabbitmq_user(tmp_path):

@@ -771,6 +771,18 @@ def run(
             drained = _drained_at(members, sent_at, restart[1])
             disrupted = (restart[0] - 2.0, max(restart[1], drained) + 2.0)
             report[label + "_drained_seconds"] = round(max(0.0, drained - restart[1]), 1)
+        if faults.outage:
+            # How long after the broker answered again each client heard
+            # again: the stack's own share of the restart silence.
+            back = faults.outage[1]
+            firsts = [
+                min((t for t in client.frame_times if t >= back), default=end) - back
+                for client in members
+            ]
+            report[label + "_heard_again_seconds"] = (
+                round(min(firsts), 2),
+                round(max(firsts), 2),
+            )
         kill_gaps = [
             g for g, at in gaps if disrupted is None or not disrupted[0] <= at <= disrupted[1]
         ]
@@ -1035,7 +1047,9 @@ def format_report(report):
         "node_loss_seconds",
         "node_outage_seconds",
         "restart_drained_seconds",
+        "restart_heard_again_seconds",
         "node_loss_drained_seconds",
+        "node_loss_heard_again_seconds",
         "settle_seconds",
         "sent",
         "expected",

@@ -96,6 +96,11 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
     :param dead_letter_worker: run the dead-letter worker in this process
         (group expiry, dropping expired members). At least one process
         sharing the prefix must run it.
+    :param persistent: publish persistent messages (``delivery_mode`` 2),
+        so that classic queues keep them through a broker restart, at the
+        price of a disk write the confirm waits for. Quorum queues keep
+        every message anyway. Off by default: ASGI 1.0 promises at most
+        once, and a restart of a classic queue's node then drops what waits.
     :param hosts: the node list under the name asgi_redis uses: a list of
         AMQP URLs, the same as a list in ``url``. asgi_redis's ``(host,
         port)`` pairs are refused with an error that names ``url``.
@@ -129,6 +134,7 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         dead_letter_worker: bool = True,
         queue_type: str = "classic",
         *,
+        persistent: bool = False,
         hosts: Optional[Sequence[str]] = None,
     ) -> None:
         super(AMQPChannelLayer, self).__init__(
@@ -163,6 +169,8 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         ):
             raise ValueError("max_consumers must be a positive integer, not %r" % (max_consumers,))
         _positive("max_message_size", max_message_size)
+        if not isinstance(persistent, bool):
+            raise ValueError("persistent must be True or False, not %r" % (persistent,))
         for _pattern, value in self.channel_capacity:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(
@@ -198,6 +206,7 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()
         self._id_counter = itertools.count()
+        self._delivery_mode = 2 if persistent else 1
 
     def __repr__(self):
         return "<%s %s prefix=%r>" % (

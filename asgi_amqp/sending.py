@@ -35,6 +35,7 @@ class Sending(object):
     _id_token: str
     _id_pid: int
     _id_counter: Iterator[int]
+    _delivery_mode: int
     _check_channel_name: Callable[..., bool]
     _admin: Callable[..., Any]
     _publish: Callable[..., str]
@@ -112,7 +113,7 @@ class Sending(object):
         # Ids only need to be unique per process and cheap: a random
         # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
-            delivery_mode=1,
+            delivery_mode=self._delivery_mode,  # 2 with persistent=True
             content_type="application/x-msgpack",
             message_id="%s.%d" % (self._process_token(), next(self._id_counter)),
             headers=headers,

@@ -589,6 +589,13 @@ def test_bad_numeric_settings_are_a_value_error(silent_broker, setting, value):
     assert not silent_broker.touched()
 
 
+@pytest.mark.parametrize("value", [1, 0, "yes", None], ids=repr)
+def test_persistent_must_be_a_bool(silent_broker, value):
+    with pytest.raises(ValueError, match="persistent must be True or False"):
+        AMQPChannelLayer(url=silent_broker.amqp_url, persistent=value)
+    assert not silent_broker.touched()
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=repr)
 @pytest.mark.parametrize(
     "setting", ["expiry", "group_expiry", "capacity", "receive_timeout", "operation_timeout"]

@@ -61,6 +61,28 @@ def test_calls_fail_fast_while_the_broker_is_down_and_recover(node, layer):
     assert time.monotonic() - started < 10
 
 
+def test_persistent_messages_survive_a_restart_in_classic_queues(node, new_layer):
+    """With ``persistent=True`` a classic queue keeps what waits in it
+    through a restart of the broker's application: sends, process-local
+    sends and group messages. The same messages sent transient are gone."""
+    options = dict(receive_timeout=1, operation_timeout=OPERATION_TIMEOUT, expiry=60)
+    kept = new_layer(node, persistent=True, **options)
+    dropped = new_layer(node, prefix=kept.topology.prefix, **options)
+    local = "local!%s" % kept.topology.prefix[-6:]
+    kept.group_add("room", "member")
+    for layer, tag in ((kept, "kept"), (dropped, "dropped")):
+        layer.send(tag, {"n": 1})
+        layer.send(local, {"tag": tag})
+        layer.send_group("room", {"tag": tag})
+    node.stop_app()
+    node.start_app()
+    wait_until(lambda: _serving(kept), timeout=15, interval=0.1, message="serving again")
+    assert kept.receive(["kept"]) == ("kept", {"n": 1})
+    assert kept.receive(["local!"]) == (local, {"tag": "kept"})
+    assert kept.receive(["member"]) == ("member", {"tag": "kept"})
+    assert kept.receive(["dropped", "member", "local!"]) == (None, None)
+
+
 def test_numbered_messages_survive_connection_churn(node, layer):
     """Senders and receivers run while connections are closed under them.
 

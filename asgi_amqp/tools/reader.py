@@ -230,7 +230,7 @@ class QueueReader(object):
         if channel_names.is_process_local(channel):
             headers[naming.CHANNEL_HEADER] = channel
         return pika.BasicProperties(
-            delivery_mode=1,
+            delivery_mode=original.delivery_mode or 1,  # persistent stays persistent
             content_type=original.content_type,
             message_id=original.message_id,
             timestamp=original.timestamp,

@@ -555,6 +555,7 @@ def run(
     mirror_members=False,
     workers=2,
     websocket_worker=False,
+    persistent=False,
 ):
     """Run the stack through faults; returns the report (a dict).
 
@@ -624,6 +625,7 @@ def run(
         echo=echo,
         env={
             "CHAT_QUEUE_TYPE": queue_type,
+            "CHAT_PERSISTENT": "1" if persistent else "",
             "CHAT_CAPACITY": str(capacity),
             "CHAT_LAYER_LOG_LEVEL": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
             "CHAT_HANDLED_LOG": handled_log,
@@ -633,6 +635,7 @@ def run(
     members = []
     report = {
         "queue_type": queue_type,
+        "persistent": persistent,
         "workers": workers,
         "websocket_worker": websocket_worker,
         "member_queues_mirrored": mirror_members,
@@ -939,10 +942,10 @@ def targets(report, restart_pause=5.0):
             outage is not None and report["longest_silence_restart"] <= allowed,
         )
     )
-    if report["queue_type"] == "quorum":
+    if report["queue_type"] == "quorum" or report.get("persistent"):
         checks += [
-            ("quorum: 0 lost", report["lost"] == 0),
-            ("quorum: groups empty after the clients left", report["groups_empty"]),
+            ("quorum or persistent: 0 lost", report["lost"] == 0),
+            ("quorum or persistent: groups empty after the clients left", report["groups_empty"]),
         ]
     return checks
 
@@ -1035,6 +1038,7 @@ def format_report(report):
     keys = [
         "scenario",
         "queue_type",
+        "persistent",
         "workers",
         "websocket_worker",
         "member_queues_mirrored",
@@ -1156,6 +1160,11 @@ def main(argv=None):
             "or never (two runworkers on every channel)"
         ),
     )
+    parser.add_argument(
+        "--persistent",
+        action="store_true",
+        help="the layer's persistent=True: classic queues keep their messages through a restart",
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--echo", action="store_true", help="show the processes' output")
     args = parser.parse_args(argv)
@@ -1196,6 +1205,7 @@ def main(argv=None):
             workers=args.workers,
             websocket_worker=args.workers >= 2
             and scenario in WEBSOCKET_WORKER_SCENARIOS[args.websocket_worker],
+            persistent=args.persistent,
         )
         reports.append(report)
         failed |= not all(ok for _, ok in targets(report, args.restart_pause))

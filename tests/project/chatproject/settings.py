@@ -105,6 +105,8 @@ _LAYER_CONFIG = {
     "capacity": int(os.environ.get("CHAT_CAPACITY", "100")),
     "receive_timeout": float(os.environ.get("CHAT_RECEIVE_TIMEOUT", "2")),
     "queue_type": os.environ.get("CHAT_QUEUE_TYPE", "classic"),
+    # CHAT_PERSISTENT=1: classic queues keep their messages through a restart.
+    "persistent": os.environ.get("CHAT_PERSISTENT") == "1",
     # Channels' worker loop catches nothing that receive or send raise, and
     # daphne calls send from its reactor: a call rides through an outage of
     # up to operation_timeout and raises after it. A broker restart keeps

@@ -151,13 +151,13 @@ class Acknowledging(object):
             channel = None  # closing: the broker puts back what it carried
         ours = []
         for queue, held in taken:
+            if held.owner is None or channel is None or held.channel is not channel:
+                self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
+                continue
             consumer = self._consumers.get(queue)
             if consumer is not None:
                 consumer.wanted_at = now
-            if held.owner is not None and channel is not None and held.channel is channel:
-                ours.append(held)
-            else:
-                self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
+            ours.append(held)
         if not ours:
             return
         upto = self._unsettled.multiple_upto([held.delivery_tag for held in ours])

@@ -4,8 +4,10 @@ daphne and two ``manage.py runworker`` processes serve the chat project on a
 private RabbitMQ node of their own. WebSocket clients in rooms each send
 numbered messages at a steady rate while the broker closes every connection
 every few seconds and, in the ``restart`` scenario, once in the middle
-restarts its application (``stop_app``, a pause, ``start_app``). Nothing is
-restarted by hand. The scenarios are separate runs, so that what a
+restarts its application (``stop_app``, a pause, ``start_app``). That node
+runs without the management plugin, which before RabbitMQ 3.13 would keep
+it away 5 s beyond the pause (``--management-plugin`` runs it with). Nothing
+is restarted by hand. The scenarios are separate runs, so that what a
 restart costs (see :func:`targets`) never hides a loss at a kill.
 
 From the command line the restart scenario runs the deployment that the
@@ -525,8 +527,23 @@ def _where_lost(layer, lost_ids, handled_log, reply_channels):
     }
 
 
-def _group_members(layer, rooms):
-    return {room: layer.group_channels("room-" + room) for room in rooms}
+def _group_members(node, layer, rooms):
+    """{room: its member channels}, from the bindings ``rabbitmqctl`` lists.
+
+    Not ``layer.group_channels``: that needs the management API, which the
+    restart's node runs without (see ``run``)."""
+    listed = json.loads(
+        node.ctl("list_bindings", "source_name", "destination_name", "--formatter=json")
+    )
+    topology = layer.topology
+    exchanges = {topology.group_exchange("room-" + room): room for room in rooms}
+    members = {room: [] for room in rooms}
+    for binding in listed:
+        room = exchanges.get(binding.get("source_name"))
+        channel = topology.channel_of_member_exchange(binding.get("destination_name") or "")
+        if room is not None and channel:
+            members[room].append(channel)
+    return members
 
 
 # The operations guide's policy for the classic queues of memberships
@@ -556,6 +573,7 @@ def run(
     workers=2,
     websocket_worker=False,
     persistent=False,
+    management_plugin=False,
 ):
     """Run the stack through faults; returns the report (a dict).
 
@@ -585,6 +603,15 @@ def run(
     ``websocket_worker`` the first of them alone takes the ``websocket.*``
     channels, with one thread, and the others the rest: the deployment the
     docs give for riding through an outage under ``enforce_ordering``.
+
+    The run's own single node has no management plugin unless
+    ``management_plugin``: before RabbitMQ 3.13 the plugin's agent keeps a
+    stopping node's listener closed 5.4 s longer (its stop waits 5 s; PR
+    #11070), so that ``stop_app``, a 5 s pause and ``start_app`` keep the
+    broker away 10.8 s instead of the 5.9 s the issue's pause means
+    (measured here, RabbitMQ 3.10.8). Nothing in the stack needs the API;
+    the groups are read with ``rabbitmqctl``. A cluster always has it: the
+    node-loss run finds the connections through it.
     """
     per_room = max(1, clients // max(1, rooms))
     capacity = max(1000, int(clients * rate * (restart_pause + 15) * per_room))
@@ -593,7 +620,7 @@ def run(
     own_node = node is None and not node_loss
     own_cluster = node_loss and cluster is None
     if own_node:
-        node = RabbitNode()
+        node = RabbitNode() if management_plugin else RabbitNode(plugins=())
         node.start()
     if own_cluster:
         began = time.monotonic()
@@ -618,7 +645,7 @@ def run(
     handled_log = os.path.join(chatstack.tempfile.gettempdir(), prefix + "-handled.log")
     stack = chatstack.ChatStack(
         urls,
-        node.management_url,
+        node.management_url,  # None without the plugin
         prefix=prefix,
         workers=workers,
         websocket_worker=websocket_worker,
@@ -639,6 +666,7 @@ def run(
         "workers": workers,
         "websocket_worker": websocket_worker,
         "member_queues_mirrored": mirror_members,
+        "management_plugin": node.has_management,
         "duration": duration,
         "scenario": (
             "node-loss"
@@ -839,12 +867,18 @@ def run(
             }
         )
         reply_channels = [client.channel for client in members if client.channel]
+        # Read the same way as the emptiness below, so that a check that
+        # could not see a member fails rather than passes.
+        report["group_members_before_leaving"] = sum(
+            len(m) for m in _group_members(node, layer, room_names).values()
+        )
         clients_at_end = list(members)
         for client in members:
             client.close()
         members = []
-        report["groups_empty"] = wait_until(
-            lambda: not any(_group_members(layer, room_names).values()),
+        # Empty groups count only if the same listing saw their members.
+        report["groups_empty"] = bool(report["group_members_before_leaving"]) and wait_until(
+            lambda: not any(_group_members(node, layer, room_names).values()),
             30,
             interval=0.5,
             raise_on_timeout=False,
@@ -886,13 +920,15 @@ def targets(report, restart_pause=5.0):
     """The targets a report must meet: a list of (what, ok) pairs.
 
     Through kills alone nothing may be lost and ``/ping/`` must always
-    answer. What a restart costs is measured and reported, not asserted
-    (see the docs' "Broker outages"): a classic queue drops the frames it
-    held, and Channels' ``enforce_ordering`` then stalls those sockets,
-    their disconnect included; and an HTTP request waits behind the backlog
-    of what the clients sent during the outage. Every process must live
-    through it, a ``/ping/`` whose 10 s ran out before the restart began
-    must have been answered, and with quorum queues nothing may be lost.
+    answer. Through a restart every process must live, no socket may be
+    reset, ``/ping/`` must always answer and no client may be silent longer
+    than the pause plus 5 s; with quorum queues, or persistent messages,
+    nothing may be lost. What a restart costs classic queues is measured
+    and reported, not asserted (see the docs' "Broker outages"): a classic
+    queue drops the transient frames it held, and Channels'
+    ``enforce_ordering`` then stalls those sockets, their disconnect
+    included. On a node with the management plugin the broker stays away
+    5 s longer than the pause; see the restart's checks below.
     """
     checks = [
         ("every process alive", report["all_alive"]),
@@ -930,18 +966,30 @@ def targets(report, restart_pause=5.0):
             ("/ping/ 100%", report["pings_failed"] == 0 and report["pings"] > 0),
             ("groups empty after the clients left", report["groups_empty"]),
         ]
-    # The issue's "pause + 5 s" assumes the broker is away for the pause;
-    # stop_app and start_app add seconds of their own (management agent,
-    # boot steps), so the allowance is 5 s beyond the outage the probe
-    # measured, and never less than pause + 5 s.
     outage = report.get("broker_outage_seconds")
-    allowed = max(restart_pause, outage if outage is not None else restart_pause) + 5.0
-    checks.append(
-        (
-            "silence around the restart <= broker outage (>= pause) + 5 s",
-            outage is not None and report["longest_silence_restart"] <= allowed,
+    if report.get("management_plugin"):
+        # With the management plugin, RabbitMQ before 3.13 keeps the broker
+        # away 5.4 s beyond the pause (see ``run``): 10.8 s for a 5 s pause,
+        # longer than a /ping/'s 10 s. The allowance is then 5 s beyond the
+        # outage the probe measured, and the pings count until the restart.
+        allowed = max(restart_pause, outage if outage is not None else restart_pause) + 5.0
+        checks.append(
+            (
+                "silence around the restart <= broker outage (>= pause) + 5 s",
+                outage is not None and report["longest_silence_restart"] <= allowed,
+            )
         )
-    )
+    else:
+        # The issue's targets as it states them: its own node is away for
+        # the pause and the 0.5-1.5 s that stop_app and start_app take.
+        checks = [c for c in checks if not c[0].startswith("/ping/")]
+        checks += [
+            ("/ping/ 100%", report["pings_failed"] == 0 and report["pings"] > 0),
+            (
+                "silence around the restart <= pause + 5 s",
+                outage is not None and report["longest_silence_restart"] <= restart_pause + 5.0,
+            ),
+        ]
     if report["queue_type"] == "quorum" or report.get("persistent"):
         checks += [
             ("quorum or persistent: 0 lost", report["lost"] == 0),
@@ -1084,6 +1132,7 @@ def format_report(report):
         "pings_failed_before_node_loss",
         "websockets_reset",
         "all_alive",
+        "group_members_before_leaving",
         "groups_empty",
         "connections_at_end",
         "nodes",
@@ -1165,6 +1214,14 @@ def main(argv=None):
         action="store_true",
         help="the layer's persistent=True: classic queues keep their messages through a restart",
     )
+    parser.add_argument(
+        "--management-plugin",
+        action="store_true",
+        help=(
+            "run the single node with the management plugin: before RabbitMQ 3.13 "
+            "it keeps a restart's broker away 5 s longer (the targets allow it)"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--echo", action="store_true", help="show the processes' output")
     args = parser.parse_args(argv)
@@ -1206,6 +1263,7 @@ def main(argv=None):
             websocket_worker=args.workers >= 2
             and scenario in WEBSOCKET_WORKER_SCENARIOS[args.websocket_worker],
             persistent=args.persistent,
+            management_plugin=args.management_plugin,
         )
         reports.append(report)
         failed |= not all(ok for _, ok in targets(report, args.restart_pause))

@@ -22,12 +22,11 @@ kills run ended 20 s behind, and a 60 s run without any fault 21 s behind.
 At 5/s every target holds (kills: 0 lost, 0.5 s longest silence, settled
 in 0.4 s). ``make faults-stack`` keeps 10/s.
 
-Around the restart a client may be silent for the 5 s pause plus 5 s, and
-every ``/ping/`` must answer: the node runs without the management plugin,
-which before RabbitMQ 3.13 would keep it away 10.8 s rather than 5.9 s
-(``stackfaults.run``). With the plugin, 13-14 s from ``stop_app`` to
-``start_app``'s return was seen, and a 10.01 s silence then failed a flat
-pause + 5 s.
+Around the restart a client may be silent for 5 s beyond the broker's own
+outage, which a probe measures, and a ``/ping/`` may go unanswered only if
+its 10 s ended within that time (``stackfaults.targets``). The node runs
+without the management plugin, which before RabbitMQ 3.13 would keep it
+away 10.8 s rather than 5.9 s for the 5 s pause (``stackfaults.run``).
 """
 
 import pytest

@@ -1030,18 +1030,23 @@ NODE_LOSS_SILENCE = 10.0
 # 2.24 s once while other work kept the machine busy.
 NODE_LOSS_KILL_SILENCE = 3.0
 
-# The clients' rate in the node-loss scenario (messages/s each). Every
-# publish to a quorum queue is confirmed once a majority of the three nodes
-# has it, and the workers' enforce_ordering parks and requeues frames
-# through such queues. Measured on a loaded 2-core machine with all three
-# nodes on it: at 5 messages/s the workers fell behind after the first kill
-# and the backlog was not worked through in the 120 s allowed (6,610 of
-# 15,000 deliveries in, 30 s run); at 1 message/s every target held.
-NODE_LOSS_RATE = 1.0
+# The clients' rate in the node-loss scenario from the command line
+# (messages/s each), where it runs one WebSocket runworker
+# (``WEBSOCKET_WORKER_SCENARIOS``). Every publish to a quorum queue is
+# confirmed once a majority of the three nodes has it, and all three nodes
+# share the 2-core machine with the stack. Measured on a quiet 2-core
+# machine (2026-11-26), 60 s runs with one WebSocket runworker: at 5/s every
+# target held with nothing left behind (the backlog drained 0.1 s after the
+# node's return); at 10/s every target held too, but the stack ran 27.6 s
+# behind at the end. With two runworkers competing for the frames, on a
+# loaded machine, 5/s fell behind after the first kill and the backlog was
+# not worked through in the 120 s allowed (6,610 of 15,000 deliveries, 30 s
+# run); the short tests in ``make test`` run that way at 1 message/s.
+NODE_LOSS_RATE = 5.0
 
 # Which scenarios run the docs' deployment of one runworker for the
-# websocket.* channels (``--websocket-worker``). By default the kills and the
-# restart do: with two runworkers on every channel, Channels'
+# websocket.* channels (``--websocket-worker``). By default the kills, the
+# restart and the node loss do: with two runworkers on every channel, Channels'
 # ``enforce_ordering`` sends each frame that the two took out of order to the
 # back of ``websocket.receive``, and once the stack runs behind, a socket
 # gets about one frame further per pass through the backlog. On a 2-core
@@ -1052,7 +1057,7 @@ NODE_LOSS_RATE = 1.0
 # longest silence of 0.4 s (docs: "One runworker for the WebSocket
 # channels"). ``never`` runs the competing workers.
 WEBSOCKET_WORKER_SCENARIOS = {
-    "faults": ("kills", "restart"),
+    "faults": ("kills", "restart", "node-loss"),
     "restart": ("restart",),
     "always": ("kills", "restart", "alarm", "node-loss"),
     "never": (),
@@ -1062,8 +1067,9 @@ WEBSOCKET_WORKER_SCENARIOS = {
 def _node_loss_targets(report, checks):
     """The node-loss scenario's targets: the kills' (but ``/ping/``), and
     through the loss of the node the processes were connected to, with quorum
-    queues, nothing lost, every ``/ping/`` issued before it answered, the
-    groups empty at the end and a bounded silence. The other two nodes serve
+    queues, nothing lost, every ``/ping/`` answered but one whose 10 s ended
+    while the node was away or within 5 s of its return, the groups empty
+    at the end and a bounded silence. The other two nodes serve
     throughout, so the bound does not grow with the node's own outage.
     With ``--stop-first-node`` the quorum target fails: the group messages
     routed to the stopped node's classic member queues are dropped.
@@ -1081,7 +1087,10 @@ def _node_loss_targets(report, checks):
             "silence around a kill <= %.0f s" % NODE_LOSS_KILL_SILENCE,
             report["longest_silence_kill"] <= NODE_LOSS_KILL_SILENCE,
         ),
-        ("/ping/ 100% until the node loss", report.get("pings_failed_before_node_loss") == 0),
+        (
+            "/ping/ 100% but while its node was away (+5 s)",
+            report.get("pings_failed_beyond_outage") == 0 and report["pings"] > 0,
+        ),
         ("a node was stopped and started again", bool(report.get("node_stopped"))),
         (
             "silence around the node loss <= %.0f s" % NODE_LOSS_SILENCE,
@@ -1223,8 +1232,8 @@ def main(argv=None):
         help=(
             "when the first runworker alone takes the websocket.* channels (one "
             "thread) and the others the rest, the docs' deployment for riding "
-            "through broker faults under enforce_ordering: in the kills and restart "
-            "scenarios (faults, the default), in the restart scenario only, always, "
+            "through broker faults under enforce_ordering: in the kills, restart and "
+            "node-loss scenarios (faults, the default), in the restart scenario only, always, "
             "or never (two runworkers on every channel)"
         ),
     )

@@ -99,9 +99,14 @@ faults-stack: broker-deps ## the Channels stack through broker faults (FAULTS_AR
 # Every fault kind for 180 s each: kills, restart and alarm for both queue
 # types, and the loss of a cluster node with quorum queues. FAULTS_ARGS,
 # when given, comes last and overrides (e.g. FAULTS_ARGS='--duration 60').
-faults: broker-deps ## every fault kind, 3 minutes each (about 30 min in all; FAULTS_ARGS overrides)
+# Then a restart whose 15 s pause outlasts the processes' operation_timeout
+# (5 s), and a connect storm of 800 WebSockets, for both queue types.
+faults: broker-deps ## every fault kind, 3 minutes each (about 36 min in all; FAULTS_ARGS overrides)
 	$(VPY) tests/project/stackfaults.py --scenario all --duration 180 \
 	    $(if $(filter command line environment,$(origin FAULTS_ARGS)),$(FAULTS_ARGS))
+	$(VPY) tests/project/stackfaults.py --scenario restart --duration 90 --rate 3 \
+	    --restart-pause 15 --operation-timeout 5 --websocket-worker always
+	ASGI_AMQP_STORM_SOCKETS=800 $(VPY) -m pytest -s tests/e2e/test_connect_storm.py
 
 leaks: broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)
 	ASGI_AMQP_LEAK_SIZES=full $(VPY) -m pytest -s tests/test_no_broker_leaks.py $(PYTEST_ARGS)

@@ -40,6 +40,16 @@ class BrokerConnectionError(AMQPLayerError, ConnectionError):
     """
 
 
+class MessageRefused(BrokerConnectionError):
+    """The broker refused a message although its queue was not full.
+
+    A queue whose node is going down, or a quorum queue between leaders,
+    refuses publishes. The message was not delivered. On daphne's reactor
+    thread this is raised at the second refusal, without a pause; on any
+    other thread after ``operation_timeout`` of refusals.
+    """
+
+
 class AuthenticationError(BrokerConnectionError):
     """The broker refused the credentials or the vhost."""
 

@@ -88,6 +88,9 @@ SHARED_NAMES = ("groups", "dlx", "dead-letters")
 # member. Exchanges made before that was so are used as they are (see groups).
 GROUP_EXCHANGE_AUTO_DELETE = True
 QUEUE_TYPES = ("classic", "quorum")
+# A full quorum queue admits publishes again once its depth is down to this
+# share of x-max-length (see Topology.refusing_depth).
+QUORUM_READMIT = 0.8
 
 
 def _ms(seconds):
@@ -230,6 +233,23 @@ class Topology(object):
             arguments["x-max-length"] = capacity - 1
             arguments["x-queue-type"] = "quorum"
         return arguments
+
+    def refusing_depth(self, channel):
+        """The least depth at which ``channel``'s queue refuses a publish for
+        its length: its capacity for a classic queue.
+
+        A quorum queue that reached its ``x-max-length`` refuses every
+        publish until it is down to 80 % of it, and only then admits again
+        (measured on RabbitMQ 3.10.8 with ``x-max-length`` 10: refused at
+        depths 10 and 9, admitted at 8; with 100: refused down to 81,
+        admitted at 80). A refusal at any depth from this mark up is the
+        queue being full, not a node failing.
+        """
+        capacity = int(self._capacity_for(channel))
+        if self.queue_type != "quorum":
+            return capacity
+        max_length = capacity - 1  # see channel_queue_arguments
+        return max(1, int(QUORUM_READMIT * max_length) + 1)
 
     def local_member_queue_arguments(self, channel):
         # Lives as long as the longest membership can: every group_add

@@ -19,8 +19,9 @@ import pika
 from . import engine, errors, naming, pipeline
 from .channel_names import is_process_local
 from .engine import ACKED, NACKED
-from .errors import BrokerConnectionError, BrokerOperationError
+from .errors import BrokerOperationError, MessageRefused
 from .serialization import Message
+from .twisted_support import on_reactor_thread
 
 
 class Sending(object):
@@ -54,12 +55,13 @@ class Sending(object):
     def _finish_send(self, channel, queue, body, properties, outcome):
         """Carry a publish the broker refused or returned to its end: sent, or raised."""
         what = "send to %s" % channel
-        attempts = SendAttempts(channel, queue, self.operation_timeout)
+        attempts = SendAttempts(
+            channel, queue, self.operation_timeout, patient=not on_reactor_thread()
+        )
         marked = False
         while outcome != ACKED:
             if outcome == NACKED:
-                self._raise_if_full(channel, queue)
-                attempts.refused()
+                attempts.refused(self._depth_unless_full(channel, queue))
                 marked = True  # in case a refusal ever lied: the receiver drops a copy
             else:
                 # Returned: the queue does not exist (new, expired or flushed).
@@ -67,10 +69,14 @@ class Sending(object):
                 self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
             outcome = self._publish("", queue, body, properties, True, what, marked)
 
-    def _raise_if_full(self, channel, queue):
-        """A nack means full, unless the queue is not: a queue on a node that
-        is going down, or a quorum queue between leaders, refuses messages
-        too, and that is not ChannelFull.
+    def _depth_unless_full(self, channel, queue):
+        """After a refusal: ``ChannelFull`` if the queue is full, else its depth.
+
+        Full means at or past ``Topology.refusing_depth``: the capacity of a
+        classic queue, and for a quorum queue the mark down to which a full
+        one keeps refusing. Anything less is another cause: a queue on a
+        node that is going down, or a quorum queue between leaders, refuses
+        messages too, and that is not ChannelFull.
 
         The depth comes from a passive declare, which works whatever the
         queue's arguments. A queue that is not full by this layer's
@@ -81,10 +87,13 @@ class Sending(object):
         depth = self._admin(
             [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
         ).message_count
-        if depth >= self.get_capacity(channel):
+        if depth >= self.topology.refusing_depth(channel):
             self._stats.count_full(channel)
-            raise self.ChannelFull("channel %s is full" % channel)
+            raise self.ChannelFull(
+                "channel %s is full (%d of %d)" % (channel, depth, self.get_capacity(channel))
+            )
         self._admin([self._declare_channel_queue(channel)], "check %s" % queue)
+        return depth
 
     def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
         """Send every ``(channel, message)`` of ``items``, many in flight at once.
@@ -124,33 +133,42 @@ class Sending(object):
 class SendAttempts(object):
     """How long ``send`` keeps trying after the broker said no.
 
-    A nack from a queue that is not full means it could not take the
-    message (a quorum queue between leaders, a node going down): the
-    message was not delivered, so it is sent again, with a growing pause,
-    until ``operation_timeout``. A return means the queue does not exist:
-    it is declared and the message sent again, three times at most.
+    A refusal (nack) from a queue that is not full means it could not take
+    the message (a quorum queue between leaders, a node going down): the
+    message was not delivered. It is sent again at once, since a reader
+    may have made room between the refusal and the depth check. After
+    that a ``patient`` caller sends it again with a growing pause until
+    ``operation_timeout``; an impatient one, daphne's reactor thread,
+    which must never sleep, gets ``MessageRefused`` at once. A return
+    means the queue does not exist: it is declared and the message sent
+    again, three times at most.
     """
 
-    def __init__(self, channel, queue, timeout):
+    def __init__(self, channel, queue, timeout, patient=True):
         self.channel = channel
         self.queue = queue
         self.timeout = timeout
+        self.patient = patient
         self.refusals = 0
         self.declares = 0
         self.refused_until = None
 
-    def refused(self):
+    def refused(self, depth):
+        """One more refusal of a queue that held ``depth`` messages, not full."""
+        self.refusals += 1
+        if self.refusals == 1:
+            return  # again at once
         now = time.monotonic()
         if self.refused_until is None:
-            self.refused_until = now + self.timeout
+            self.refused_until = now + (self.timeout if self.patient else 0.0)
         if now >= self.refused_until:
-            raise BrokerConnectionError(
-                "the broker kept refusing the message for %s for %.1f s although its queue "
-                "is not full (its node may be going down); it was not delivered"
-                % (self.channel, self.timeout)
+            raise MessageRefused(
+                "the broker refused the message for %s %d times although its queue "
+                "holds %d messages, below its capacity (its node may be going down, or a "
+                "quorum queue may be electing a leader); it was not delivered"
+                % (self.channel, self.refusals, depth)
             )
         time.sleep(min(0.5, self.refused_until - now, 0.02 * 2 ** min(self.refusals, 4)))
-        self.refusals += 1
 
     def returned(self):
         self.declares += 1

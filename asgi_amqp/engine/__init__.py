@@ -89,6 +89,39 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fork_guard.renew)
 
 
+class _WorkerThread(threading.local):
+    """``marked``: this thread has made a blocking receive (``Engine._ride_out``)."""
+
+    marked = False
+
+
+class OutageNotice(object):
+    """One WARNING per outage, however many calls meet it.
+
+    An outage is told apart by the moment its connection was lost
+    (``IOThread.disconnected_since``). Shared by every caller thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._told: Optional[float] = None  # disconnected_since of the outage told
+
+    def once(self, io: IOThread, what: str) -> None:
+        since = io.disconnected_since
+        if since is None:
+            return
+        with self._lock:
+            if self._told == since:
+                return
+            self._told = since
+        logger.warning(
+            "the broker has been unreachable for %.1f s (%s); %s, and the layer keeps reconnecting",
+            io.outage(),
+            io.last_error or "connection lost",
+            what,
+        )
+
+
 Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
 # exchange, routing key, body, properties, mandatory, what (for errors), fans out
 PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str, bool]
@@ -128,6 +161,9 @@ class Engine(object):
         self._closed = False
         self._receivers: Dict[int, float] = {}  # thread -> its last blocking receive
         self._receivers_pruned = 0.0
+        # Per calling thread: whether it has made a blocking receive (_ride_out).
+        self._worker_thread = _WorkerThread()
+        self._outage_notice = OutageNotice()  # any caller thread; a lock inside
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -266,7 +302,15 @@ class Engine(object):
         return self._submit_and_wait(Work(Pending(what), "declare", (steps,)))
 
     def get(self, queues: Queues) -> Optional[Delivery]:
-        """A delivery from one of ``queues`` at once, or None: never waits for one."""
+        """A delivery from one of ``queues`` at once, or None: never waits for one.
+
+        While the broker is unreachable there is nothing to get: None at
+        once, without waiting for the connection to come back (a poll made
+        on daphne's reactor thread must not wait for a reconnect).
+        """
+        io = self._running_io()
+        if io.outage():
+            return None
         return self._submit_and_wait(Work(Pending("receive"), "get", (queues,)))
 
     def wait(self, queues: Queues, receive_timeout: float) -> Optional[Delivery]:
@@ -275,9 +319,15 @@ class Engine(object):
         The I/O thread answers None at the deadline; the caller waits a
         little longer only while the connection is up (an I/O thread that
         is slow to answer). While the broker is away nothing is waited for
-        beyond the receive's own limit, and only an outage longer than
-        ``operation_timeout`` raises.
+        beyond the receive's own limit, and no outage raises, however long:
+        an ASGI blocking receive may return nothing at any time, and
+        Channels' worker loop catches nothing, so an exception here would
+        end the runworker that the layer is reconnecting for. An outage
+        longer than ``operation_timeout`` is logged once, at WARNING.
+
+        The calling thread becomes a worker thread (see ``_ride_out``).
         """
+        self._worker_thread.marked = True
         deadline = time.monotonic() + receive_timeout
         pending = Pending("blocking receive")
         io = self._running_io()
@@ -287,9 +337,7 @@ class Engine(object):
         else:
             delivery = pending.wait_or(self.operation_timeout, None)
         if delivery is None and io.outage() > self.operation_timeout:
-            raise self._outage_error(io, "blocking receive") or OperationTimeout(
-                "blocking receive: no answer from the broker"
-            )
+            self._outage_notice.once(io, "blocking receives return nothing until it is back")
         return delivery
 
     def _receiving_threads(self) -> int:
@@ -329,14 +377,46 @@ class Engine(object):
 
         A connection lost meanwhile is not an error: the I/O thread runs
         the work again on the next one. Only an outage that outlasts the
-        timeout reaches the caller, named as such.
+        timeout reaches the caller, named as such, and not even that on a
+        worker thread (``_ride_out``).
         """
         io = self._running_io()
         io.submit(work)
+        pending = work.pending
+        timeout = self.operation_timeout
+        if self._worker_thread.marked:
+            self._ride_out(io, pending)
+            timeout = 0.0  # it has waited already: the result, or the error now
         try:
-            return work.pending.wait(self.operation_timeout)
+            return pending.wait(timeout)
         except OperationTimeout as exc:
-            raise self._outage_error(io, work.pending.description) or exc
+            raise self._outage_error(io, pending.description) or exc
+
+    def _ride_out(self, io: IOThread, pending: Pending) -> None:
+        """On a worker thread, wait for ``pending`` as long as the broker is away.
+
+        A worker thread is one that has made a blocking receive: a Channels
+        runworker's. Channels 1.x sends a consumer's queued replies in a
+        ``finally`` (``send_and_flush``) and catches nothing around it, so
+        an ``OperationTimeout`` from a send there ends the process, which
+        outlived the outage only to die of it. So for such a thread, an
+        outage longer than ``operation_timeout`` extends the wait, in
+        ``operation_timeout`` slices, until the broker answers (the work
+        goes out on the new connection) or the layer is closed. The outage
+        is logged once, at WARNING. A broker that is connected but does
+        not answer still times out after ``operation_timeout``, as on any
+        other thread (counted from the end of the outage, if there was one).
+        """
+        deadline = time.monotonic() + self.operation_timeout
+        while not pending.arrived(min(1.0, deadline - time.monotonic())):
+            if self._closed or not io.alive:
+                return
+            if io.outage() > self.operation_timeout:
+                self._outage_notice.once(io, "%s waits for it" % pending.description)
+            if io.outage():
+                deadline = time.monotonic() + self.operation_timeout
+            elif time.monotonic() >= deadline:
+                return
 
     @staticmethod
     def _outage_error(io: IOThread, what: str) -> Optional[OperationTimeout]:

@@ -188,3 +188,27 @@ def _node_loss(**options):
     )
     _meets_its_targets(report, restart_pause=3.0)
     return report
+
+
+# A restart whose pause (15 s, the broker away longer still) outlasts the
+# processes' operation_timeout (5 s): the layer reconnects, so every
+# runworker must outlive it. Before, a blocking receive raised
+# OperationTimeout once the outage passed operation_timeout, and so did the
+# replies Channels flushes in a ``finally``; either ended the runworker.
+LONG_OUTAGE_PAUSE = 15.0
+LONG_OUTAGE_OPERATION_TIMEOUT = 5.0
+
+
+def test_every_runworker_outlives_an_outage_longer_than_operation_timeout():
+    report = stackfaults.run(
+        queue_type="quorum",
+        duration=40.0,
+        rate=3.0,
+        restart_pause=LONG_OUTAGE_PAUSE,
+        restart=True,
+        websocket_worker=True,
+        operation_timeout=LONG_OUTAGE_OPERATION_TIMEOUT,
+    )
+    _meets_its_targets(report, restart_pause=LONG_OUTAGE_PAUSE)
+    assert report["restart_seconds"] is not None
+    assert report["broker_outage_seconds"] > LONG_OUTAGE_OPERATION_TIMEOUT

@@ -111,7 +111,7 @@ _LAYER_CONFIG = {
     # daphne calls send from its reactor: a call rides through an outage of
     # up to operation_timeout and raises after it. A broker restart keeps
     # clients away for 10-15 s, so ride through 30 s.
-    "operation_timeout": float(os.environ.get("CHAT_OPERATION_TIMEOUT", "30")),
+    "operation_timeout": float(os.environ.get("CHAT_OPERATION_TIMEOUT") or "30"),
 }
 
 CHANNEL_LAYERS = {

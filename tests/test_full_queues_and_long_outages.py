@@ -1,0 +1,178 @@
+"""Under overload and long outages the layer slows its callers down, and never
+stalls daphne or ends a worker.
+
+* A refused publish whose queue is full raises ``ChannelFull`` at once, for
+  classic and quorum queues alike. A full quorum queue keeps refusing until
+  it is down to 80 % of its length limit; from daphne's reactor thread that
+  is ``ChannelFull`` within one broker round trip, not a retry loop that
+  sleeps on the reactor.
+* A worker thread (one that makes blocking receives: a Channels runworker's)
+  rides out an outage of any length: its receives return nothing, and its
+  sends wait for the broker to come back instead of raising, because
+  Channels catches nothing around either. Other threads still get
+  ``OperationTimeout`` after ``operation_timeout``.
+
+The reactor half runs in a child interpreter with a real Twisted reactor
+(a reactor cannot be restarted in one process; see ``test_twisted``).
+"""
+
+import logging
+import textwrap
+import threading
+import time
+
+import pytest
+from test_twisted import run_child
+
+from asgi_amqp import OperationTimeout
+from helpers import wait_until
+
+FULL_ON_THE_REACTOR = textwrap.dedent("""
+    import json, sys, time
+    from twisted.internet import reactor
+    from asgi_amqp import AMQPChannelLayer
+    from asgi_amqp.twisted_support import on_reactor_thread
+
+    url, management_url, prefix, queue_type = sys.argv[1:5]
+    layer = AMQPChannelLayer(url=url, management_url=management_url or None, prefix=prefix,
+                             capacity=10, queue_type=queue_type, operation_timeout=10)
+    results = {}
+
+    def timed_send(message):
+        started = time.monotonic()
+        try:
+            layer.send("storm.full", message)
+            outcome = "sent"
+        except layer.ChannelFull:
+            outcome = "full"
+        except Exception as exc:
+            outcome = repr(exc)
+        return [outcome, time.monotonic() - started]
+
+    def start():
+        try:
+            results["on_reactor_thread"] = on_reactor_thread()
+            filled = 0
+            while timed_send({"n": filled})[0] == "sent":
+                filled += 1
+            results["filled"] = filled
+            results["at_capacity"] = timed_send({"again": 1})
+            layer.receive(["storm.full"])  # a reader takes one
+            results["one_taken"] = timed_send({"after_one": 1})
+            while layer.receive(["storm.full"])[0] is not None:
+                pass  # a reader empties it
+            results["emptied"] = timed_send({"after_all": 1})
+        finally:
+            layer.flush()
+            layer.close()
+            reactor.stop()
+
+    reactor.callWhenRunning(start)
+    reactor.callLater(60, reactor.stop)
+    reactor.run()
+    print(json.dumps(results))
+""")
+
+# One broker round trip, with room for a loaded machine: a refusal that
+# slept or retried took operation_timeout (10 s) before.
+PROMPT = 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_full_queue_refuses_at_once_on_the_reactor_thread(broker, queue_type):
+    results = run_child(FULL_ON_THE_REACTOR, broker, queue_type)
+    assert results["on_reactor_thread"] is True
+    # A classic queue takes its capacity; a quorum queue one more (its
+    # x-max-length is capacity - 1; it admits one past that).
+    assert results["filled"] == 10
+    outcome, seconds = results["at_capacity"]
+    assert outcome == "full" and seconds < PROMPT, results
+    outcome, seconds = results["one_taken"]
+    if queue_type == "classic":
+        # A reader made room: the next send goes in.
+        assert outcome == "sent" and seconds < PROMPT, results
+    else:
+        # A full quorum queue refuses until it is down to 80 % of its
+        # limit: 9 left is still full, and ChannelFull comes at once.
+        assert outcome == "full" and seconds < PROMPT, results
+    outcome, seconds = results["emptied"]
+    assert outcome == "sent" and seconds < PROMPT, results
+
+
+@pytest.mark.slow
+def test_a_quorum_queue_admits_again_at_its_readmission_mark(broker, new_layer):
+    """Off the reactor too: ``ChannelFull`` while the queue is at or above
+    ``Topology.refusing_depth``, and sent as soon as a reader took it below."""
+    layer = new_layer(broker, flush=True, capacity=20, queue_type="quorum", expiry=60)
+    mark = layer.topology.refusing_depth("q.mark")
+    assert mark == int(0.8 * 19) + 1 == 16
+    sent = 0
+    while True:
+        try:
+            layer.send("q.mark", {"n": sent})
+        except layer.ChannelFull:
+            break
+        sent += 1
+    assert sent == 20
+    depth = sent
+    while depth > mark:
+        assert layer.receive(["q.mark"])[0] == "q.mark"
+        depth -= 1
+        started = time.monotonic()
+        with pytest.raises(layer.ChannelFull):
+            layer.send("q.mark", {"full": depth})
+        assert time.monotonic() - started < PROMPT
+    assert layer.receive(["q.mark"])[0] == "q.mark"  # depth mark - 1: below the mark
+    layer.send("q.mark", {"admitted": True})
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+def test_a_worker_thread_rides_out_an_outage_longer_than_operation_timeout(node, new_layer, caplog):
+    operation_timeout = 1.5
+    layer = new_layer(node, expiry=60, operation_timeout=operation_timeout, receive_timeout=0.5)
+    caplog.set_level(logging.WARNING, logger="asgi_amqp")
+    outcome = {}
+    go, done = threading.Event(), threading.Event()
+
+    def worker():
+        # A Channels worker: a blocking receive, then the replies it queued.
+        outcome["received"] = layer.receive(["ride.in"], block=True)
+        go.wait(30)
+        started = time.monotonic()
+        try:
+            layer.send("ride.out", {"reply": 1})
+            outcome["sent"] = True
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+        outcome["seconds"] = time.monotonic() - started
+        done.set()
+
+    layer.send("ride.in", {"job": 1})
+    thread = threading.Thread(target=worker, name="ride-out-worker", daemon=True)
+    thread.start()
+    wait_until(lambda: "received" in outcome, 10, message="the worker's receive")
+    assert outcome["received"] == ("ride.in", {"job": 1})
+    node.stop_app()
+    try:
+        wait_until(
+            lambda: not layer.connection_statistics()["connected"], 10, message="the loss seen"
+        )
+        go.set()
+        # Any other thread: OperationTimeout after operation_timeout, as before.
+        started = time.monotonic()
+        with pytest.raises(OperationTimeout, match="unreachable"):
+            layer.send("ride.out", {"other": 1})
+        assert time.monotonic() - started <= operation_timeout + 1.0
+        # The worker's send waits on, well past operation_timeout.
+        assert not done.wait(3 * operation_timeout), outcome
+    finally:
+        node.start_app()
+    assert done.wait(30), "the worker's send did not finish after the broker came back"
+    assert outcome.get("sent") is True, outcome
+    assert outcome["seconds"] > 3 * operation_timeout
+    assert layer.receive(["ride.out"], block=True) == ("ride.out", {"reply": 1})
+    told = [r for r in caplog.records if "waits for it" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    thread.join(10)

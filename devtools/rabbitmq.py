@@ -2,19 +2,23 @@
 
 Standard library only (the ``docker`` SDK is imported lazily and is optional).
 
-* :class:`RabbitNode` runs a private RabbitMQ node from the distribution's
-  ``rabbitmq-server`` package (with the management plugin) on free loopback
-  ports, with all of its files in its own temporary directory.  It never
-  touches a system broker: it has its own node name, ports, data, logs and
-  configuration, and it is only ever stopped by its own node name or pid.
+* :class:`RabbitNode` runs a private RabbitMQ node (with the management
+  plugin) on free loopback ports, with all of its files in its own temporary
+  directory: by default from the distribution's ``rabbitmq-server`` package,
+  or from a RabbitMQ server directory plus an Erlang installation (see
+  below).  It never touches a system broker: it has its own node name,
+  ports, data, logs and configuration, and it is only ever stopped by its
+  own node name or pid.
 * :func:`provide_broker` is a context manager that yields a :class:`Broker`:
-  ``$AMQP_URL`` if it is set, else a throw-away ``rabbitmq:3-management``
-  container if a Docker engine answers, else a private :class:`RabbitNode`.
+  ``$AMQP_URL`` if it is set, else a throw-away container of
+  ``$ASGI_AMQP_DOCKER_IMAGE`` (default ``rabbitmq:3-management``) if a Docker
+  engine answers, else a private :class:`RabbitNode`.
 * Command line::
 
       python -m devtools.rabbitmq run -- CMD [ARGS...]      # a broker for one command
       python -m devtools.rabbitmq start                      # leave a node running
       python -m devtools.rabbitmq stop NODE_DIR [NODENAME]   # stop such a node
+      python -m devtools.rabbitmq unpack --server FILE --erlang FILE --into DIR
 
 How the node is run
 -------------------
@@ -31,19 +35,57 @@ live next to the wrapper (``/usr/lib/rabbitmq/bin``) itself:
   and every ``rabbitmqctl`` call then read the same Erlang cookie,
   ``/var/lib/rabbitmq/.erlang.cookie``, which all nodes share (and which lets
   private nodes form clusters).  The node's directory is chowned to
-  ``rabbitmq:rabbitmq``.
+  ``rabbitmq:rabbitmq``.  Without a ``rabbitmq`` user (e.g. a machine with
+  only a generic-unix tarball), as root, with root's home and cookie.
 * as any other user: as that user, with the cookie in ``~/.erlang.cookie``.
 
 The node gets its own ``RABBITMQ_CONF_ENV_FILE``, so the machine's
 ``/etc/rabbitmq/rabbitmq-env.conf`` and ``rabbitmq.conf`` do not apply to it.
 All listeners (AMQP, management, Erlang distribution) bind to 127.0.0.1.  The
-shared epmd on port 4369 is used as is.
+shared epmd on port 4369 is used as is (Erlang 25's serves Erlang 27 nodes).
+
+Another RabbitMQ: a server directory plus an Erlang
+---------------------------------------------------
+A RabbitMQ *server directory* is what RabbitMQ's generic-unix tarball
+unpacks to, and what Debian's package holds in
+``/usr/lib/rabbitmq/lib/rabbitmq_server-VERSION``: its ``sbin/`` scripts run
+on whichever Erlang is first on ``PATH``.  So a newer RabbitMQ than the
+distribution's runs from two environment variables (or the ``server_dir``
+and ``erlang_root`` arguments of :class:`RabbitNode`):
+
+``ASGI_AMQP_RABBITMQ_SERVER_DIR``
+    the server directory; the node runs its ``sbin/rabbitmq-server`` and
+    ``sbin/rabbitmqctl`` (not Debian's), with ``RABBITMQ_HOME`` set to it.
+``ASGI_AMQP_ERLANG_ROOT``
+    the Erlang installation's root, the directory that holds ``bin/erl`` and
+    ``erts-*`` (for an Erlang built with ``--prefix=P``: ``P/lib/erlang``).
+    Its ``bin/`` goes first on the ``PATH`` of the node and of every
+    ``rabbitmqctl`` call, and ``ERL_ROOTDIR`` is set to it, which a relocated
+    Erlang needs.
+
+Either may be given alone (a server directory on the machine's Erlang,
+Debian's scripts on another Erlang).  Everything else is as above: the same
+user (``rabbitmq`` when root, so the files must be readable by all, which
+unpacked packages are), the same cookie, the same private files.  A node's
+state file records both, so ``stop NODE_DIR`` and :meth:`RabbitNode.from_dir`
+use the RabbitMQ the node was started with, whatever the environment says.
+
+``unpack`` makes both from a server ``.deb`` (``dpkg -x``, e.g. Debian 13's
+``rabbitmq-server_4.0.5-*_all.deb``) or a generic-unix tarball, and an
+Erlang tarball with a ``lib/erlang/bin/erl`` inside; it checks each file
+against a ``SHA256SUMS`` next to it if there is one, reuses what an earlier
+unpack into the same directory left, and prints the two variables::
+
+    S=rabbitmq-server_4.0.5-6+deb13u2_all.deb E=erlang-otp-27.3.4.1-debian12-amd64.tar.gz
+    set -a; eval "$(python -m devtools.rabbitmq unpack --server $S --erlang $E --into /tmp/rmq4)"
+    set +a; python -m devtools.rabbitmq run -- pytest ...       # on RabbitMQ 4.0.5
 
 Costs (RabbitMQ 3.10.8, Erlang 25, 2 cores): ``start()`` 7-9 s, most of it
 the VM and the boot-step scan; a ``rabbitmqctl`` call about 0.4 s;
 ``stop_app`` and ``stop`` about 5.5 s more than they should, because before
 3.13 the management agent waits 5 s when it stops (rabbitmq-server PR
-#11070); ``kill()`` about 0.05 s.
+#11070); ``kill()`` about 0.05 s.  RabbitMQ 4.0.5 on Erlang 27 (same
+machine): ``start()`` 3.5-4.2 s, ``stop()`` about 1.7 s.
 """
 
 from __future__ import annotations
@@ -53,9 +95,11 @@ import atexit
 import base64
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -68,7 +112,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+)
 
 __all__ = [
     "Broker",
@@ -80,6 +135,7 @@ __all__ = [
     "free_port",
     "management_api_ready",
     "provide_broker",
+    "unpack_broker",
     "main",
 ]
 
@@ -90,6 +146,13 @@ NODE_NAME_PREFIX = "asgiamqp"
 TEMP_DIR_PREFIX = "asgiamqp-rabbit-"
 STATE_FILE = "node.json"
 DOCKER_IMAGE = "rabbitmq:3-management"
+#: Environment variables: the Docker image of :func:`provide_broker`, and the
+#: RabbitMQ server directory and Erlang root a node runs from (module docstring).
+DOCKER_IMAGE_VARIABLE = "ASGI_AMQP_DOCKER_IMAGE"
+SERVER_DIR_VARIABLE = "ASGI_AMQP_RABBITMQ_SERVER_DIR"
+ERLANG_ROOT_VARIABLE = "ASGI_AMQP_ERLANG_ROOT"
+#: What ``unpack`` leaves in each directory it unpacked (which file, its sha256).
+UNPACKED_MARKER = ".devtools-rabbitmq-unpacked.json"
 MANAGEMENT_PLUGIN = "rabbitmq_management"
 
 _AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
@@ -190,6 +253,69 @@ def find_rabbitmq_scripts() -> "tuple[str, str]":
     if ctl is None:
         raise RabbitMQNotInstalled("found %s but no rabbitmqctl" % exe)
     return exe, ctl
+
+
+def _server_dir_from(server_dir: Optional[str]) -> Optional[str]:
+    """The server directory a node runs from: *server_dir*, or when it is None
+    ``$ASGI_AMQP_RABBITMQ_SERVER_DIR``; None (Debian's scripts) if that is
+    empty.  Raises :class:`RabbitNodeError` if it holds no ``sbin`` scripts."""
+    if server_dir is None:
+        server_dir = os.environ.get(SERVER_DIR_VARIABLE, "")
+    if not server_dir:
+        return None
+    server_dir = os.path.abspath(server_dir)
+    for script in ("rabbitmq-server", "rabbitmqctl"):
+        path = os.path.join(server_dir, "sbin", script)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise RabbitNodeError(
+                "%s (server_dir) %s is not a RabbitMQ server directory: it has no "
+                "executable sbin/%s. It is the directory of sbin/, escript/ and plugins/: "
+                "the top of RabbitMQ's generic-unix tarball, or "
+                "usr/lib/rabbitmq/lib/rabbitmq_server-VERSION in an unpacked .deb "
+                "(python -m devtools.rabbitmq unpack makes one)."
+                % (SERVER_DIR_VARIABLE, server_dir, script)
+            )
+    return server_dir
+
+
+def _erlang_root_from(erlang_root: Optional[str]) -> Optional[str]:
+    """The Erlang root a node runs on: *erlang_root*, or when it is None
+    ``$ASGI_AMQP_ERLANG_ROOT``; None (the Erlang on ``PATH``) if that is empty.
+
+    It must hold ``bin/erl`` and an ``erts-*`` directory: an installation's
+    prefix (``P``, not ``P/lib/erlang``) has a ``bin/erl`` too, but as
+    ``ERL_ROOTDIR`` it would make ``erl`` look for ``P/erts-*``, which is not
+    there, so it is refused with a pointer to the right directory."""
+    if erlang_root is None:
+        erlang_root = os.environ.get(ERLANG_ROOT_VARIABLE, "")
+    if not erlang_root:
+        return None
+    erlang_root = os.path.abspath(erlang_root)
+    erl = os.path.join(erlang_root, "bin", "erl")
+    has_erts = os.path.isdir(erlang_root) and any(
+        e.startswith("erts-") for e in os.listdir(erlang_root)
+    )
+    if os.path.isfile(erl) and os.access(erl, os.X_OK) and has_erts:
+        return erlang_root
+    hint = ""
+    below = os.path.join(erlang_root, "lib", "erlang")
+    if os.path.isfile(os.path.join(below, "bin", "erl")):
+        hint = " Did you mean %s?" % below
+    raise RabbitNodeError(
+        "%s (erlang_root) %s is not an Erlang root: it needs an executable bin/erl and "
+        "an erts-* directory (for an Erlang installed with --prefix=P it is P/lib/erlang).%s"
+        % (ERLANG_ROOT_VARIABLE, erlang_root, hint)
+    )
+
+
+def _server_version_from_path(script: str) -> Optional[str]:
+    """RabbitMQ's version from the name of the server directory that holds
+    *script* (``rabbitmq_server-4.0.5/sbin/rabbitmqctl``; Debian's
+    ``/usr/lib/rabbitmq/bin`` links lead there), or None."""
+    home = os.path.basename(os.path.dirname(os.path.dirname(os.path.realpath(script))))
+    prefix = "rabbitmq_server-"
+    version = home[len(prefix) :] if home.startswith(prefix) else ""
+    return version if version[:1].isdigit() else None
 
 
 def _proc_start_time(pid: int) -> Optional[str]:
@@ -319,6 +445,11 @@ class RabbitNode:
     ``stop_app`` closes its listener for the pause alone, not 5 s more
     (the management agent's wait, see the module's docstring).
 
+    *server_dir* is a RabbitMQ server directory to run the node from instead
+    of the distribution's scripts, *erlang_root* the root of the Erlang to run
+    it on (see the module's docstring); None means ``$ASGI_AMQP_RABBITMQ_SERVER_DIR``
+    / ``$ASGI_AMQP_ERLANG_ROOT``, and "" neither, whatever the environment says.
+
     A stopped or killed node can be started again: it keeps its name, ports
     and data (durable queues and persistent messages survive).
     """
@@ -335,6 +466,8 @@ class RabbitNode:
         advanced_config: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
         plugins: Sequence[str] = ("rabbitmq_management",),
+        server_dir: Optional[str] = None,
+        erlang_root: Optional[str] = None,
     ) -> None:
         if name is None:
             name = "%s-%s" % (NODE_NAME_PREFIX, secrets.token_hex(4))
@@ -356,8 +489,24 @@ class RabbitNode:
         self._started_before = False
         self._pid: Optional[int] = None
         self._pid_start: Optional[str] = None
-        self._server, self._ctl = find_rabbitmq_scripts()
+        self._version: Optional[str] = None
+        self._server_dir = _server_dir_from(server_dir)
+        self._erlang_root = _erlang_root_from(erlang_root)
+        if self._server_dir is not None:
+            sbin = os.path.join(self._server_dir, "sbin")
+            self._server = os.path.join(sbin, "rabbitmq-server")
+            self._ctl = os.path.join(sbin, "rabbitmqctl")
+        else:
+            self._server, self._ctl = find_rabbitmq_scripts()
         self._identity = self._run_identity()
+        # As root the node runs as the rabbitmq user: it must be able to run them.
+        if self._server_dir is not None:
+            self._check_runnable(self._server, SERVER_DIR_VARIABLE)
+            self._check_runnable(self._ctl, SERVER_DIR_VARIABLE)
+        if self._erlang_root is not None:
+            self._check_runnable(
+                os.path.join(self._erlang_root, "bin", "erl"), ERLANG_ROOT_VARIABLE
+            )
 
     # ---------------------------------------------------------------- props
     @property
@@ -382,6 +531,57 @@ class RabbitNode:
     @property
     def amqp_url(self) -> str:
         return "amqp://guest:guest@127.0.0.1:%d/%%2F" % self.amqp_port
+
+    @property
+    def server_dir(self) -> Optional[str]:
+        """The RabbitMQ server directory the node runs from (None: the distribution's)."""
+        return self._server_dir
+
+    @property
+    def erlang_root(self) -> Optional[str]:
+        """The root of the Erlang the node runs on (None: the one on ``PATH``)."""
+        return self._erlang_root
+
+    def version(self) -> str:
+        """RabbitMQ's version ("4.0.5", "3.10.8") of the scripts the node runs.
+
+        Free when the scripts live in a ``rabbitmq_server-VERSION`` directory
+        (Debian's, the generic-unix tarball's); else ``rabbitmqctl version``,
+        which needs no running node (about 0.5 s, once).
+        """
+        if self._version is None:
+            self._version = _server_version_from_path(self._ctl) or self._ctl_version()
+        return self._version
+
+    def _ctl_version(self) -> str:
+        """``rabbitmqctl version``: the version of the CLI, i.e. of the server directory."""
+        env = self._tool_environ()
+        # Not the machine's /etc/rabbitmq/rabbitmq-env.conf (no node dir for ours yet).
+        env["RABBITMQ_CONF_ENV_FILE"] = os.devnull
+        env.update(self.env_overrides)
+        try:
+            cp = subprocess.run(
+                [self._ctl, "version"],
+                env=env,
+                cwd=self._dir or "/",
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                **self._popen_kwargs(),
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RabbitNodeError("rabbitmqctl version failed: %s" % exc) from exc
+        lines = cp.stdout.strip().splitlines()
+        if cp.returncode != 0 or not lines:
+            raise RabbitNodeError(
+                "rabbitmqctl version failed (rc %d): %s"
+                % (cp.returncode, cp.stderr.strip() or cp.stdout.strip()),
+                returncode=cp.returncode,
+                stdout=cp.stdout,
+                stderr=cp.stderr,
+            )
+        return lines[-1].strip()
 
     @property
     def has_management(self) -> bool:
@@ -418,11 +618,12 @@ class RabbitNode:
         return _pid_alive(self._pid, self._pid_start)
 
     def __repr__(self) -> str:
-        return "<RabbitNode %s amqp=%s mgmt=%s pid=%s>" % (
+        return "<RabbitNode %s amqp=%s mgmt=%s pid=%s%s>" % (
             self._nodename,
             self._amqp_port,
             self._management_port,
             self._pid,
+            " server_dir=%s" % self._server_dir if self._server_dir else "",
         )
 
     # ------------------------------------------------------------- identity
@@ -500,28 +701,58 @@ class RabbitNode:
             if self._dist_port is None:
                 self._dist_port = fresh.pop()
 
+    def _identity_may(self, path: str, read: bool = False, execute: bool = True) -> bool:
+        """May the identity the node runs as read and/or execute (enter) *path*?"""
+        assert self._identity is not None
+        st = os.stat(path)
+        if st.st_uid == self._identity["uid"]:
+            bits = (stat.S_IRUSR if read else 0) | (stat.S_IXUSR if execute else 0)
+        elif st.st_gid in set(self._identity["groups"]):
+            bits = (stat.S_IRGRP if read else 0) | (stat.S_IXGRP if execute else 0)
+        else:
+            bits = (stat.S_IROTH if read else 0) | (stat.S_IXOTH if execute else 0)
+        return st.st_mode & bits == bits
+
+    def _unreachable_parent(self, path: str) -> Optional[str]:
+        """The first directory above *path* the identity cannot enter, or None."""
+        parent = os.path.dirname(os.path.abspath(path))
+        while True:
+            if not self._identity_may(parent):
+                return parent
+            if parent == os.path.dirname(parent):
+                return None
+            parent = os.path.dirname(parent)
+
     def _check_traversable(self, path: str) -> None:
         """As root, make sure the rabbitmq user can reach *path*."""
         if self._identity is None:
             return
-        uid, groups = self._identity["uid"], set(self._identity["groups"])
-        parent = os.path.dirname(os.path.abspath(path))
-        while True:
-            st = os.stat(parent)
-            if st.st_uid == uid:
-                ok = st.st_mode & stat.S_IXUSR
-            elif st.st_gid in groups:
-                ok = st.st_mode & stat.S_IXGRP
-            else:
-                ok = st.st_mode & stat.S_IXOTH
-            if not ok:
-                raise RabbitNodeError(
-                    "user %s cannot enter %s, so it cannot use a node directory under it; "
-                    "pass another base_dir" % (self._identity["name"], parent)
-                )
-            if parent == os.path.dirname(parent):
-                return
-            parent = os.path.dirname(parent)
+        parent = self._unreachable_parent(path)
+        if parent is not None:
+            raise RabbitNodeError(
+                "user %s cannot enter %s, so it cannot use a node directory under it; "
+                "pass another base_dir" % (self._identity["name"], parent)
+            )
+
+    def _check_runnable(self, program: str, variable: str) -> None:
+        """As root, make sure the rabbitmq user, which runs the node, can run
+        *program* (of the directory *variable* names).  (Unpacked packages are
+        readable by all, but e.g. a ``mkdtemp`` directory above them is not.)"""
+        if self._identity is None:
+            return
+        name = self._identity["name"]
+        parent = self._unreachable_parent(program)
+        if parent is not None:
+            raise RabbitNodeError(
+                "user %s, which runs the node, cannot enter %s, so it cannot run %s (%s); "
+                "make the directories above it readable by all (chmod a+rx) or unpack "
+                "elsewhere" % (name, parent, program, variable)
+            )
+        if not self._identity_may(os.path.realpath(program), read=True, execute=True):
+            raise RabbitNodeError(
+                "user %s, which runs the node, cannot read and execute %s (%s); "
+                "chmod a+rx it" % (name, program, variable)
+            )
 
     def _prepare(self) -> None:
         """Create the node's directory and files (idempotent; rewrites the config)."""
@@ -585,6 +816,8 @@ class RabbitNode:
             "advanced_config": self.advanced_config,
             "env": self.env_overrides,
             "plugins": list(self.plugins),
+            "server_dir": self._server_dir,
+            "erlang_root": self._erlang_root,
             "owner_pid": os.getpid(),
         }
         with open(os.path.join(self._require_dir(), STATE_FILE), "w") as f:
@@ -604,14 +837,18 @@ class RabbitNode:
             advanced_config=state.get("advanced_config"),
             env=state.get("env"),
             plugins=state.get("plugins", ("rabbitmq_management",)),
+            # What the node was started with ("": none, also for state files
+            # written before these were recorded), not what $ASGI_AMQP_* say now.
+            server_dir=state.get("server_dir") or "",
+            erlang_root=state.get("erlang_root") or "",
         )
         node._dir = os.path.abspath(node_dir)
         node._read_pid()
         return node
 
-    def environ(self) -> Dict[str, str]:
-        """The environment for ``rabbitmq-server`` and ``rabbitmqctl`` of this node."""
-        d = self._require_dir()
+    def _tool_environ(self) -> Dict[str, str]:
+        """The caller's environment without RabbitMQ's settings, for the identity
+        the scripts run as, with the server directory and Erlang (if any) first."""
         env = {
             k: v
             for k, v in os.environ.items()
@@ -623,6 +860,21 @@ class RabbitNode:
                 USER=self._identity["name"],
                 LOGNAME=self._identity["name"],
             )
+        first = []
+        if self._erlang_root is not None:
+            first.append(os.path.join(self._erlang_root, "bin"))
+            env["ERL_ROOTDIR"] = self._erlang_root  # a relocated Erlang's erl needs it
+        if self._server_dir is not None:
+            first.append(os.path.join(self._server_dir, "sbin"))
+            env["RABBITMQ_HOME"] = self._server_dir
+        if first:
+            env["PATH"] = os.pathsep.join([*first, env.get("PATH", os.defpath)])
+        return env
+
+    def environ(self) -> Dict[str, str]:
+        """The environment for ``rabbitmq-server`` and ``rabbitmqctl`` of this node."""
+        d = self._require_dir()
+        env = self._tool_environ()
         loopback_dist = "-kernel inet_dist_use_interface {127,0,0,1}"
         env.update(
             {
@@ -1102,8 +1354,9 @@ def provide_broker(
     """Yield a :class:`Broker`, and dispose of it afterwards.
 
     1. ``$AMQP_URL`` if set (management URL from ``$AMQP_MANAGEMENT_URL``, or None);
-    2. else, if a Docker engine answers within ~2 s, a ``rabbitmq:3-management``
-       container on random loopback ports (removed at exit);
+    2. else, if a Docker engine answers within ~2 s, a container of
+       ``$ASGI_AMQP_DOCKER_IMAGE`` (default ``rabbitmq:3-management``; it must
+       have the management plugin) on random loopback ports (removed at exit);
     3. else a private :class:`RabbitNode` (*node_kwargs* go to its constructor),
        stopped and deleted at exit.
 
@@ -1126,7 +1379,8 @@ def provide_broker(
         return
     client = _docker_client() if allow_docker else None
     if client is not None:
-        with _docker_broker(client, timeout=max(start_timeout, 120.0)) as broker:
+        image = os.environ.get(DOCKER_IMAGE_VARIABLE) or DOCKER_IMAGE
+        with _docker_broker(client, image, timeout=max(start_timeout, 120.0)) as broker:
             yield broker
         return
     node = RabbitNode(**node_kwargs)
@@ -1142,6 +1396,185 @@ def provide_broker(
         )
     finally:
         node.cleanup(graceful=graceful_stop)
+
+
+# --------------------------------------------------------------------------
+# unpacking a RabbitMQ and an Erlang to run nodes from
+
+_TARBALL_SUFFIXES = (".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar.bz2", ".tar")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verify_checksum(path: str, digest: str, log: Callable[[str], None]) -> None:
+    """Check *path*'s *digest* against a ``SHA256SUMS`` in its directory, if
+    there is one (``sha256sum`` format).  A mismatch raises; a file the list
+    does not name is unpacked with a warning."""
+    sums = os.path.join(os.path.dirname(os.path.abspath(path)), "SHA256SUMS")
+    if not os.path.isfile(sums):
+        return
+    name = os.path.basename(path)
+    with open(sums) as f:
+        for line in f:
+            fields = line.strip().split(None, 1)
+            if len(fields) != 2:
+                continue
+            listed = fields[1].lstrip("*")  # "*": sha256sum's binary mode
+            if listed.startswith("./"):
+                listed = listed[2:]
+            if listed != name:
+                continue
+            if fields[0].lower() != digest:
+                raise RabbitNodeError(
+                    "%s has sha256 %s, but %s says %s" % (path, digest, sums, fields[0])
+                )
+            log("%s: sha256 matches %s" % (name, sums))
+            return
+    log("warning: %s does not list %s; not verified" % (sums, name))
+
+
+def _archive_stem(path: str) -> str:
+    name = os.path.basename(path)
+    for suffix in (".deb", *_TARBALL_SUFFIXES):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    raise RabbitNodeError("%s: not a .deb or a tarball (%s)" % (path, ", ".join(_TARBALL_SUFFIXES)))
+
+
+def _extract(archive: str, into: str) -> None:
+    if archive.endswith(".deb"):
+        if shutil.which("dpkg") is None:
+            raise RabbitNodeError("unpacking %s needs dpkg (dpkg -x)" % archive)
+        cmd = ["dpkg", "-x", archive, into]
+    else:  # GNU tar finds the compression itself; the files become ours
+        cmd = ["tar", "-xf", archive, "-C", into, "--no-same-owner"]
+    cp = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if cp.returncode != 0:
+        raise RabbitNodeError(
+            "%s failed (rc %d): %s" % (" ".join(cmd), cp.returncode, cp.stderr.strip())
+        )
+
+
+def _find_dir(top: str, matches: Callable[[str], bool]) -> Optional[str]:
+    """The first directory under *top* (breadth first, sorted) that *matches*."""
+    level = [top]
+    while level:
+        below = []
+        for d in level:
+            if matches(d):
+                return d
+            with contextlib.suppress(OSError):
+                for entry in sorted(os.scandir(d), key=lambda e: e.name):
+                    if entry.is_dir(follow_symlinks=False):
+                        below.append(entry.path)
+        level = below
+    return None
+
+
+def _is_server_dir(d: str) -> bool:
+    # Not Debian's usr/sbin (a wrapper link), but sbin/ next to plugins/.
+    script = os.path.join(d, "sbin", "rabbitmq-server")
+    return (
+        os.path.isfile(script)
+        and not os.path.islink(script)
+        and os.path.isdir(os.path.join(d, "plugins"))
+    )
+
+
+def _is_erlang_root(d: str) -> bool:
+    # <prefix>/lib/erlang: the prefix's own bin/erl is a link that does not relocate.
+    parent = os.path.dirname(d)
+    return (
+        os.path.basename(d) == "erlang"
+        and os.path.basename(parent) == "lib"
+        and os.path.isfile(os.path.join(d, "bin", "erl"))
+    )
+
+
+def _unpack_one(
+    archive: str,
+    into: str,
+    matches: Callable[[str], bool],
+    what: str,
+    log: Callable[[str], None],
+) -> str:
+    """Unpack *archive* into ``INTO/<its name>`` unless an earlier call did;
+    return the directory in it that *matches*."""
+    archive = os.path.abspath(archive)
+    if not os.path.isfile(archive):
+        raise RabbitNodeError("%s: no such file" % archive)
+    stem = _archive_stem(archive)
+    digest = _sha256(archive)
+    _verify_checksum(archive, digest, log)
+    target = os.path.join(into, stem)
+    if os.path.isdir(target):
+        log("reusing %s" % target)
+    else:
+        # Unpack beside it and rename: a half-unpacked or concurrently
+        # unpacked directory is never taken for a finished one.
+        tmp = tempfile.mkdtemp(prefix=".%s." % stem, dir=into)
+        try:
+            os.chmod(tmp, 0o755)  # the rabbitmq user runs what is in it
+            log("unpacking %s into %s" % (os.path.basename(archive), target))
+            _extract(archive, tmp)
+            os.chmod(tmp, 0o755)  # (dpkg -x sets it from the package)
+            with open(os.path.join(tmp, UNPACKED_MARKER), "w") as f:
+                json.dump({"archive": os.path.basename(archive), "sha256": digest}, f)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not os.path.isdir(target):  # else another unpack won the race
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with open(os.path.join(target, UNPACKED_MARKER)) as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        marker = {}
+    if marker.get("sha256") != digest:
+        raise RabbitNodeError(
+            "%s exists but is not an unpacking of %s (sha256 %s); remove it or "
+            "unpack into another directory" % (target, archive, digest)
+        )
+    found = _find_dir(target, matches)
+    if found is None:
+        raise RabbitNodeError("%s holds no %s (unpacked in %s)" % (archive, what, target))
+    return found
+
+
+def unpack_broker(
+    server: str,
+    erlang: str,
+    into: str,
+    log: Optional[Callable[[str], None]] = None,
+) -> Dict[str, str]:
+    """Unpack a RabbitMQ server and an Erlang to run nodes from; return
+    ``{"ASGI_AMQP_RABBITMQ_SERVER_DIR": ..., "ASGI_AMQP_ERLANG_ROOT": ...}``.
+
+    *server* is a RabbitMQ ``.deb`` (unpacked with ``dpkg -x``; nothing is
+    installed) or a generic-unix tarball, *erlang* a tarball with a
+    ``lib/erlang/bin/erl`` in it.  Each goes into ``INTO/<file name without
+    extension>``, world-readable (as root the node runs as the rabbitmq user);
+    when that exists already and was unpacked from the same file (its sha256),
+    it is reused.  Each file is first checked against a ``SHA256SUMS`` beside
+    it, if there is one.  *log* gets a line for each step.
+    """
+    say = log or (lambda _msg: None)
+    into = os.path.abspath(into)
+    os.makedirs(into, exist_ok=True)
+    server_dir = _unpack_one(server, into, _is_server_dir, "RabbitMQ server directory", say)
+    erlang_root = _unpack_one(erlang, into, _is_erlang_root, "lib/erlang/bin/erl", say)
+    return {
+        SERVER_DIR_VARIABLE: _server_dir_from(server_dir) or server_dir,
+        ERLANG_ROOT_VARIABLE: _erlang_root_from(erlang_root) or erlang_root,
+    }
 
 
 # --------------------------------------------------------------------------
@@ -1246,7 +1679,10 @@ def _cmd_start(args: argparse.Namespace) -> int:
     node.detach()
     print("AMQP_URL=%s" % node.amqp_url)
     print("AMQP_MANAGEMENT_URL=%s" % node.management_url)
-    print("# node %s, pid %s, files in %s" % (node.nodename, node.pid, node.dir))
+    print(
+        "# node %s (RabbitMQ %s), pid %s, files in %s"
+        % (node.nodename, node.version(), node.pid, node.dir)
+    )
     print(
         "# stop it with: %s -m devtools.rabbitmq stop %s" % (sys.executable or "python3", node.dir)
     )
@@ -1261,6 +1697,15 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         return 2
     node.cleanup()
     _say("stopped %s and removed %s" % (node.nodename, args.node_dir))
+    return 0
+
+
+def _cmd_unpack(args: argparse.Namespace) -> int:
+    found = unpack_broker(args.server, args.erlang, args.into, log=_say)
+    for name, value in found.items():
+        print("%s=%s" % (name, shlex.quote(value)))
+    print("# nodes of `start` and `run` (and the test suite's) run from these when they are set")
+    print('# (in a shell: set -a; eval "$(python3 -m devtools.rabbitmq unpack ...)"; set +a)')
     return 0
 
 
@@ -1289,6 +1734,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="optional: check that the directory holds this node",
     )
     p_stop.set_defaults(func=_cmd_stop)
+    p_unpack = sub.add_parser(
+        "unpack",
+        help="unpack a RabbitMQ and an Erlang to run nodes from; print %s and %s"
+        % (SERVER_DIR_VARIABLE, ERLANG_ROOT_VARIABLE),
+    )
+    p_unpack.add_argument(
+        "--server",
+        required=True,
+        metavar="FILE",
+        help="a rabbitmq-server .deb or a RabbitMQ generic-unix tarball (.tar.xz, .tar.gz)",
+    )
+    p_unpack.add_argument(
+        "--erlang", required=True, metavar="FILE", help="an Erlang tarball with lib/erlang/bin/erl"
+    )
+    p_unpack.add_argument(
+        "--into", required=True, metavar="DIR", help="where to unpack (reused when run again)"
+    )
+    p_unpack.set_defaults(func=_cmd_unpack)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -25,6 +25,13 @@ def _parameters(url, client_name):
     parts = urlsplit(url)
     if parts.scheme not in ("amqp", "amqps"):
         raise ValueError("unsupported URL scheme %r: use amqp:// or amqps://" % parts.scheme)
+    if not url[len(parts.scheme) + 1 :].startswith("//") or not parts.hostname:
+        # pika reads 'amqp:/user:password@host/' as a vhost on localhost: it
+        # would connect to another broker and print the password as the vhost.
+        raise ValueError(
+            "invalid AMQP URL %s: it needs '//' and a host, as in "
+            "amqp://user:password@host:5672/vhost" % redact(url)
+        )
     given = parse_qs(parts.query)
     parameters = None
     try:
@@ -54,14 +61,15 @@ def _parameters(url, client_name):
     return parameters
 
 
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:@/]*):.*@")
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/*)(?P<user>[^:@/]*):.*@")
 
 
 def redact(url):
     """The URL with any password replaced by ``***``.
 
     Everything up to the last '@' counts as user information, so a password
-    with an unencoded '/', '?' or '#' is hidden too.
+    with an unencoded '/', '?' or '#' is hidden too, and so is one in a
+    malformed URL with fewer slashes than two ('amqp:/user:password@host').
     """
     if not isinstance(url, str):
         return "<url>"

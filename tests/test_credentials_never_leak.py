@@ -203,12 +203,19 @@ def test_passwords_with_reserved_characters_leak_nowhere(caplog, password):
         "amqp://guest:%s@[::1/%%2F" % SECRET,
         "http://guest:%s@127.0.0.1:5672/" % SECRET,
         "redis://:%s@127.0.0.1:6379/0" % SECRET,
+        # One slash or none: pika would read the credentials as a vhost on
+        # localhost, connect there and print them in its refusal.
+        "amqp:/deploy:%s@127.0.0.1:52917/%%2F" % SECRET,
+        "amqp:deploy:%s@127.0.0.1:52917/%%2F" % SECRET,
+        "amqps:/deploy:%s@127.0.0.1/%%2F" % SECRET,
     ],
 )
 def test_bad_url_errors_leak_no_secret(caplog, url):
     caplog.set_level(logging.DEBUG)
+    started = time.monotonic()
     with pytest.raises(ValueError) as info:
         AMQPChannelLayer(url=url)
+    assert time.monotonic() - started < 1.0  # refused before any connection attempt
     assert_no_leak(forbidden(SECRET), caplog, [info.value])
 
 
@@ -323,6 +330,8 @@ def test_repr_of_the_layer_shows_hosts_but_no_password():
         ("amqp://guest@host/", "amqp://guest@host/"),
         ("amqp://host:5672/%2F", "amqp://host:5672/%2F"),
         ("amqp://", "amqp://"),
+        ("amqp:/deploy:s3cr3t@127.0.0.1:52917/%2F", "amqp:/deploy:***@127.0.0.1:52917/%2F"),
+        ("amqp:deploy:s3cr3t@host/", "amqp:deploy:***@host/"),
     ],
 )
 def test_redact(url, expected):

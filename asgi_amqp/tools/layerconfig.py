@@ -52,14 +52,22 @@ class UnknownOption(ConfigError, TypeError):
     unexpected keyword argument is."""
 
 
+# Keywords of AMQPChannelLayer that are no option of their own: ``hosts`` is
+# the legacy spelling of ``url`` (checked() says so).
+NOT_OPTIONS = ("self", "hosts")
+
+
 def _layer_parameters() -> Dict[str, Any]:
+    """Every option of ``AMQPChannelLayer``, keyword-only ones included (a
+    new option reaches every tool without a list to update)."""
     from ..layer import AMQPChannelLayer
 
     signature = inspect.signature(AMQPChannelLayer.__init__)
     return {
         name: parameter.default
         for name, parameter in signature.parameters.items()
-        if name != "self" and parameter.kind is parameter.POSITIONAL_OR_KEYWORD
+        if name not in NOT_OPTIONS
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
     }
 
 

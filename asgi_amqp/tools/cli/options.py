@@ -185,6 +185,14 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         dict(type=click.IntRange(min=1), metavar="N", help="[default: 1000]"),
     ),
     (
+        ("--persistent/--transient", "persistent"),
+        dict(
+            default=None,
+            help="Publish persistent messages, which classic queues keep through a broker "
+            "restart [default: transient].",
+        ),
+    ),
+    (
         ("-v", "--verbose"),
         dict(count=True, envvar=None, help="More log output on stderr (-vv: debug)."),
     ),

@@ -1,0 +1,89 @@
+"""Every option of ``AMQPChannelLayer`` passes through every tool.
+
+The tools (the ``asgi-amqp`` command, ``layerconfig.from_django`` and
+``from_file``, Spark's ``send_dataframe``) take the layer's options from
+``layerconfig.LAYER_OPTIONS``, which is read off the constructor's
+signature. ``persistent`` is keyword-only and was left out of it, so every
+tool refused it although the docs say every option is accepted. These tests
+walk the signature, so the next new option cannot be forgotten either.
+"""
+
+import inspect
+import json
+import textwrap
+
+import pika
+import pytest
+
+from asgi_amqp import AMQPChannelLayer
+from asgi_amqp.tools import layerconfig, spark
+from helpers import run_cli
+
+
+def _constructor_options():
+    signature = inspect.signature(AMQPChannelLayer.__init__)
+    return {name for name in signature.parameters if name not in layerconfig.NOT_OPTIONS}
+
+
+def test_every_constructor_keyword_is_a_layer_option():
+    assert _constructor_options() == set(layerconfig.LAYER_OPTIONS)
+    assert "persistent" in layerconfig.LAYER_OPTIONS
+
+
+@pytest.mark.parametrize("option", sorted(_constructor_options()))
+def test_every_tool_accepts_every_option(option, tmp_path):
+    value = layerconfig.LAYER_OPTIONS[option]
+    assert layerconfig.checked({option: value}, "a test") == {option: value}
+    # A settings file holds it (JSON: any default the layer has is JSON too).
+    if value is None or isinstance(value, (bool, int, float, str)):
+        path = tmp_path / "layer.json"
+        path.write_text(json.dumps({option: value}))
+        assert layerconfig.from_file(str(path)) == {option: value}
+    # send_dataframe takes it as a keyword (checked before Spark is touched).
+    parameters = inspect.signature(spark.send_dataframe).parameters
+    assert option in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()), option
+
+
+def test_django_settings_with_persistent(tmp_path, monkeypatch):
+    (tmp_path / "persistent_settings.py").write_text(
+        textwrap.dedent(
+            """\
+            CHANNEL_LAYERS = {"default": {"BACKEND": "asgi_amqp.AMQPChannelLayer",
+                                          "CONFIG": {"persistent": True, "prefix": "p"}}}
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert layerconfig.from_django("persistent_settings")["persistent"] is True
+
+
+def _delivery_mode(broker, queue):
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    try:
+        method, properties, _ = connection.channel().basic_get(queue, auto_ack=True)
+        assert method is not None, "nothing in %s" % queue
+        return properties.delivery_mode
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        (["--persistent"], 2),
+        (["--transient"], 1),
+        ([], 1),
+        (["--config", "{file}"], 2),
+        (["--config", "{file}", "--transient"], 1),
+    ],
+)
+def test_the_command_line_sends_persistent_messages_when_told(
+    how, expected, cli_env, cli_layer, broker, tmp_path
+):
+    config = tmp_path / "layer.toml"
+    config.write_text("persistent = true\n")
+    args = [arg.format(file=config) for arg in how]
+    result = run_cli(args + ["send", "kept.across", '{"n": 1}'], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    queue = cli_layer.topology.channel_queue("kept.across")
+    assert _delivery_mode(broker, queue) == expected

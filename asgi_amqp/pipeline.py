@@ -38,6 +38,12 @@ WINDOW = 4096  # messages in flight at most
 Outcome = Optional[BaseException]  # None: sent
 
 
+class NotAttempted(Exception):
+    """The outcome of a message that was never handed to the broker: the
+    sending stopped first (``SendPipeline.stop``, or an interrupt in the
+    middle of handing a chunk over). It is not in any queue."""
+
+
 class _Entry(object):
     """One input item on its way: published (``batch``, ``index``) or already decided."""
 
@@ -128,6 +134,17 @@ class SendPipeline(object):
         while self._in_flight:
             self._settle_oldest()
 
+    def stop(self, why: str) -> None:
+        """Hand nothing more over: what waits for its chunk is ``NotAttempted``.
+
+        What was handed over already still gets its outcome from ``flush``:
+        sent once confirmed, whatever the reason for stopping.
+        """
+        waiting, self._waiting = self._waiting, []
+        for entry in waiting:
+            if entry.error is None:
+                entry.error = NotAttempted("not sent: %s" % why)
+
     # -- steps -------------------------------------------------------------------
 
     def _prepare(self, entry: _Entry, message: Dict[str, Any]) -> None:
@@ -144,10 +161,23 @@ class SendPipeline(object):
         entry.body = layer._serializer.dumps(message)
 
     def _launch(self) -> None:
-        """Declare the chunk's new queues, then hand its publishes over at once."""
+        """Declare the chunk's new queues, then hand its publishes over at once.
+
+        Interrupted before the hand-over (a KeyboardInterrupt in a declare),
+        the chunk's messages were never published: ``NotAttempted``.
+        """
         entries, self._waiting = self._waiting, []
         if not entries:
             return
+        try:
+            self._hand_over(entries)
+        except BaseException:
+            for entry in entries:
+                if entry.batch is None and entry.error is None:
+                    entry.error = NotAttempted("not sent: interrupted before it was handed over")
+            raise
+
+    def _hand_over(self, entries: List[_Entry]) -> None:
         self._declare_queues(entries)
         ready = [entry for entry in entries if entry.error is None]
         if not ready:
@@ -247,12 +277,15 @@ class SendPipeline(object):
         entry = self._in_flight[0]
         if entry.batch is None and entry.error is None:
             self._launch()  # the oldest is still waiting for its chunk
+        outcome = self._outcome(entry)  # an interrupt here leaves it in flight
         self._in_flight.popleft()
-        self._on_outcome(entry.tag, self._outcome(entry))
+        self._on_outcome(entry.tag, outcome)
 
     def _outcome(self, entry: _Entry) -> Outcome:
-        if entry.error is not None or entry.batch is None:
+        if entry.error is not None:
             return entry.error
+        if entry.batch is None:
+            return NotAttempted("not sent: never handed over")
         try:
             outcome = entry.batch.outcome(entry.index, entry.deadline)
             if outcome == ACKED or entry.kind == "group":

@@ -25,7 +25,9 @@ from helpers import drain, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_RE = re.compile(
-    r"^sent (\d+), channel full (\d+), failed (\d+) in [\d.]+ s \((\d+) msg/s\)$", re.M
+    r"^sent (\d+), channel full (\d+), failed (\d+), not attempted (\d+) "
+    r"in [\d.]+ s \(([\d.]+) msg/s\)$",
+    re.M,
 )
 
 

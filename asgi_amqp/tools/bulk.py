@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from ..errors import AuthenticationError, BrokerBlocked, BrokerConnectionError, ChannelFull
-from ..pipeline import SendPipeline
+from ..pipeline import NotAttempted, SendPipeline
 
 ON_FULL = ("fail", "skip", "retry")
 RETRY_FIRST_DELAY = 0.1
@@ -63,15 +63,20 @@ class BulkSender(object):
     may block while the window is full; ``close`` waits for the rest.
     Everything runs in the caller's thread.
 
-    Every message ends in one count: ``sent`` (the broker confirmed it),
-    ``full`` (its channel stayed full under ``on_full``: "skip" counts it,
-    "retry" sends it again after 0.1 s, 0.2 s, ... up to ``retries`` times,
-    "fail" also stops sending) or ``failed``. ``report(where, exc)`` hears of
-    each failure. Sending gives up, with ``fatal`` set to the error, on an
+    Every message ends in exactly one count: ``sent`` (the broker confirmed
+    it), ``full`` (its channel stayed full under ``on_full``: "skip" counts
+    it, "retry" sends it again after 0.1 s, 0.2 s, ... up to ``retries``
+    times, "fail" also stops sending), ``failed``, or ``not_attempted``
+    (never handed to the broker). ``report(where, exc)`` hears of each
+    failure. Sending gives up, with ``fatal`` set to the error, on an
     authentication error, or on a connection error before anything was
-    sent or after ``CONSECUTIVE_CONNECTION_ERRORS`` in a row. After a stop
-    (``done``), a message submitted is counted as failed without being
-    sent; messages already in flight count as they turn out.
+    sent or after ``CONSECUTIVE_CONNECTION_ERRORS`` in a row; ``stop(why)``
+    stops it from outside (an interrupt). After a stop (``done``), a
+    message submitted, and one still waiting for its chunk, is not
+    attempted; messages already handed over count as they turn out.
+
+    ``first_unconfirmed`` is the smallest ``position`` (a line number) whose
+    message was not sent, or None: where a resumed run must start.
     """
 
     def __init__(
@@ -94,6 +99,9 @@ class BulkSender(object):
         self.sent = 0
         self.full = 0
         self.failed = 0
+        self.not_attempted = 0
+        self.first_unconfirmed: Optional[int] = None
+        self.last_sent: Optional[int] = None  # the largest position sent
         self.stopped: Optional[str] = None  # where on_full="fail" stopped it
         self.stopped_at: Any = None  # the ``where`` of the message it stopped at
         self.fatal: Optional[BaseException] = None  # the error it gave up on
@@ -109,35 +117,70 @@ class BulkSender(object):
 
     @property
     def processed(self) -> int:
-        return self.sent + self.full + self.failed
+        return self.sent + self.full + self.failed + self.not_attempted
 
-    def submit(self, kind: str, name: str, message: Dict[str, Any], where: Any) -> None:
+    def submit(
+        self,
+        kind: str,
+        name: str,
+        message: Dict[str, Any],
+        where: Any,
+        position: Optional[int] = None,
+    ) -> None:
         """Send one message (``kind`` "channel" or "group")."""
         if self.done:
-            self.failed += 1
+            self.skipped(1, position)
             return
-        self._pipeline.put(kind, name, message, (kind, name, message, where))
+        self._pipeline.put(kind, name, message, (kind, name, message, where, position))
 
-    def invalid(self, where: Any, error: BaseException) -> None:
+    def invalid(self, where: Any, error: BaseException, position: Optional[int] = None) -> None:
         """Count a message that could not even be read as failed, and report it."""
         self.failed += 1
+        self._unconfirmed(position)
         self._report(where, error)
+
+    def skipped(self, count: int, first_position: Optional[int] = None) -> None:
+        """Count ``count`` messages as not attempted (e.g. lines never read),
+        the first of them at ``first_position``."""
+        self.not_attempted += count
+        self._unconfirmed(first_position)
+
+    def stop(self, why: str) -> None:
+        """Send nothing more; what waits for its chunk is not attempted."""
+        self.stopped = self.stopped or why
+        self._pipeline.stop(why)
 
     def close(self) -> None:
         """Wait for the sends in flight."""
+        if self.done:
+            self._pipeline.stop(self.stopped or "sending gave up")
         self._pipeline.flush()
 
+    def _unconfirmed(self, position: Optional[int]) -> None:
+        if position is not None and (
+            self.first_unconfirmed is None or position < self.first_unconfirmed
+        ):
+            self.first_unconfirmed = position
+
     def _settled(self, tag: Any, error: Optional[BaseException]) -> None:
-        kind, name, message, where = tag
+        kind, name, message, where, position = tag
+        if isinstance(error, ChannelFull) and not isinstance(error, BrokerBlocked):
+            if self.on_full == "retry":
+                error = self._retry(kind, name, message)
+        if error is not None:
+            self._unconfirmed(position)
+        if isinstance(error, NotAttempted):
+            self.not_attempted += 1
+            return
         if isinstance(error, BrokerBlocked):  # the broker's alarm, not a full channel
             self.failed += 1
             self.fatal = self.fatal or error
             return
-        if isinstance(error, ChannelFull) and self.on_full == "retry":
-            error = self._retry(kind, name, message)
         if error is None:
             self.sent += 1
             self._connection_errors = 0
+            if position is not None and (self.last_sent is None or position > self.last_sent):
+                self.last_sent = position
         elif isinstance(error, ChannelFull):
             self.full += 1
             if self.on_full == "fail" and self.stopped is None:

@@ -122,7 +122,7 @@ def _account(sender, sample, partition, accumulators):
     sent, full, failed, failures = accumulators
     sent.add(sender.sent)
     full.add(sender.full)
-    failed.add(sender.failed)
+    failed.add(sender.failed + sender.not_attempted)  # rows after a stop
     if sender.stopped_at is not None:  # on_full="fail"
         row = sender.stopped_at
         reason = "channel %s is full (on_full=fail): the partition stopped" % row.name

@@ -5,8 +5,10 @@ Bulk mode reads JSON Lines and hands each to ``tools.bulk.BulkSender``.
 
 import itertools
 import os
+import signal
 import stat
 import sys
+import threading
 import time
 
 from ...errors import AuthenticationError, BrokerConnectionError
@@ -60,19 +62,74 @@ def _describe(exc):
 
 def _summary(sender, elapsed):
     rate = sender.sent / elapsed if elapsed > 0 else 0.0
-    return "sent %d, channel full %d, failed %d in %.2f s (%.0f msg/s)" % (
+    return "sent %d, channel full %d, failed %d, not attempted %d in %.2f s (%s msg/s)" % (
         sender.sent,
         sender.full,
         sender.failed,
+        sender.not_attempted,
         elapsed,
-        rate,
+        ("%.1f" if rate < 10 else "%.0f") % rate,
     )
 
 
-def _exit_code(sender):
+def _resume_line(sender):
+    """Where a run that did not send every line can start again, or None."""
+    first = sender.first_unconfirmed
+    if first is None:
+        return None
+    text = "first line not confirmed: %d (resume with --skip %d)" % (first, first - 1)
+    if sender.last_sent is not None and sender.last_sent > first:
+        text += "; lines after it up to %d were sent, and a resume sends those again" % (
+            sender.last_sent
+        )
+    return text
+
+
+class _StopSignals(object):
+    """SIGINT and SIGTERM stop a bulk send between two lines, not in the middle.
+
+    A signal is only noted: reading stops before the next line, what was
+    handed to the broker is waited for (each within the layer's
+    ``operation_timeout``), and the summary then accounts for every line.
+    An exception raised wherever the signal struck could abandon a publish
+    the broker confirmed (a line sent but counted as not) or one it never
+    got (the reverse). A second signal ends the wait at once.
+    """
+
+    NAMES = {signal.SIGINT: "an interrupt", signal.SIGTERM: "SIGTERM"}
+
+    def __init__(self):
+        self.received = None  # the first signal's number
+        self._saved = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.NAMES:
+                self._saved[signum] = signal.signal(signum, self._note)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+        self._saved = {}
+
+    def _note(self, signum, frame):
+        if self.received is not None:
+            self.__exit__()
+            raise KeyboardInterrupt("a second %s" % self.NAMES[signum])
+        self.received = signum
+
+    @property
+    def reason(self):
+        return self.NAMES.get(self.received)
+
+
+def _exit_code(sender, signals=None):
+    if signals is not None and signals.received is not None:
+        return 128 + signals.received  # 130 for an interrupt, 143 for SIGTERM
     if sender.fatal is not None:
         return EXIT_ERROR
-    if sender.full or sender.failed or sender.stopped is not None:
+    if sender.full or sender.failed or sender.not_attempted or sender.stopped is not None:
         return EXIT_PARTIAL
     return EXIT_OK
 
@@ -154,7 +211,7 @@ def _progress(total, stream=None):
     return tqdm(total=total, unit="msg", file=stream, dynamic_ncols=True, leave=False)
 
 
-def _send_bulk(settings, stream, on_full, retries, jobs):
+def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
     layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)
@@ -168,29 +225,39 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
         keep_existing=True,
     )
     started = time.monotonic()
-    try:
-        for number, line in enumerate(stream, 1):
-            if sender.done:
-                break
-            if not line.strip():
-                continue
-            where = "line %d" % number
-            try:
-                kind, name, message = _parse_line(_text(line), layer)
-            except ValueError as exc:
-                sender.invalid(where, exc)
-            else:
-                sender.submit(kind, name, message, where)
+    counted = 0  # non-blank lines taken from the input (skipped ones included)
+    stopped_before = None  # the line reading stopped at, unread, or None
+    with _StopSignals() as signals:
+        try:
+            for number, line in enumerate(stream, 1):
+                if not line.strip():
+                    continue
+                if sender.done or signals.received is not None:
+                    stopped_before = number
+                    break
+                counted += 1
+                if number <= skip:
+                    continue
+                where = "line %d" % number
+                try:
+                    kind, name, message = _parse_line(_text(line), layer)
+                except ValueError as exc:
+                    sender.invalid(where, exc, number)
+                else:
+                    sender.submit(kind, name, message, where, number)
+                if bar is not None:
+                    bar.update(1)
+            if signals.received is not None:
+                sender.stop(signals.reason)
+        finally:
+            sender.close()
             if bar is not None:
-                bar.update(1)
-    except KeyboardInterrupt:
-        sender.stopped = sender.stopped or "an interrupt"
-    finally:
-        sender.close()
-        if bar is not None:
-            bar.close()
+                bar.close()
+    if stopped_before is not None:
+        # Lines never read: counted where the file's size is known (a pipe's is not).
+        sender.skipped(total - counted if total is not None else 0, stopped_before)
     elapsed = time.monotonic() - started
-    if sender.fatal is not None and sender.processed <= 1:
+    if sender.fatal is not None and sender.processed - sender.not_attempted <= 1:
         raise _fatal_error(sender)
     if sender.fatal is not None:
         click.echo("%s: error: %s" % (PROG, _fatal_error(sender).format_message()), err=True)
@@ -202,7 +269,14 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
         )
     if not settings.quiet:
         click.echo(_summary(sender, elapsed), err=True)
-    return _exit_code(sender)
+        if stopped_before is not None and total is None:
+            click.echo(
+                "the rest of the input, from line %d, was not read" % stopped_before, err=True
+            )
+        resume = _resume_line(sender)
+        if resume is not None:
+            click.echo(resume, err=True)
+    return _exit_code(sender, signals)
 
 
 @cli.command(epilog=EPILOG)
@@ -240,8 +314,16 @@ def _send_bulk(settings, stream, on_full, retries, jobs):
     help="Deprecated and ignored: bulk sends are pipelined (thousands of messages in "
     "flight on one connection, in order per channel).",
 )
+@click.option(
+    "--skip",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="With --from: leave out the first N lines, to resume a run at the line its "
+    "summary names as the first not confirmed.",
+)
 @click.pass_obj
-def send(settings, channel, message_json, source, on_full, retries, jobs):
+def send(settings, channel, message_json, source, on_full, retries, jobs, skip):
     """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
 
     Bulk mode shows a progress bar on a terminal, reports bad lines with
@@ -251,7 +333,7 @@ def send(settings, channel, message_json, source, on_full, retries, jobs):
     if source is not None:
         if channel is not None or message_json is not None:
             raise click.UsageError("give either CHANNEL MESSAGE_JSON or --from FILE, not both")
-        sys.exit(_send_bulk(settings, source, on_full, retries, jobs))
+        sys.exit(_send_bulk(settings, source, on_full, retries, jobs, skip))
     if channel is None or message_json is None:
         raise click.UsageError("give CHANNEL and MESSAGE_JSON, or --from FILE")
     message = _message_argument(message_json)

@@ -1,0 +1,147 @@
+"""``asgi-amqp send --from FILE`` accounts for every line, however the run ends.
+
+Every line is exactly one of sent (confirmed), channel full, failed, or not
+attempted, and the summary names the first line not confirmed, where a
+resumed run (``--skip``) starts. Ctrl-C and SIGTERM stop the run between
+two lines; the summary's "sent" must be what the broker holds. Before, an
+interrupt while new channels were being declared counted messages as sent
+that never reached the broker (256 of 0), and SIGTERM printed nothing.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pika
+import pytest
+
+from helpers import Management, make_layer, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUMMARY = re.compile(
+    r"^sent (\d+), channel full (\d+), failed (\d+), not attempted (\d+) in ", re.M
+)
+RESUME = re.compile(r"^first line not confirmed: (\d+) \(resume with --skip (\d+)\)", re.M)
+LINES = 20000
+CHANNELS = 300
+
+
+def _summary(stderr):
+    found = SUMMARY.findall(stderr)
+    assert len(found) == 1, stderr
+    return tuple(int(n) for n in found[0])
+
+
+def _write_lines(path, lines=LINES, channels=CHANNELS):
+    with open(path, "w") as out:
+        for i in range(lines):
+            out.write(json.dumps({"channel": "acct.c%d" % (i % channels), "message": {"i": i}}))
+            out.write("\n")
+
+
+def _queue_depths(broker, queues):
+    """{queue: ready messages} by passive declares: exact, unlike the API's samples."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    depths = {}
+    try:
+        for queue in queues:
+            channel = connection.channel()
+            try:
+                depths[queue] = channel.queue_declare(queue, passive=True).method.message_count
+                channel.close()
+            except pika.exceptions.ChannelClosedByBroker:
+                depths[queue] = 0  # never declared
+    finally:
+        connection.close()
+    return depths
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("queues_first", [3, 120, CHANNELS], ids=["early", "declaring", "late"])
+def test_a_signal_leaves_a_summary_that_matches_the_broker(
+    broker, cli_prefix, tmp_path, signum, queues_first
+):
+    source = tmp_path / "lines.jsonl"
+    _write_lines(source)
+    layer = make_layer(broker, prefix=cli_prefix, capacity=100000, expiry=300)
+    queues = [layer.topology.channel_queue("acct.c%d" % n) for n in range(CHANNELS)]
+    env = dict(os.environ, AMQP_URL=broker.amqp_url, AMQP_MANAGEMENT_URL=broker.management_url)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, env.get("PYTHONPATH", "")] if p)
+    command = [sys.executable, "-m", "asgi_amqp", "--prefix", cli_prefix, "--capacity", "100000"]
+    command += ["--expiry", "300", "send", "--from", str(source)]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # The moment: once the run has declared this many of its channels' queues.
+        api = Management(broker)
+        wait_until(
+            lambda: (
+                len(api.queue_names(cli_prefix + ":q:")) >= queues_first
+                or process.poll() is not None
+            ),
+            timeout=60,
+            interval=0.02,
+            message="%d queues declared" % queues_first,
+        )
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    try:
+        assert process.returncode in (128 + signum, 0), stderr  # 0: it finished first
+        sent, full, failed, not_attempted = _summary(stderr)
+        held = sum(_queue_depths(broker, queues).values())
+        print(
+            "\n%s at %d queues: %s; the broker holds %d"
+            % (signal.Signals(signum).name, queues_first, stderr.strip().splitlines()[-2:], held)
+        )
+        assert sent == held, stderr
+        assert sent + full + failed + not_attempted == LINES, stderr
+        if process.returncode:
+            first = int(RESUME.search(stderr).group(1))
+            # Every line before the first not confirmed is in the broker.
+            present = set()
+            while True:
+                channel, message = layer.receive(["acct.c%d" % n for n in range(CHANNELS)])
+                if channel is None:
+                    break
+                present.add(message["i"])
+            assert len(present) == held
+            assert set(range(first - 1)) <= present
+    finally:
+        layer.flush()
+        layer.close()
+
+
+def test_on_full_fail_accounts_for_the_lines_after_the_stop(cli_env, cli_layer, tmp_path):
+    source = tmp_path / "one.jsonl"
+    _write_lines(source, lines=3000, channels=1)
+    result = run_cli(["--capacity", "100", "send", "--from", str(source)], env=cli_env)
+    assert result.exit_code == 1
+    sent, full, failed, not_attempted = _summary(result.stderr)
+    assert sent == 100 and failed == 0
+    assert sent + full + failed + not_attempted == 3000, result.stderr
+    assert RESUME.search(result.stderr).group(1) == "101", result.stderr
+
+
+def test_refused_credentials_account_for_every_line(broker, cli_prefix, tmp_path):
+    source = tmp_path / "lines.jsonl"
+    _write_lines(source, lines=2000, channels=5)
+    url = broker.amqp_url.replace("guest:guest@", "guest:wrong@")
+    result = run_cli(
+        ["--prefix", cli_prefix, "send", "--from", str(source)],
+        env={"AMQP_URL": url, "AMQP_MANAGEMENT_URL": broker.management_url},
+    )
+    assert result.exit_code == 2
+    assert "wrong" not in result.stderr
+    if SUMMARY.search(result.stderr):  # one line in, the error alone says it all
+        sent, full, failed, not_attempted = _summary(result.stderr)
+        assert sent == 0 and sent + full + failed + not_attempted == 2000, result.stderr

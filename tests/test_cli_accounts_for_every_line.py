@@ -145,3 +145,14 @@ def test_refused_credentials_account_for_every_line(broker, cli_prefix, tmp_path
     if SUMMARY.search(result.stderr):  # one line in, the error alone says it all
         sent, full, failed, not_attempted = _summary(result.stderr)
         assert sent == 0 and sent + full + failed + not_attempted == 2000, result.stderr
+
+
+def test_a_single_message_over_the_size_limit_is_an_invalid_message(cli_env, cli_layer):
+    """cli.rst: an invalid message exits 2 with the ``asgi-amqp: error:`` prefix.
+    It exited 1 with a bare line before."""
+    result = run_cli(
+        ["--max-message-size", "10", "send", "too.big", '{"a": "%s"}' % ("x" * 40)], env=cli_env
+    )
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("asgi-amqp: error: channel too.big: message is ")
+    assert result.stderr.count("\n") == 1

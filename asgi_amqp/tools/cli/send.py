@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from ...errors import AuthenticationError, BrokerConnectionError
+from ...errors import AuthenticationError, BrokerConnectionError, MessageTooLarge
 from ...serialization import validate_message
 from .. import bulk
 from ..jsonbytes import loads
@@ -364,13 +364,25 @@ def _send_one(settings, kind, name, message, on_full, retries):
         validate_message(message)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
+    reported = []
     sender = bulk.BulkSender(
-        layer, on_full=on_full, retries=retries, report=_reporter(), keep_existing=True
+        layer,
+        on_full=on_full,
+        retries=retries,
+        report=lambda where, exc: reported.append(exc),
+        keep_existing=True,
     )
     sender.submit(kind, name, message, "%s %s" % (kind, name))
     sender.close()
     if sender.fatal is not None:
         raise _fatal_error(sender)
+    for problem in reported:
+        # The message itself (too large, say): an invalid message, exit 2.
+        if isinstance(problem, (MessageTooLarge, TypeError, ValueError)):
+            raise CLIError("%s %s: %s" % (kind, name, _one_line(problem)))
+        raise _error_for(problem) or CLIError(
+            "%s %s: %s" % (kind, name, _describe(problem)), EXIT_PARTIAL
+        )
     if sender.full:
         raise CLIError(
             "channel %s is full (capacity %d)" % (name, layer.get_capacity(name)), EXIT_PARTIAL

@@ -422,6 +422,9 @@ def test_management_api_unreachable_is_one_line(run, env):
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1
     assert "management API is not reachable" in result.stderr
+    # In the command's own terms: its option and variable, not the layer's keyword.
+    assert "--management-url (or AMQP_MANAGEMENT_URL)" in result.stderr
+    assert "management_url=" not in result.stderr
 
 
 # -- credentials and unreachable brokers (real subprocesses) ---------------------------------------
@@ -526,3 +529,17 @@ def test_bad_urls_never_print_the_password(env, option, url):
     assert "Traceback" not in output
     assert "note: %s holds a password" % option in result.stderr
     assert result.stderr.count("error:") == 1
+
+
+def test_an_outage_error_does_not_promise_a_reconnect_the_command_will_not_make():
+    from asgi_amqp import OperationTimeout
+    from asgi_amqp.tools.cli.errors import _error_for
+
+    error = OperationTimeout(
+        "send to x: the broker has been unreachable for 10.1 s (refused); "
+        "the layer keeps reconnecting"
+    )
+    text = _error_for(error).format_message()
+    assert text == (
+        "cannot reach the broker: send to x: the broker has been unreachable for 10.1 s (refused)"
+    )

@@ -43,14 +43,29 @@ def _error_for(exc):
     if isinstance(exc, AuthenticationError):
         return CLIError(_one_line(exc))
     if isinstance(exc, BrokerConnectionError):
-        return CLIError("cannot reach the broker: %s" % _one_line(exc))
+        return CLIError("cannot reach the broker: %s" % _in_command_terms(_one_line(exc)))
     if isinstance(exc, ManagementAPIError):
-        return CLIError(_one_line(exc))
+        return CLIError(_in_command_terms(_one_line(exc)))
     if isinstance(exc, BrokerOperationError):
         return CLIError("%s%s" % (_one_line(exc), _mismatch_hint(exc)), EXIT_PARTIAL)
     if isinstance(exc, (TypeError, ValueError, ImportError)):
         return CLIError(_one_line(exc))
     return None
+
+
+# The library's words for a library's user -> the command's, for its user.
+_COMMAND_TERMS = (
+    ("pass management_url= pointing at it", "give --management-url (or AMQP_MANAGEMENT_URL)"),
+    ("check management_url", "check --management-url (or AMQP_MANAGEMENT_URL)"),
+    # The command exits with this error: nothing goes on reconnecting.
+    ("; the layer keeps reconnecting", ""),
+)
+
+
+def _in_command_terms(text):
+    for library, command in _COMMAND_TERMS:
+        text = text.replace(library, command)
+    return text
 
 
 def _mismatch_hint(exc):

@@ -16,6 +16,19 @@ once. What arrives there:
   ignored; that membership was just renewed.
 * a channel message that **expired**: its channel is not being read, so the
   channel's member exchange is deleted, which drops it from all its groups.
+* a channel message that reached a quorum queue's **delivery limit**
+  (reason ``delivery_limit``): RabbitMQ 4.0 gives quorum queues a default
+  limit of 20 deliveries (3.x has none) and dead-letters the message at
+  its 21st. The layer gives messages back with ``basic.nack(requeue=True)``
+  (held messages after ``linger``, those of a closed channel), so a message
+  nobody refused can reach it. It is sent back to its queue, at the end,
+  with what is left of its ``expiry`` as its expiration, and logged at
+  WARNING; one whose expiry has passed, or that its queue does not take
+  (full, or gone), is logged as dropped. The limit itself is not raised
+  with ``x-delivery-limit``: adding an argument to existing queues makes
+  the broker refuse their declaration (406, measured on 3.10.8 and 4.0.5),
+  and ``-1``, 4.0's "no limit", means a limit of 0 on 3.10.8 (measured:
+  dead-lettered at the first redelivery).
 
 Fan-out to process-local members does not pass through here: the broker
 dead-letters group messages from a member's zero-length queue straight into
@@ -38,6 +51,7 @@ because they declare that queue too.
 
 import logging
 import threading
+import time
 
 import pika
 import pika.exceptions
@@ -51,6 +65,7 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.2
 MISMATCH_RECHECK = 60.0  # seconds between checks of a dead-letter queue with other settings
 PREFETCH = 50
+DELIVERY_LIMIT = "delivery_limit"  # x-death reason: a quorum queue's delivery limit
 
 
 class DeadLetterWorker(object):
@@ -64,6 +79,7 @@ class DeadLetterWorker(object):
         self._connection = None
         self._inbox = []
         self._actions = None
+        self._republish = None  # a confirming channel, for _give_back
         self._attempt = 0
         self.ready = threading.Event()
         # The dead-letter queue exists with other settings (a QueueSettingsMismatch).
@@ -142,8 +158,8 @@ class DeadLetterWorker(object):
         while not self._stop.is_set():
             self._connection.process_data_events(time_limit=POLL_SECONDS)
             batch, self._inbox = self._inbox, []
-            for method, properties in batch:
-                self._handle(properties)
+            for method, properties, body in batch:
+                self._handle(properties, body)
                 events.basic_ack(method.delivery_tag)
 
     def _declare_dead_letter_queue(self, channel):
@@ -157,10 +173,11 @@ class DeadLetterWorker(object):
         channel.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange)
         channel.exchange_declare(topology.group_router, "direct", durable=True)
 
-    def _collect(self, _channel, method, properties, _body):
-        self._inbox.append((method, properties))
+    def _collect(self, _channel, method, properties, body):
+        self._inbox.append((method, properties, body))
 
     def _close_connection(self):
+        self._republish = None
         connection, self._connection = self._connection, None
         if connection is not None and connection.is_open:
             try:
@@ -170,10 +187,14 @@ class DeadLetterWorker(object):
 
     # -- events ---------------------------------------------------------------
 
-    def _handle(self, properties):
+    def _handle(self, properties, body):
         headers = properties.headers or {}
         deaths = headers.get("x-death") or []
-        if not deaths or _text(deaths[0].get("reason")) != "expired":
+        reason = _text(deaths[0].get("reason")) if deaths else ""
+        if reason == DELIVERY_LIMIT:
+            self._give_back(properties, body, deaths[0])
+            return
+        if reason != "expired":
             return  # maxlen: a marker replaced by a repeated group_add
         try:
             if _text(headers.get(naming.KIND_HEADER)) == naming.MARKER_KIND:
@@ -184,6 +205,75 @@ class DeadLetterWorker(object):
             # Already gone; only the actions channel is lost.
             logger.debug("dead-letter worker: %s", exc)
             self._actions = self._connection.channel()
+
+    def _give_back(self, properties, body, death):
+        """Send a message that reached its queue's delivery limit back there."""
+        queue = _text(death.get("queue"))
+        channel = self._topology.channel_of_queue(queue)
+        if not channel:
+            return
+        sent_at = properties.timestamp
+        left = self._topology.expiry
+        if isinstance(sent_at, int) and sent_at > 0:
+            left -= max(0.0, time.time() - sent_at)
+        count = death.get("count")
+        if left <= 0:
+            logger.warning(
+                "a message of %s reached its quorum queue's delivery limit (%s times) "
+                "after its expiry; dropped",
+                channel,
+                count,
+            )
+            return
+        original = properties.headers or {}
+        headers = {
+            key: value
+            for key, value in original.items()
+            if not key.startswith("x-")  # the broker's own: x-death, x-delivery-count
+        }
+        if channel.endswith("!"):
+            # A group message reached a process-local queue by dead-lettering,
+            # and only its x-death history names its channel: name it plainly.
+            local = self._topology.channel_of_delivery(queue, original)
+            if not local:
+                logger.warning(
+                    "a message of queue %s reached its delivery limit and names no "
+                    "process-local channel; dropped",
+                    queue,
+                )
+                return
+            headers[naming.CHANNEL_HEADER] = local
+        again = pika.BasicProperties(
+            delivery_mode=properties.delivery_mode,
+            content_type=properties.content_type,
+            message_id=properties.message_id,
+            timestamp=properties.timestamp,
+            headers=headers or None,
+            expiration=str(max(1, int(left * 1000))),
+        )
+        try:
+            self._confirming().basic_publish("", queue, body, again, mandatory=True)
+        except (pika.exceptions.NackError, pika.exceptions.UnroutableError) as exc:
+            logger.warning(
+                "a message of %s reached its quorum queue's delivery limit and its queue "
+                "did not take it back (%s); dropped",
+                channel,
+                type(exc).__name__,
+            )
+            return
+        logger.warning(
+            "a message of %s reached its quorum queue's delivery limit (delivered %s "
+            "times); sent back to the end of its queue",
+            channel,
+            count,
+        )
+
+    def _confirming(self):
+        """A channel of the worker's connection with publisher confirms on."""
+        if self._republish is None or not self._republish.is_open:
+            self._republish = self._connection.channel()
+            self._republish.confirm_delivery()
+        return self._republish
 
     def _expire_membership(self, headers):
         group = _text(headers.get(naming.GROUP_HEADER))

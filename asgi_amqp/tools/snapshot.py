@@ -265,7 +265,12 @@ def _dead_letter_view(
     queue_status = record.get("backing_queue_status") or {}
     # Dead-lettered messages reach the queue without a publish, so the
     # broker's publish rate misses them; the queue's own ingress rate does not.
+    # RabbitMQ 4.0's API has no backing_queue_status: there, what came in is
+    # what went out plus how fast the queue grew.
     in_rate = queue_status.get("avg_ingress_rate")
+    if in_rate is None and record:
+        growth = (record.get("messages_details") or {}).get("rate")
+        in_rate = max(0.0, _rate(stats, "deliver_get") + _per_second(growth))
     return DeadLetterView(
         exists=bool(record),
         pending=_int(record.get("messages")),

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner  # noqa: E402
@@ -543,3 +544,15 @@ def test_an_outage_error_does_not_promise_a_reconnect_the_command_will_not_make(
     assert text == (
         "cannot reach the broker: send to x: the broker has been unreachable for 10.1 s (refused)"
     )
+
+
+def test_a_url_at_the_management_port_names_the_likely_mistake(broker):
+    port = urlsplit(broker.management_url).port
+    result = _runner().invoke(
+        cli.cli,
+        ["send", "x", "{}"],
+        env={"AMQP_URL": "amqp://guest:guest@127.0.0.1:%d/%%2F" % port},
+    )
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "does not speak AMQP 0-9-1" in result.stderr and "15672" in result.stderr

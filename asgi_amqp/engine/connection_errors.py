@@ -53,4 +53,12 @@ def connection_error(error, parameters):
         return AuthenticationError("the broker at %s refused the credentials" % where)
     if isinstance(error, pika.exceptions.ProbableAccessDeniedError):
         return AuthenticationError("the broker at %s denied access to the vhost" % where)
-    return BrokerConnectionError("cannot connect to %s: %s" % (where, describe_reason(error)))
+    reason = describe_reason(error)
+    if isinstance(root_cause(error), pika.exceptions.IncompatibleProtocolError):
+        # Something answered, but not in AMQP 0-9-1: usually the URL names
+        # the management API's port (15672) or another service.
+        reason += (
+            " (the server there does not speak AMQP 0-9-1: is the port the management "
+            "API's, 15672, or another service's? RabbitMQ's AMQP port is 5672, 5671 with TLS)"
+        )
+    return BrokerConnectionError("cannot connect to %s: %s" % (where, reason))

@@ -56,6 +56,7 @@ __all__ = [
     "Extensions",
     "global_statistics",
     "channel_statistics",
+    "missing_channels",
     "all_channel_statistics",
     "is_available",
     "messages_taken_in",
@@ -250,6 +251,18 @@ def _check_channel(layer, channel):
     if not isinstance(channel, str):
         raise TypeError("channel name must be a str, not %s" % type(channel).__name__)
     layer.valid_channel_name(channel)  # raises TypeError; "foo!" is valid
+
+
+def missing_channels(layer, channels):
+    """Those of ``channels`` that have no queue on the broker (never used,
+    expired, or flushed): their figures are all 0."""
+    client = layer._management_client()
+    missing = []
+    for channel in channels:
+        _check_channel(layer, channel)
+        if client.queue(layer.topology.channel_queue(channel)) is None:
+            missing.append(channel)
+    return missing
 
 
 def channel_statistics(layer, channel):

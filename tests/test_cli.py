@@ -556,3 +556,10 @@ def test_a_url_at_the_management_port_names_the_likely_mistake(broker):
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1
     assert "does not speak AMQP 0-9-1" in result.stderr and "15672" in result.stderr
+
+
+def test_stats_of_a_channel_without_a_queue_says_so(run, layer):
+    result = run("stats", "no.such.channel")
+    assert result.exit_code == 0
+    assert "note: channel no.such.channel has no queue" in result.stderr
+    assert result.stdout.splitlines()[1].split()[1:] == ["0", "0", "0.0", "0", "0", "0.0"]

@@ -49,6 +49,12 @@ def stats(settings, channels, as_json):
     with _LayerErrors():
         if channels:
             per_channel = {c: statistics.channel_statistics(layer, c) for c in channels}
+            for channel in statistics.missing_channels(layer, channels):
+                click.echo(
+                    "note: channel %s has no queue (never sent to, expired when unused, or "
+                    "flushed): its figures are 0; check the name and --prefix" % channel,
+                    err=True,
+                )
         else:
             per_channel = statistics.all_channel_statistics(layer)
         total = statistics.global_statistics(layer)

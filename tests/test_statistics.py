@@ -200,10 +200,10 @@ def test_messages_count_is_what_the_queue_took_in(broker, new_layer):
 
     def sampled():
         # A sample that has every publish the broker counted (3 taken, 1
-        # returned, 1 refused) and the delivery.
+        # refused, and on 3.x the 1 returned) and the delivery.
         record = management.queue(queue) or {}
         stats = record.get("message_stats") or {}
-        done = record.get("messages") == 2 and stats.get("publish", 0) >= 5
+        done = record.get("messages") == 2 and stats.get("publish", 0) >= 4
         return record if done and stats.get("deliver_get") == 1 else None
 
     record = wait_until(sampled, timeout=30, interval=0.25, message="a sample of st.exact")

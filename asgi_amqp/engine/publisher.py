@@ -43,10 +43,17 @@ ends that.
 
 import collections
 import logging
+import re
 
 import pika
 
-from ..errors import ACCESS_REFUSED, BrokerBlocked, BrokerConnectionError, BrokerOperationError
+from ..errors import (
+    ACCESS_REFUSED,
+    BrokerBlocked,
+    BrokerConnectionError,
+    BrokerOperationError,
+    MessageTooLarge,
+)
 from ..naming import REPUBLISHED_HEADER
 from .channel_user import ChannelUser
 
@@ -205,8 +212,20 @@ class Publisher(ChannelUser):
                 "the publishing channel closed (%s %s) before the broker confirmed; "
                 "the message may or may not have been delivered" % (reply_code, reply_text)
             )
+        too_large = _broker_size_limit(reply_code, reply_text)
         for request in self._outstanding.values():
-            request.pending.fail(error)
+            if too_large is not None and len(request.body) > too_large:
+                request.pending.fail(
+                    MessageTooLarge(
+                        "the broker refused a message of %d bytes: its own limit "
+                        "(max_message_size in rabbitmq.conf; 16 MiB by default since "
+                        "RabbitMQ 4.0) is %d bytes. It was not delivered; raise the "
+                        "broker's limit or lower the layer's max_message_size"
+                        % (len(request.body), too_large)
+                    )
+                )
+            else:
+                request.pending.fail(error)
         self._outstanding.clear()
         self._returned_ids.clear()
 
@@ -223,6 +242,18 @@ class Publisher(ChannelUser):
             request.pending.fail(error)
         self._outstanding.clear()
         self._queue.clear()
+
+
+PRECONDITION_FAILED = 406
+_SIZE_REFUSAL = re.compile(r"message size \d+ is larger than configured max size (\d+)")
+
+
+def _broker_size_limit(reply_code, reply_text):
+    """The broker's message size limit if it closed the channel over it, else None."""
+    if reply_code != PRECONDITION_FAILED:
+        return None
+    found = _SIZE_REFUSAL.search(reply_text or "")
+    return int(found.group(1)) if found else None
 
 
 def _blocked_error(reason, what):

@@ -171,7 +171,13 @@ def _channel_view(channel: str, record: Dict[str, Any], now: float) -> ChannelVi
     delivered = max(0, _int(stats.get("deliver_get")) - _int(stats.get("redeliver")))
     # The queue's figures and its delivery counts are sampled by different
     # timers: clamped, so a sample between them cannot show a negative.
-    expired = max(0, taken_in - depth - unacked - delivered)
+    left = taken_in
+    if record.get("backing_queue_status") is None:
+        # No count of what the queue itself took in (RabbitMQ 4.0's API, or
+        # a quorum queue): the publishes, of which refused ones (a full
+        # channel) then count as expired too.
+        left = max(taken_in, _int(stats.get("publish")))
+    expired = max(0, left - depth - unacked - delivered)
     return ChannelView(
         name=channel,
         kind=channel_kind(channel),

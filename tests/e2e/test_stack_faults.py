@@ -169,6 +169,24 @@ def test_mirrored_member_queues_make_the_loss_of_their_node_lossless():
     dead-letters at most once (45 of 2,400 deliveries, 9 messages, in one
     run). Those are counted apart (``lost_at_node_stop``: sent from 2 s
     before the stop to 1 s after) and every other delivery must arrive."""
+    from devtools.rabbitmq import RabbitNode, RabbitNodeError
+
+    if not RabbitNode().version().startswith("3."):
+        # RabbitMQ 4.0 removed classic mirroring: the recipe is refused, and
+        # the operations guide says so (the gap stays open there).
+        from helpers import private_node
+
+        with private_node() as node:
+            with pytest.raises(RabbitNodeError, match="Validation failed"):
+                node.ctl(
+                    "set_policy",
+                    "asgi-members",
+                    stackfaults.MEMBER_QUEUES_POLICY[0] % "asgi",
+                    stackfaults.MEMBER_QUEUES_POLICY[1],
+                    "--apply-to",
+                    "queues",
+                )
+        return
     report = _node_loss(stop_first=True, mirror_members=True)
     assert report["member_queues_mirrored"]
     assert report["lost"] == report["lost_at_node_stop"], stackfaults.format_report(report)

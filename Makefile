@@ -55,8 +55,11 @@ e2e-deps: venv ## chromium and chromedriver for the browser test
 redis-deps: venv ## a Redis for the benchmarks' asgi_redis (optional)
 	$(VPY) -m devtools.install --optional redis
 
-test: venv broker-deps e2e-deps lint docs ## lint, docs and every test (PYTEST_ARGS='-k foo')
-	$(VPY) -m pytest $(PYTEST_ARGS)
+# The suite runs once per RabbitMQ version it can start (devtools/test_brokers.py):
+# Debian's rabbitmq-server, and a server directory plus an Erlang given by
+# ASGI_AMQP_RABBITMQ_SERVER_DIR and ASGI_AMQP_ERLANG_ROOT (see devtools/rabbitmq.py).
+test: venv broker-deps e2e-deps lint docs ## lint, docs and every test on every broker version (PYTEST_ARGS='-k foo')
+	$(VPY) -m devtools.test_brokers $(PYTEST_ARGS)
 
 lint: venv ## ruff check, ruff format --check, mypy
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -400,9 +400,10 @@ class Engine(object):
         ``finally`` (``send_and_flush``) and catches nothing around it, so
         an ``OperationTimeout`` from a send there ends the process, which
         outlived the outage only to die of it. So for such a thread, an
-        outage longer than ``operation_timeout`` extends the wait, in
-        ``operation_timeout`` slices, until the broker answers (the work
-        goes out on the new connection) or the layer is closed. The outage
+        outage extends the wait, checked every second, until the broker
+        answers (the work goes out on the new connection) or the layer is
+        closed, and ``operation_timeout`` counts only while connected. The
+        outage
         is logged once, at WARNING. A broker that is connected but does
         not answer still times out after ``operation_timeout``, as on any
         other thread (counted from the end of the outage, if there was one).

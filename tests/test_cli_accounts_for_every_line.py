@@ -156,3 +156,14 @@ def test_a_single_message_over_the_size_limit_is_an_invalid_message(cli_env, cli
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith("asgi-amqp: error: channel too.big: message is ")
     assert result.stderr.count("\n") == 1
+
+
+def test_qq_shows_not_even_the_errors_of_single_lines(cli_env, cli_layer, tmp_path):
+    """-qq was documented as "none" and printed 21 lines for a file of bad lines."""
+    source = tmp_path / "bad.jsonl"
+    source.write_text("".join('{"bad %d\n' % n for n in range(40)))
+    result = run_cli(["-qq", "send", "--from", str(source)], env=cli_env)
+    assert result.exit_code == 1
+    assert result.stderr == ""
+    result = run_cli(["-q", "send", "--from", str(source)], env=cli_env)
+    assert result.stderr.count("\n") == 21  # 20 lines' errors and "further errors ..."

@@ -196,7 +196,15 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         ("-v", "--verbose"),
         dict(count=True, envvar=None, help="More log output on stderr (-vv: debug)."),
     ),
-    (("-q", "--quiet"), dict(count=True, envvar=None, help="Errors only (-qq: none).")),
+    (
+        ("-q", "--quiet"),
+        dict(
+            count=True,
+            envvar=None,
+            help="Errors only (-qq: only an error that ends the command, not those of "
+            "single lines).",
+        ),
+    ),
 ]
 
 # Options that are not layer options.

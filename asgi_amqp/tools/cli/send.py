@@ -216,6 +216,8 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
     total = _count_lines(stream)
     bar = _progress(total)
     write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
+    if settings.silent:
+        write = lambda text: None  # noqa: E731
     sender = bulk.BulkSender(
         layer,
         on_full=on_full,

@@ -101,6 +101,11 @@ class Settings(object):
     def quiet(self) -> bool:
         return self.given("quiet", 0) > self.given("verbose", 0)
 
+    @property
+    def silent(self) -> bool:
+        """-qq: not even the errors of single lines; only one that ends the command."""
+        return self.given("quiet", 0) - self.given("verbose", 0) >= 2
+
     def note(self, text: str) -> None:
         """An informational line on stderr (a summary, a count), unless --quiet."""
         if not self.quiet:

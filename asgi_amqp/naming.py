@@ -240,9 +240,9 @@ class Topology(object):
 
         A quorum queue that reached its ``x-max-length`` refuses every
         publish until it is down to 80 % of it, and only then admits again
-        (measured on RabbitMQ 3.10.8 with ``x-max-length`` 10: refused at
-        depths 10 and 9, admitted at 8; with 100: refused down to 81,
-        admitted at 80). A refusal at any depth from this mark up is the
+        (measured on RabbitMQ 3.10.8 and 4.0.5 alike, with ``x-max-length``
+        10: refused at depths 10 and 9, admitted at 8; with 100: refused
+        down to 81, admitted at 80). A refusal at any depth from this mark up is the
         queue being full, not a node failing.
         """
         capacity = int(self._capacity_for(channel))

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pika
 import pytest
@@ -167,3 +168,23 @@ def test_qq_shows_not_even_the_errors_of_single_lines(cli_env, cli_layer, tmp_pa
     assert result.stderr == ""
     result = run_cli(["-q", "send", "--from", str(source)], env=cli_env)
     assert result.stderr.count("\n") == 21  # 20 lines' errors and "further errors ..."
+
+
+def test_retries_are_bounded_and_say_how_they_go(cli_env, cli_layer, tmp_path):
+    """--on-full retry waited ~3.1 s per full line, silently: 10,000 lines to
+    a channel nobody reads took hours. --retry-for bounds them all."""
+    source = tmp_path / "full.jsonl"
+    _write_lines(source, lines=200, channels=1)
+    started = time.monotonic()
+    result = run_cli(
+        ["--capacity", "5", "send", "--on-full", "retry", "--retries", "8", "--retry-for", "6"]
+        + ["--from", str(source)],
+        env=cli_env,
+    )
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 1, result.stderr
+    sent, full, failed, not_attempted = _summary(result.stderr)
+    assert (sent, full, failed, not_attempted) == (5, 195, 0, 0), result.stderr
+    assert elapsed < 6 + 8, elapsed
+    assert "retrying full channels (now acct.c0)" in result.stderr
+    assert "gave up retrying after" in result.stderr

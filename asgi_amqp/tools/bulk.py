@@ -20,6 +20,7 @@ ON_FULL = ("fail", "skip", "retry")
 RETRY_FIRST_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0
 CONSECUTIVE_CONNECTION_ERRORS = 3
+PROGRESS_EVERY = 5.0  # seconds between progress lines while retries wait
 
 
 def send_one(
@@ -88,6 +89,8 @@ class BulkSender(object):
         report: Optional[Callable[[Any, BaseException], None]] = None,
         sleep: Callable[[float], None] = time.sleep,
         keep_existing: bool = False,
+        retry_for: Optional[float] = None,
+        progress: Optional[Callable[[str], None]] = None,
     ) -> None:
         # ``jobs`` is accepted for compatibility: pipelining made threads
         # unnecessary for speed.
@@ -109,6 +112,14 @@ class BulkSender(object):
         self._sleep = sleep
         self._connection_errors = 0
         self._pipeline = SendPipeline(layer, self._settled, keep_existing=keep_existing)
+        # on_full="retry": the time all retries together may take (None: no
+        # bound), a line now and then while they wait, and what they cost.
+        self.retry_for = retry_for
+        self._progress = progress
+        self.retry_seconds = 0.0
+        self.retry_given_up = 0  # full messages not retried: the bound was spent
+        self._retried = 0
+        self._progress_at = 0.0
 
     @property
     def done(self) -> bool:
@@ -192,15 +203,36 @@ class BulkSender(object):
             self.invalid(where, error)
 
     def _retry(self, kind: str, name: str, message: Dict[str, Any]) -> Optional[BaseException]:
-        """Send a message whose channel was full again, with a growing pause."""
+        """Send a message whose channel was full again, with a growing pause,
+        within what is left of ``retry_for``."""
+        self._retried += 1
         for attempt in range(self.retries):
-            self._sleep(min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2**attempt))
+            delay = min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2**attempt)
+            if self.retry_for is not None and self.retry_seconds + delay > self.retry_for:
+                self.retry_given_up += 1
+                break
+            self._sleep(delay)
+            self.retry_seconds += delay
+            self._tell_progress(name)
             try:
                 if send_one(self.layer, kind, name, message, "fail", 0):
                     return None
             except Exception as exc:
                 return exc
         return ChannelFull("channel %s is full" % name)
+
+    def _tell_progress(self, name: str) -> None:
+        """A line every PROGRESS_EVERY s while retries wait: a pipe shows no bar."""
+        now = time.monotonic()
+        if self._progress is None or now - self._progress_at < PROGRESS_EVERY:
+            return
+        self._progress_at = now
+        bound = "" if self.retry_for is None else " of %.0f s allowed" % self.retry_for
+        self._progress(
+            "retrying full channels (now %s): %d messages, %.0f s waited%s; sent %d, "
+            "channel full %d so far"
+            % (name, self._retried, self.retry_seconds, bound, self.sent, self.full)
+        )
 
     def _connection_failed(self, where: Any, exc: BrokerConnectionError) -> None:
         self.failed += 1

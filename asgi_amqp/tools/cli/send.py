@@ -211,7 +211,7 @@ def _progress(total, stream=None):
     return tqdm(total=total, unit="msg", file=stream, dynamic_ncols=True, leave=False)
 
 
-def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
+def _send_bulk(settings, stream, on_full, retries, jobs, skip=0, retry_for=None):
     layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)
@@ -225,6 +225,8 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
         jobs=jobs,
         report=_reporter(write),
         keep_existing=True,
+        retry_for=retry_for,
+        progress=None if settings.quiet else (lambda text: click.echo(text, err=True)),
     )
     started = time.monotonic()
     counted = 0  # non-blank lines taken from the input (skipped ones included)
@@ -270,6 +272,13 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
             err=True,
         )
     if not settings.quiet:
+        if sender.retry_given_up:
+            click.echo(
+                "%s: gave up retrying after %.0f s (--retry-for): %d messages counted as "
+                "channel full without a retry"
+                % (PROG, sender.retry_seconds, sender.retry_given_up),
+                err=True,
+            )
         click.echo(_summary(sender, elapsed), err=True)
         if stopped_before is not None and total is None:
             click.echo(
@@ -317,6 +326,14 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
     "flight on one connection, in order per channel).",
 )
 @click.option(
+    "--retry-for",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="With --on-full=retry: the time all retries of the run may take together; "
+    "after it, full channels count as full at once [default: no bound].",
+)
+@click.option(
     "--skip",
     type=click.IntRange(min=0),
     default=0,
@@ -325,7 +342,7 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0):
     "summary names as the first not confirmed.",
 )
 @click.pass_obj
-def send(settings, channel, message_json, source, on_full, retries, jobs, skip):
+def send(settings, channel, message_json, source, on_full, retries, jobs, skip, retry_for):
     """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
 
     Bulk mode shows a progress bar on a terminal, reports bad lines with
@@ -335,7 +352,7 @@ def send(settings, channel, message_json, source, on_full, retries, jobs, skip):
     if source is not None:
         if channel is not None or message_json is not None:
             raise click.UsageError("give either CHANNEL MESSAGE_JSON or --from FILE, not both")
-        sys.exit(_send_bulk(settings, source, on_full, retries, jobs, skip))
+        sys.exit(_send_bulk(settings, source, on_full, retries, jobs, skip, retry_for))
     if channel is None or message_json is None:
         raise click.UsageError("give CHANNEL and MESSAGE_JSON, or --from FILE")
     message = _message_argument(message_json)

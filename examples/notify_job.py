@@ -83,12 +83,6 @@ def parse_args(argv=None):
     )
     parser.add_argument("--retries", type=int, default=5, help="retries with --on-full retry")
     parser.add_argument(
-        "--jobs",
-        type=int,
-        default=1,
-        help="sends in flight per partition (>1 may reorder a channel's rows)",
-    )
-    parser.add_argument(
         "--partitions", type=int, help="repartition the input to this many partitions (connections)"
     )
     parser.add_argument("--master", help="Spark master when not set by spark-submit")
@@ -160,7 +154,6 @@ def main(argv=None, spark=None):
                 message_cols=args.message_cols.split(",") if args.message_cols else None,
                 on_full=args.on_full,
                 retries=args.retries,
-                jobs=args.jobs,
                 layer_config=config,
             )
         except (TypeError, ValueError) as exc:

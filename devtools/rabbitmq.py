@@ -1683,8 +1683,11 @@ def _cmd_start(args: argparse.Namespace) -> int:
         "# node %s (RabbitMQ %s), pid %s, files in %s"
         % (node.nodename, node.version(), node.pid, node.dir)
     )
+    # From any directory: the checkout that holds devtools goes on PYTHONPATH.
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     print(
-        "# stop it with: %s -m devtools.rabbitmq stop %s" % (sys.executable or "python3", node.dir)
+        "# stop it with: PYTHONPATH=%s %s -m devtools.rabbitmq stop %s"
+        % (shlex.quote(checkout), sys.executable or "python3", node.dir)
     )
     print('# (in a shell: set -a; eval "$(python3 -m devtools.rabbitmq start)"; set +a)')
     return 0

@@ -167,12 +167,13 @@ def main(argv=None, spark=None):
         )
         for failure in result.failures:
             print("notify_job: failed: %s: %s" % (failure.channel, failure.reason), file=sys.stderr)
-        summary = "sent %d, channel full %d, failed %d in %.2f s (%.0f rows/s)" % (
+        rate = result.sent / elapsed if elapsed else 0.0
+        summary = "sent %d, channel full %d, failed %d in %.2f s (%s rows/s)" % (
             result.sent,
             result.channel_full,
             result.failed,
             elapsed,
-            result.sent / elapsed if elapsed else 0.0,
+            ("%.1f" if rate < 10 else "%.0f") % rate,  # a few rows: not "(0 rows/s)"
         )
         if result.rows and result.failed == result.rows:
             return 2  # nothing got through: most likely the broker is unreachable

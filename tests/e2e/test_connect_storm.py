@@ -10,11 +10,12 @@ queues alike:
   reactor's stall. (The defect this guards against: a send that found a
   full quorum queue slept in a retry loop on the reactor for ~58 s.)
 * no process dies;
-* every socket is accepted, or refused with HTTP 503 (daphne's answer
-  when ``websocket.connect`` is full, which it logs), or reset by the
-  kernel because daphne's listen queue (Twisted's backlog of 50) was full,
-  which the kernel counts: none is left hanging, and none is dropped by
-  the layer;
+* every socket is accepted, refused with HTTP 503 (daphne's answer when
+  ``websocket.connect`` is full, which it logs), or reset: by daphne when
+  the workers' accept came after autobahn's 5 s opening handshake timeout
+  (measured: every reset of three 400-socket runs on 4.0.5 and 3.10.8 was
+  one, 15-42 a run), or by the kernel when daphne's listen queue (Twisted's
+  backlog of 50) overflowed. None is left hanging;
 * the stack serves a new socket as soon as the storm is over.
 
 ``make test`` runs it at ``STORM_SOCKETS`` (400) sockets, which this
@@ -117,11 +118,16 @@ def _listen_overflows():
     return None
 
 
-def storm(stack, sockets):
+def _access_log_count(stack, text):
+    """Lines of daphne's access log (line-buffered) that hold ``text``."""
+    with open(os.path.join(stack.log_dir, "daphne-access.log")) as log:
+        return sum(1 for line in log if text in line)
+
+
+def storm(stack, sockets, tag):
     """Open ``sockets`` WebSockets at once; (outcomes, probe, seconds)."""
     probe = StallProbe(stack.ws_url("/echo/"))
     outcomes = [None] * sockets
-    tag = uuid.uuid4().hex[:6]
     threads = [
         threading.Thread(
             target=_open,
@@ -146,7 +152,8 @@ def test_a_connect_storm_never_stalls_daphne_or_ends_a_process(broker, queue_typ
     stack = new_stack(broker, workers=2, env={"CHAT_QUEUE_TYPE": queue_type})
     with run_stack(stack):
         overflows_before = _listen_overflows()
-        outcomes, probe, seconds = storm(stack, STORM_SOCKETS)
+        tag = uuid.uuid4().hex[:6]
+        outcomes, probe, seconds = storm(stack, STORM_SOCKETS, tag)
         overflows = None if overflows_before is None else _listen_overflows() - overflows_before
         counts = {}
         for outcome in outcomes:
@@ -164,13 +171,18 @@ def test_a_connect_storm_never_stalls_daphne_or_ends_a_process(broker, queue_typ
         others = {k: v for k, v in counts.items() if k not in ("accepted", "refused", "reset")}
         assert not others, (counts, diagnostics(stack))
         assert counts.get("accepted", 0) > 0
-        # Every 503 is daphne's refusal for backpressure, which it logs; a
-        # reset is the kernel's, for a connection daphne's listen queue
-        # could not hold (it counts those), never the layer's.
+        # Every 503 is daphne's refusal for backpressure, which it logs.
+        # A socket whose websocket.connect the layer carried (daphne's
+        # access log: WSCONNECTING) was accepted, or, when the workers'
+        # accept came after autobahn's 5 s opening handshake timeout,
+        # closed by daphne: the client reads a reset, never silence. (The
+        # kernel resets others before daphne takes them, when its listen
+        # queue, Twisted's backlog of 50, overflows; the count is printed.)
         refusals = sum(1 for line in stack.daphne.lines() if BACKPRESSURE_LINE in line)
         assert counts.get("refused", 0) == refusals, (counts, refusals)
-        if counts.get("reset"):
-            assert overflows is not None and counts["reset"] <= overflows, (counts, overflows)
+        carried = _access_log_count(stack, "WSCONNECTING /chat/s%s" % tag)
+        print("connects the layer carried: %d" % carried)
+        assert 0 <= carried - counts.get("accepted", 0) <= counts.get("reset", 0), (counts, carried)
         # The storm is over: a new socket is served at once.
         client = Client(stack.ws_url("/chat/after%s/?name=late" % uuid.uuid4().hex[:6]))
         try:

@@ -20,7 +20,10 @@ Inside, by module:
 ``deliveries``
     receive state: held messages, the hand-off log, known queues;
 ``deadletter``
-    the dead-letter worker, on its own thread and connection.
+    the dead-letter worker, on its own thread and connection;
+``outages``
+    what callers do while the broker is away: which threads are workers,
+    and the one WARNING per outage.
 """
 
 import logging
@@ -48,6 +51,7 @@ from .declares import (
 )
 from .deliveries import Delivery, HandedOff
 from .futures import Pending
+from .outages import OutageNotice, WorkerThread
 from .publisher import ACKED, NACKED, RETURNED, Publish
 from .session import Work
 
@@ -87,39 +91,6 @@ class _ForkGuard(object):
 _fork_guard = _ForkGuard()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fork_guard.renew)
-
-
-class _WorkerThread(threading.local):
-    """``marked``: this thread has made a blocking receive (``Engine._ride_out``)."""
-
-    marked = False
-
-
-class OutageNotice(object):
-    """One WARNING per outage, however many calls meet it.
-
-    An outage is told apart by the moment its connection was lost
-    (``IOThread.disconnected_since``). Shared by every caller thread.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._told: Optional[float] = None  # disconnected_since of the outage told
-
-    def once(self, io: IOThread, what: str) -> None:
-        since = io.disconnected_since
-        if since is None:
-            return
-        with self._lock:
-            if self._told == since:
-                return
-            self._told = since
-        logger.warning(
-            "the broker has been unreachable for %.1f s (%s); %s, and the layer keeps reconnecting",
-            io.outage(),
-            io.last_error or "connection lost",
-            what,
-        )
 
 
 Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
@@ -162,7 +133,7 @@ class Engine(object):
         self._receivers: Dict[int, float] = {}  # thread -> its last blocking receive
         self._receivers_pruned = 0.0
         # Per calling thread: whether it has made a blocking receive (_ride_out).
-        self._worker_thread = _WorkerThread()
+        self._worker_thread = WorkerThread()
         self._outage_notice = OutageNotice()  # any caller thread; a lock inside
 
     # -- lifecycle ------------------------------------------------------------

@@ -54,6 +54,8 @@ class Sending(object):
 
     def _finish_send(self, channel, queue, body, properties, outcome):
         """Carry a publish the broker refused or returned to its end: sent, or raised."""
+        if outcome == ACKED:
+            return  # the usual case: nothing to build, no thread to ask about
         what = "send to %s" % channel
         attempts = SendAttempts(
             channel, queue, self.operation_timeout, patient=not on_reactor_thread()

@@ -37,6 +37,7 @@ from .errors import (
     settings_mismatch,
 )
 from .groups import Groups
+from .local_groups import LocalGroups
 from .management import ManagementClient
 from .receiving import ReceiveTargets, Receiving
 from .sending import Sending
@@ -199,9 +200,16 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
             ),
             settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker,
+            bindings_to=lambda exchange: self._management_client().exchange_bindings_to(exchange),
         )
         self._infrastructure_pid = None
         self._queues_for_receive = ReceiveTargets(self.topology)
+        # Process-local members and copies of group messages waiting for them
+        # (callers' threads, under its lock).
+        self._local_groups = LocalGroups(self.topology, self.get_capacity)
+        # (group, channel) -> the lease stamp this process last put in the
+        # lease queue (callers' threads; a dict's get and set are atomic).
+        self._leases_sent: Dict[Any, int] = {}
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()

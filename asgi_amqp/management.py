@@ -167,12 +167,20 @@ class ManagementClient(object):
     def exchange_names(self, prefix: str) -> List[str]:
         return [x["name"] for x in self._paged("exchanges/%s" % self._vhost, prefix, "name")]
 
-    def exchange_destinations(self, exchange: str) -> List[str]:
-        """Names of the exchanges bound from ``exchange`` (its bindings as source)."""
+    def exchange_bindings_from(self, exchange: str) -> List[Dict[str, Any]]:
+        """The bindings of ``exchange`` as source: ``destination``,
+        ``destination_type`` (``exchange`` or ``queue``) and ``arguments``."""
         body = self._get(
             "exchanges/%s/%s/bindings/source" % (self._vhost, quote(exchange, safe=""))
         )
-        return [b["destination"] for b in body or [] if b.get("destination_type") == "exchange"]
+        return list(body or [])
+
+    def exchange_bindings_to(self, exchange: str) -> List[Dict[str, Any]]:
+        """The bindings of ``exchange`` as destination: ``source`` and ``arguments``."""
+        body = self._get(
+            "exchanges/%s/%s/bindings/destination" % (self._vhost, quote(exchange, safe=""))
+        )
+        return list(body or [])
 
     def queue(self, name: str) -> Optional[Dict[str, Any]]:
         return self._get("queues/%s/%s" % (self._vhost, quote(name, safe="")))
@@ -187,20 +195,17 @@ class ManagementClient(object):
         return self._paged("exchanges/%s" % self._vhost, prefix, columns)
 
     def exchange_bindings(self, source_prefix: str) -> List[Dict[str, Any]]:
-        """The vhost's bindings between exchanges whose source starts with ``source_prefix``.
+        """The vhost's bindings whose source starts with ``source_prefix``.
 
         The API cannot filter bindings, so this reads all of the vhost's in
-        one request and keeps ``source``, ``destination`` and their types.
+        one request and keeps ``source``, ``destination``, its type and the
+        binding's ``arguments``.
         """
         body = self._get(
-            "bindings/%s" % self._vhost, {"columns": "source,destination,destination_type"}
+            "bindings/%s" % self._vhost,
+            {"columns": "source,destination,destination_type,arguments"},
         )
-        return [
-            b
-            for b in body or []
-            if b.get("destination_type") == "exchange"
-            and str(b.get("source", "")).startswith(source_prefix)
-        ]
+        return [b for b in body or [] if str(b.get("source", "")).startswith(source_prefix)]
 
 
 def _check_name_prefix(name_prefix):

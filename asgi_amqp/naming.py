@@ -21,38 +21,46 @@ The topology (all objects are durable; transient messages live in them):
 
 ``{prefix}:g:{group}``
     The fanout exchange of a group, bound from the router with the group
-    name as routing key. It is auto-delete: when its last member leaves
-    (``group_discard``, an expired membership, or a member exchange that
-    went with its channel) the broker deletes it, and the router's binding
-    with it. An exchange has no ``x-expires``; this is how it goes away.
+    name as routing key. It is auto-delete: when its last membership's
+    binding goes (``group_discard``, an expired lease, or a member exchange
+    that went with its channel) the broker deletes it, and the router's
+    binding with it. An exchange has no ``x-expires``; this is how it goes
+    away.
 
-``{prefix}:m:{channel}``
-    The member exchange of a channel: a fanout, auto-delete exchange bound
-    from each group exchange the channel belongs to, and bound to the
-    channel's delivery queue. Deleting it drops the channel from all its
-    groups at once; because it is auto-delete, it also goes away by itself
-    when the channel's queue expires.
+A *membership* is a binding from the group exchange, whose arguments name
+its lease (``asgi-lease``: the lease's stamp, see ``Topology.lease_stamp``):
 
-``{prefix}:l:{channel}``
-    The delivery queue of a *process-local* member ``foo!bar``. It holds
-    nothing (``x-max-length: 0``): every group message routed to it is
-    dead-lettered at once, through the default exchange, straight into the
-    queue ``{prefix}:q:foo!``. The ``x-death`` entry it gains names this
-    queue, which is how a receiver learns the local part. The broker does
-    this fan-out, so a group send is visible to local members as soon as the
-    send is confirmed, and no worker hop is involved.
+* a normal channel's binding goes to its *member exchange*
+  ``{prefix}:m:{channel}`` (fanout, auto-delete, bound to the channel's
+  queue). Deleting that exchange drops the channel from all its groups at
+  once; it also goes by itself when the channel's queue expires.
+* a process-local channel ``foo!bar``'s binding goes to its *process's*
+  member exchange ``{prefix}:m:foo!`` (fanout, auto-delete, bound to the
+  queue ``{prefix}:q:foo!``, so it goes with it), its arguments naming the
+  member too (``asgi-member``). A group message reaches that queue once
+  however many of the process's channels are members, and the process
+  copies it to its members itself (``local_groups``), having learnt them
+  from the join and leave notices ``group_add`` and ``group_discard`` send
+  through the queue. Why an exchange and not a binding to the queue:
+  ``exchange.unbind`` can be sent with ``nowait``, ``queue.unbind`` cannot
+  (AMQP 0-9-1), so ``group_discard`` unbinds all its stamps in one round
+  trip.
 
-``{prefix}:k:{group}:{channel}``
-    The marker queue of one membership. Each ``group_add`` publishes a marker
-    into it; ``x-max-length: 1`` pushes the previous marker out (reason
-    ``maxlen``, which the dead-letter worker ignores) and the marker expires
-    after ``group_expiry`` (reason ``expired``), at which point the worker
-    removes the membership.
+``{prefix}:e:{milliseconds}``
+    The lease queue of one ``group_expiry``: each ``group_add`` puts a lease
+    message in it, which expires (all of them in the order they came,
+    having one lifetime) and is dead-lettered when the lease ends; the
+    dead-letter worker then removes that lease's binding. A repeated
+    ``group_add`` adds a binding with a later stamp, so it renews the
+    membership without a broker-side lookup.
 
-With ``queue_type="quorum"`` the channel queues and the dead-letter queue
-are quorum queues, replicated across the cluster. Member and marker queues
-stay classic: a quorum queue's ``x-expires`` lease is not renewed by a
-re-declare, which is how ``group_add`` renews them.
+Objects of the design before leases, read but never made any more:
+``{prefix}:l:{channel}``, the zero-length queue through which a
+process-local member's group messages were dead-lettered into its process's
+queue, and ``{prefix}:k:{group}:{channel}``, a membership's marker queue.
+A process of the new design still reads messages that come the old way,
+ends memberships whose old markers expire, and ``flush`` deletes both
+kinds (see the docs' upgrade notes).
 
 ``{prefix}:dlx`` and ``{prefix}:dead-letters``
     The dead-letter exchange and the queue every layer process's dead-letter
@@ -63,16 +71,36 @@ ASGI names use only ``[A-Za-z0-9-_.?!]`` (``channel_names`` checks them), so
 back unambiguously.
 """
 
+import math
 import re
+import time
 
 from . import errors
-from .channel_names import non_local_name
+from .channel_names import is_process_local, non_local_name
 
 SEPARATOR = ":"
 CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
 KIND_HEADER = "asgi-kind"
-MARKER_KIND = "marker"
+# A lease's member channel (not ``asgi-channel``: a dead-letter worker of
+# the design before leases would read that as a channel to drop).
+MEMBER_HEADER = "asgi-member"
+LEASE_HEADER = "asgi-lease"  # the lease's stamp (a binding argument too)
+# On a lease: its group exchange was made before group exchanges were
+# auto-delete, so the dead-letter worker deletes it, if unused, at the end.
+DELETE_UNUSED_HEADER = "asgi-delete-unused-group"
+LEASE_ENDS_HEADER = "asgi-lease-ends"  # when a joining member's lease ends, in ms since the epoch
+MARKER_KIND = "marker"  # the design before leases: a membership's marker
+LEASE_KIND = "lease"  # a message of the lease queue
+JOIN_KIND = "join"  # a notice to a process: its channel joined a group
+LEAVE_KIND = "leave"  # a notice to a process: its channel left a group
+DROP_KIND = "drop"  # a notice to a process: its channel left every group
+NOTICE_KINDS = (JOIN_KIND, LEAVE_KIND, DROP_KIND)
+# A lease's stamps are its group_expiry cut into this many slices: a
+# membership lasts from group_expiry to (1 + 1/LEASE_SLICES) times it after
+# its last group_add, and holds at most LEASE_SLICES + 1 bindings, which
+# group_discard unbinds one by one (LEASE_SLICES + 3 unbinds).
+LEASE_SLICES = 4
 # On a copy of a message sent again after the connection dropped before its
 # confirm (see ``publisher``): the receiving process drops it if it already
 # handed out the original. Not an ``x-`` name: RabbitMQ 3.13+ strips those.
@@ -82,7 +110,7 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}", re.ASCII)
 # The kinds of per-channel and per-group objects (``{prefix}:{kind}:{name}``)
 # and the names of the shared ones (``{prefix}:{name}``): everything the layer
 # creates, and all that ``flush`` may delete or a permission pattern admit.
-KINDS = ("q", "l", "k", "g", "m")
+KINDS = ("q", "l", "k", "g", "m", "e")  # l and k: made before leases; flushed
 SHARED_NAMES = ("groups", "dlx", "dead-letters")
 # Group exchanges are auto-delete: the broker removes a group with its last
 # member. Exchanges made before that was so are used as they are (see groups).
@@ -155,10 +183,67 @@ class Topology(object):
         return self._name("m", channel)
 
     def local_member_queue(self, channel):
+        """The design before leases: a process-local member's queue (read only)."""
         return self._name("l", channel)
 
     def marker_queue(self, group, channel):
+        """The design before leases: a membership's marker queue (read only)."""
         return self._name("k", group, channel)
+
+    @property
+    def lease_queue(self):
+        return self._name("e", str(_ms(self.group_expiry)))
+
+    # -- leases -----------------------------------------------------------
+
+    @property
+    def lease_slice(self):
+        """Seconds of one stamp: group_add calls within one share a binding."""
+        return self.group_expiry / float(LEASE_SLICES)
+
+    def lease_stamp(self, now=None):
+        """The stamp of a lease taken at ``now`` (seconds since the epoch)."""
+        return int(math.floor((time.time() if now is None else now) / self.lease_slice))
+
+    def lease_ends(self, stamp):
+        """When the leases of ``stamp`` end: group_expiry after the end of its slice."""
+        return (stamp + 1) * self.lease_slice + self.group_expiry
+
+    def live_stamps(self, now=None):
+        """Every stamp whose lease has not ended at ``now``, with a slice of
+        margin either side for clocks that differ between processes. (A
+        binding whose lease ended but that a late dead-letter worker has not
+        removed yet is left to that worker.)"""
+        now = time.time() if now is None else now
+        last = self.lease_stamp(now) + 1
+        first = self.lease_stamp(now - self.group_expiry) - 1
+        return range(first, last + 1)
+
+    def membership_binding(self, channel, stamp):
+        """``(member exchange, arguments)`` of one lease's binding from a group
+        exchange: a normal channel's own member exchange, or a process-local
+        channel's process's (``m:foo!``), the arguments naming the member."""
+        arguments = {LEASE_HEADER: str(stamp)}
+        if is_process_local(channel):
+            arguments[MEMBER_HEADER] = channel
+            return self.member_exchange(non_local_name(channel)), arguments
+        return self.member_exchange(channel), arguments
+
+    def member_of_binding(self, destination, destination_type, arguments):
+        """The channel a binding from a group exchange makes a member, or None:
+        a member exchange's channel, or for a process's member exchange
+        (``m:foo!``) the binding's ``asgi-member``."""
+        if destination_type != "exchange":
+            return None
+        channel = self.channel_of_member_exchange(destination)
+        if not channel or not channel.endswith("!"):
+            return channel  # a normal channel, or one made before leases (m:foo!bar)
+        member = (arguments or {}).get(MEMBER_HEADER)
+        if isinstance(member, bytes):
+            member = member.decode("utf8", "replace")
+        if isinstance(member, str) and member.startswith(channel):
+            return member
+        return None
 
     # -- parsing names back -------------------------------------------------
 
@@ -251,25 +336,15 @@ class Topology(object):
         max_length = capacity - 1  # see channel_queue_arguments
         return max(1, int(QUORUM_READMIT * max_length) + 1)
 
-    def local_member_queue_arguments(self, channel):
-        # Lives as long as the longest membership can: every group_add
-        # re-declares it, which renews the x-expires lease.
-        return {
-            "x-max-length": 0,
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": self.channel_queue(channel),
-            "x-expires": _ms(self.group_expiry + max(1.0, 0.1 * self.group_expiry)),
-        }
-
-    def marker_queue_arguments(self):
-        # The queue must outlive its marker: a queue removed by x-expires
-        # does not dead-letter, so the membership would never expire.
-        return {
-            "x-max-length": 1,
-            "x-message-ttl": _ms(self.group_expiry),
-            "x-expires": _ms(self.group_expiry + max(2.0, 0.1 * self.group_expiry)),
-            "x-dead-letter-exchange": self.dead_letter_exchange,
-        }
+    def lease_queue_arguments(self):
+        """No ``x-expires``: it would delete the queue with leases pending, and
+        a lease lost is a binding nobody removes. Each lease message has its
+        own expiration, from group_expiry to a slice more, never shorter
+        than an earlier one's, so they expire at the head in order."""
+        arguments = {"x-dead-letter-exchange": self.dead_letter_exchange}
+        if self.queue_type == "quorum":
+            arguments["x-queue-type"] = "quorum"
+        return arguments
 
     def dead_letter_queue_arguments(self):
         if self.queue_type == "quorum":
@@ -302,14 +377,15 @@ class Topology(object):
                 "expiries); the next layer creates it again" % self.prefix
             )
             setting, convert = _CHANNEL_QUEUE_SETTINGS.get(argument, (argument, None))
-        elif self._strip("k", queue) or self._strip("l", queue):
+        elif self._strip("e", queue):
             channel = None
-            what = "the group membership queue %r" % queue
+            what = "the lease queue %r" % queue
             fix = (
-                "use the same group_expiry in every process of prefix %r, or delete the "
-                "queue (asgi-amqp flush)" % self.prefix
+                "use the same queue_type in every process of prefix %r, or delete that "
+                "queue while no process of the prefix runs (it holds the pending ends "
+                "of memberships)" % self.prefix
             )
-            setting, convert = _MEMBERSHIP_SETTINGS.get(argument, (argument, None))
+            setting, convert = _CHANNEL_QUEUE_SETTINGS.get(argument, (argument, None))
         else:
             return None
         if convert is not None:
@@ -338,10 +414,6 @@ _CHANNEL_QUEUE_SETTINGS = {
     "x-message-ttl": ("expiry", _seconds),
     "x-expires": ("expiry", lambda ms: _seconds(ms, per=2)),
     "x-queue-type": ("queue_type", _queue_type),
-}
-_MEMBERSHIP_SETTINGS = {
-    "x-message-ttl": ("group_expiry", _seconds),
-    "x-expires": ("group_expiry (with its margin)", _seconds),
 }
 
 

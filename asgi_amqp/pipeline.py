@@ -152,7 +152,8 @@ class SendPipeline(object):
         layer = self._layer
         if entry.kind == "group":
             layer.valid_group_name(entry.name)
-            entry.properties = layer._properties()
+            # The group tells a process which of its members to copy it to.
+            entry.properties = layer._properties({naming.GROUP_HEADER: entry.name})
         else:
             layer.valid_channel_name(entry.name)
             entry.queue = layer.topology.channel_queue(entry.name)

@@ -11,16 +11,19 @@ gets and waits themselves run on the I/O thread (``engine``).
 
 import logging
 import random
+import time
 from typing import Any, Callable, Iterable, Optional, Tuple
 
 from . import naming, twisted_support
 from .channel_names import check_channel_name
 from .errors import BrokerOperationError
+from .local_groups import NOTICE, LocalGroups
 from .serialization import Message, UndecodableMessage
 
 logger = logging.getLogger(__name__)
 
 _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
+_MAX_NOTICES = 10000  # join and leave notices applied in one receive call
 
 
 class Receiving(object):
@@ -33,6 +36,7 @@ class Receiving(object):
     _serializer: Any
     _stats: Any
     _queues_for_receive: "ReceiveTargets"
+    _local_groups: LocalGroups
     _named: Callable[..., Exception]
 
     def receive(
@@ -42,12 +46,28 @@ class Receiving(object):
         if not queues:
             return None, None  # as asgiref's in-memory layer and asgi_redis do
         names = [queue for queue, _ in queues]
-        # A consumer of an earlier blocking receive may have been pushed one
-        # already: take it here, without a trip to the I/O thread.
-        found = self._first_readable(
-            lambda: self._engine.take_held(names) or self._fetch(queues, block)
+        # Copies of a group message made for this process's members come
+        # first: they were taken from their queue ahead of all it holds.
+        # Then a consumer of an earlier blocking receive may have been pushed
+        # one already: take it here, without a trip to the I/O thread.
+        # A notice taken counts against a blocking receive's timeout.
+        deadline = time.monotonic() + self.receive_timeout
+        found = self._local_copy(names) or self._first_readable(
+            lambda: self._engine.take_held(names) or self._fetch(queues, block, deadline)
         )
         return (None, None) if found is None else found
+
+    def _local_copy(self, names) -> Optional[Tuple[str, Message]]:
+        """A copy of a group message waiting for a process-local member."""
+        for _ in range(_MAX_SKIPPED):
+            copy = self._local_groups.take(names)
+            if copy is None:
+                return None
+            queue, channel, body = copy
+            decoded = self._decode_body(queue, channel, body)
+            if decoded is not None:
+                return decoded
+        return None
 
     def _take_held(self, queues) -> Optional[Tuple[str, Message]]:
         """A message already pushed to this process for one of ``queues``, or None.
@@ -56,29 +76,50 @@ class Receiving(object):
         reactor thread may call it (``receive_twisted``): a lock, a decode,
         and the ack handed to the I/O thread without waiting for it.
         """
-        if not self._engine.started_here:
-            return None
         names = [queue for queue, _ in queues]
+        copy = self._local_copy(names)
+        if copy is not None or not self._engine.started_here:
+            return copy
         return self._first_readable(lambda: self._engine.take_held(names))
 
     def _first_readable(self, next_delivery):
         """(channel, message) of the first delivery ``next_delivery()`` gives
-        that decodes, skipping at most ``_MAX_SKIPPED``; None once it gives None."""
-        for _ in range(_MAX_SKIPPED):
+        that decodes, skipping at most ``_MAX_SKIPPED`` that do not (and the
+        notices to this process, which are applied); None once it gives None."""
+        skipped = notices = 0
+        while skipped < _MAX_SKIPPED and notices < _MAX_NOTICES:
             delivery = next_delivery()
             if delivery is None:
                 return None
-            decoded = self._decode(delivery)
+            members = None
+            if naming.is_process_local_queue(delivery.queue):
+                members = self._local_groups.members_of(delivery.queue, delivery.headers)
+            if members is NOTICE:
+                notices += 1
+                continue
+            if members is None:
+                decoded = self._decode(delivery)
+            elif members:
+                # A group message for this process's members: one copy each.
+                first, rest = members[0], members[1:]
+                self._local_groups.keep(delivery.queue, rest, delivery.body)
+                decoded = self._decode_body(delivery.queue, first, delivery.body)
+            else:
+                logger.debug("a group message reached %s after its members left", delivery.queue)
+                notices += 1
+                continue
             if decoded is not None:
                 return decoded
+            skipped += 1
         return None
 
-    def _fetch(self, queues, block):
-        """A Delivery from the broker: waited for by consumers, or taken with basic.get."""
+    def _fetch(self, queues, block, deadline):
+        """A Delivery from the broker: waited for by consumers until ``deadline``
+        (``time.monotonic()``), or taken with basic.get."""
         try:
             if not block:
                 return self._engine.get(queues)
-            return self._engine.wait(queues, self.receive_timeout)
+            return self._engine.wait(queues, max(0.0, deadline - time.monotonic()))
         except BrokerOperationError as exc:
             raise self._named(exc) from None
 
@@ -89,17 +130,21 @@ class Receiving(object):
     def _decode(self, delivery):
         """(channel, message) for a delivery, or None for one that is skipped."""
         channel = self.topology.channel_of_delivery(delivery.queue, delivery.headers)
+        return self._decode_body(delivery.queue, channel, delivery.body)
+
+    def _decode_body(self, queue, channel, body):
+        """(channel, message), or None for a message that is skipped."""
         try:
             if not channel:
                 raise UndecodableMessage("it names no process-local channel")
-            return channel, self._serializer.loads(delivery.body)
+            return channel, self._serializer.loads(body)
         except UndecodableMessage as exc:
             # Dropped (it was acked when taken): say so, without its body.
             self._stats.count_undecodable()
             logger.warning(
                 "skipped a message of channel %s (queue %s) that cannot be read; dropped: %s",
-                channel or self.topology.channel_of_queue(delivery.queue),
-                delivery.queue,
+                channel or self.topology.channel_of_queue(queue),
+                queue,
                 exc,
             )
             return None

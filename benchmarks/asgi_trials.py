@@ -85,6 +85,25 @@ class Keeper(object):
         for _ in range(count):
             self.layer.send(channel, MESSAGE)
 
+    def check_deliveries(self, channel, pairs, present, notices, what):
+        """Problems with what one send_group to each group left in ``channel``
+        (the process-local channels of ``pairs``), taken or counted here:
+        with ``present``, one message per membership, otherwise none.
+        ``notices`` ({kind: count}): the join and leave notices of the round,
+        for a layer that sends such through the process's queue (asgi_amqp;
+        ``broker.MembershipKeeping``); a layer that queues one copy per
+        member sends none."""
+        expected = len(pairs) if present else 0
+        seen = self.wait_depth(channel, expected)
+        if seen is None:
+            return ["cannot count the messages in %s" % channel]
+        if seen != expected:
+            return [
+                "%s: one send_group to each of %d groups left %d messages in %s, not %d"
+                % (what, len(ROOMS), seen, channel, expected)
+            ]
+        return []
+
     def check_memberships(self, pairs, present):
         """Problems with the layer's own record of ``pairs`` (group, channel):
         with ``present``, each must be there; otherwise none may. The generic
@@ -363,34 +382,31 @@ class LayerTrials(object):
 def check_membership_round(send_group, keeper, pairs, kept, present):
     """Problems found after a membership round (an empty list if none).
 
-    One ``send_group`` per group (``send_group(group, message)``); then the
-    measured channels' shared process-local queue must hold one message per
-    membership in ``pairs`` if ``present``, none otherwise, and the kept
-    members' queue one message per kept member. Both are purged afterwards.
-    ``keeper.check_memberships`` then looks at the layer's own record."""
+    One ``send_group`` per group (``send_group(group, message)``); then
+    ``keeper.check_deliveries`` looks at what reached the measured channels'
+    shared process-local queue (with ``present``, each membership's message:
+    a copy per member, or for asgi_amqp one per group that the process
+    copies; otherwise none) and the kept members' queue (each one's
+    message); both are emptied. A layer that tells a process
+    of its members through that queue has put a join notice per membership
+    there in an add round (a leave notice in a discard round); the kept
+    members' join notices are there until the first check. Then
+    ``keeper.check_memberships`` looks at the layer's own record."""
     problems = []
     for group in ROOMS:
         send_group(group, MESSAGE)
-    expected = len(pairs) if present else 0
     if kept:
-        # Wait for the kept members first: a message that reaches a discarded
+        # Check the kept members first: a message that reaches a discarded
         # member travels as fast as theirs.
-        seen_kept = keeper.wait_depth(KEEP_BASE, len(kept))
-        if seen_kept != len(kept):
-            problems.append(
-                "%d kept members should hold 1 message each, they hold %s in all"
-                % (len(kept), seen_kept)
-            )
+        notices = {"join": len(kept)} if present else {}
+        problems += keeper.check_deliveries(
+            KEEP_BASE, kept, True, notices, "%d kept members" % len(kept)
+        )
         if not present:
             time.sleep(0.1)
-    seen = keeper.wait_depth(REPLY_BASE, expected)
-    if seen is None:
-        problems.append("cannot count the messages in %s" % REPLY_BASE)
-    elif seen != expected:
-        problems.append(
-            "one send_group to each of %d groups: %d %s memberships got %d messages, not %d"
-            % (len(ROOMS), len(pairs), "added" if present else "discarded", seen, expected)
-        )
+    notices = {"join" if present else "leave": len(pairs)}
+    what = "%d %s memberships" % (len(pairs), "added" if present else "discarded")
+    problems += keeper.check_deliveries(REPLY_BASE, pairs, present, notices, what)
     keeper.purge(REPLY_BASE)
     keeper.purge(KEEP_BASE)
     problems += keeper.check_memberships(pairs, present)

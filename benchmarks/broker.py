@@ -8,9 +8,16 @@ deleted by ``delete_tracked`` at the end of the run, whatever happened.
 connection, in the harness's process and in worker processes alike.
 """
 
+import base64
+import collections
+import json
 import logging
+import os
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import msgpack
 import pika
@@ -48,12 +55,26 @@ def connection_parameters(url):
     return parameters
 
 
+def management_url_for(url, management_url=None):
+    """The management API to read bindings from: ``management_url``, else
+    ``$AMQP_MANAGEMENT_URL``, else ``url``'s host and credentials on port
+    15672 (as the layer chooses)."""
+    if management_url or os.environ.get("AMQP_MANAGEMENT_URL"):
+        return management_url or os.environ["AMQP_MANAGEMENT_URL"]
+    parts = urllib.parse.urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0] or "guest:guest"
+    return "http://%s@%s:15672/" % (userinfo, parts.hostname or "localhost")
+
+
 class Admin(object):
-    def __init__(self, url):
+    def __init__(self, url, management_url=None):
         self.connection = pika.BlockingConnection(connection_parameters(url))
         self._channel = self.connection.channel()
         self.queues = []
         self.exchanges = []
+        path = urllib.parse.urlsplit(url).path
+        self.vhost = urllib.parse.unquote(path[1:]) if len(path) > 1 else "/"
+        self.management_url = management_url_for(url, management_url)
 
     # -- facts ------------------------------------------------------------------
 
@@ -131,6 +152,95 @@ class Admin(object):
             impl.exchange_delete(exchange, callback=None)
         return self._run("basic_qos", prefetch_count=0) is not None
 
+    def take(self, queue, expected, timeout=10.0):
+        """Take the messages of ``queue`` (``basic_get``, acked) until their
+        kinds (``_message_kind``) count ``expected`` (a Counter), more than
+        it of one kind, or ``timeout`` passed; the counts taken."""
+        counts = collections.Counter()
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self._run("basic_get", queue, auto_ack=True)
+            method, properties = (None, None) if got is None else got[:2]
+            if method is not None:
+                counts[_message_kind(properties.headers)] += 1
+                continue
+            if (
+                counts == expected
+                or any(n > expected.get(kind, 0) for kind, n in counts.items())
+                or time.monotonic() > deadline
+            ):
+                return counts
+            self.connection.sleep(0.01)
+
+    def sift(self, queue, drop=None):
+        """The headers of every message in ``queue``, read without taking
+        them (``basic_get`` unacked, then all put back), except those for
+        which ``drop(headers)`` is true: those are acked, gone. A queue that
+        does not exist holds nothing."""
+        channel = self.connection.channel()
+        seen = []
+        _QUIET.busy_thread = threading.get_ident()
+        try:
+            while True:
+                method, properties, _body = channel.basic_get(queue, auto_ack=False)
+                if method is None:
+                    break
+                headers = properties.headers or {}
+                seen.append(headers)
+                if drop is not None and drop(headers):
+                    channel.basic_ack(method.delivery_tag)
+            channel.basic_nack(0, multiple=True, requeue=True)
+            channel.basic_qos(prefetch_count=0)  # the requeue is done
+        except pika.exceptions.ChannelClosedByBroker:
+            pass  # no such queue
+        finally:
+            _QUIET.busy_thread = None
+            if channel.is_open:
+                channel.close()
+        return seen
+
+    def unbind_many(self, bindings):
+        """Remove ``bindings`` (``(destination type, destination, source,
+        arguments)``; routing key ""), pipelined like ``delete_many``."""
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self.connection.channel()
+        impl = self._channel._impl
+        for kind, destination, source, arguments in bindings:
+            if kind == "exchange":
+                impl.exchange_unbind(destination, source, "", arguments, callback=None)
+            else:
+                impl.queue_unbind(destination, source, "", arguments, callback=None)
+        return self._run("basic_qos", prefetch_count=0) is not None
+
+    # -- the management API ---------------------------------------------------------
+
+    def bindings_from(self, exchange):
+        """The bindings whose source is ``exchange`` (management API:
+        ``destination``, ``destination_type``, ``arguments``); none for an
+        exchange that does not exist."""
+        parts = urllib.parse.urlsplit(self.management_url)
+        base = "%s://%s%s" % (parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"))
+        path = "/api/exchanges/%s/%s/bindings/source" % (
+            urllib.parse.quote(self.vhost, safe=""),
+            urllib.parse.quote(exchange, safe=""),
+        )
+        token = "%s:%s" % (
+            urllib.parse.unquote(parts.username or "guest"),
+            urllib.parse.unquote(parts.password or "guest"),
+        )
+        request = urllib.request.Request(
+            base + path,
+            headers={"Authorization": "Basic " + base64.b64encode(token.encode()).decode()},
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=10) as response:
+                return json.loads(response.read().decode("utf8")) or []
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return []
+            raise
+
     # -- clean-up -------------------------------------------------------------------
 
     def track_queue(self, name):
@@ -158,16 +268,73 @@ class Admin(object):
             self.connection.close()
 
 
-class LayerKeeper(Keeper):
+# -- group memberships: the broker's record, checked and removed --------------------------
+
+
+def uses_leases(topology):
+    """Whether ``topology`` is of the design with leases (a membership is a
+    binding from its group's exchange whose arguments carry its lease's
+    stamp, and a message in the lease queue), or of the one before it (a
+    marker queue per membership, a member queue per process-local channel):
+    a ``--baseline-src`` tree may be either."""
+    return hasattr(topology, "membership_binding")
+
+
+class MembershipKeeping(object):
+    """The membership checks and clean-up of an AMQP layer's keeper, for
+    ``asgi_trials.check_membership_round``: ``LayerKeeper``'s and the
+    ceiling's. Needs ``admin`` (an ``Admin``) and ``topology``."""
+
+    def check_deliveries(self, channel, pairs, present, notices, what):
+        """One send_group to each group reaches a process-local queue once
+        per group that has members there (the process copies it to them);
+        the join and leave notices of the round wait there too. Before
+        leases, one message per membership came, and no notices."""
+        leases = uses_leases(self.topology)
+        expected = collections.Counter()
+        if present:
+            expected["group"] = len({group for group, _channel in pairs}) if leases else len(pairs)
+        if leases:
+            expected.update(notices)
+        expected = +expected  # no zero counts
+        queue = self.topology.channel_queue(channel)
+        if leases:
+            seen = self.admin.take(queue, expected)
+        else:  # every message is a group message, dead-lettered from a member queue
+            depth = self.admin.wait_depth(queue, expected["group"])
+            seen = +collections.Counter(group=depth or 0)
+        if seen == expected:
+            return []
+        return [
+            "%s: one send_group to each of %d groups and the round's notices left %s in "
+            "their process's queue %s, not %s"
+            % (what, len(ROOMS), _counts(seen), channel, _counts(expected))
+        ]
+
+    def check_memberships(self, pairs, present):
+        if uses_leases(self.topology):
+            return check_leases(self.admin, self.topology, pairs, present)
+        return _check_markers(self.admin, self.topology, pairs, present)
+
+    def forget(self, pairs):
+        if uses_leases(self.topology):
+            forget_leases(self.admin, self.topology, pairs)
+        else:
+            _forget_markers(self.admin, self.topology, pairs)
+
+
+class LayerKeeper(MembershipKeeping, Keeper):
     """Housekeeping for an AMQPChannelLayer on a housekeeping connection
     (``Admin``): queue names from the layer's ``topology``, passive declares
-    for counts, ``queue.purge``, unconfirmed publishes for fills.
+    for counts, ``queue.purge``, unconfirmed publishes for fills; the
+    membership checks read the broker's record (``MembershipKeeping``).
     ``admin`` is an ``Admin``, or a URL for one opened at first use (so that
     the memory scenario's process holds nothing but the layer)."""
 
-    def __init__(self, layer, admin):
+    def __init__(self, layer, admin, management_url=None):
         super(LayerKeeper, self).__init__(layer)
         self._admin = admin
+        self._management_url = management_url
         self.properties = pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack"
         )
@@ -177,7 +344,7 @@ class LayerKeeper(Keeper):
     @property
     def admin(self):
         if isinstance(self._admin, str):
-            self._admin = Admin(self._admin)
+            self._admin = Admin(self._admin, self._management_url)
         return self._admin
 
     def close(self):
@@ -209,16 +376,117 @@ class LayerKeeper(Keeper):
             properties.message_id = "fill.%d" % self.counter
             self.admin.publish(queue, self.body, properties)
 
-    def check_memberships(self, pairs, present):
-        return check_markers(self.admin, self.layer.topology, pairs, present)
-
-    def forget(self, pairs):
-        forget_memberships(self.admin, self.layer.topology, pairs)
+    @property
+    def topology(self):
+        return self.layer.topology
 
 
-def check_markers(admin, topology, pairs, present):
-    """Each membership's marker queue (``topology.marker_queue``) must hold its
-    one marker if ``present``, and must not exist otherwise."""
+def membership_bindings(admin, topology, groups):
+    """``{(group, member): {stamp, ...}}``: the bindings from the exchanges of
+    ``groups`` (management API) and the lease stamps they carry (``None``
+    for a binding without one)."""
+    from asgi_amqp import naming
+
+    found = {}
+    for group in sorted(groups):
+        for binding in admin.bindings_from(topology.group_exchange(group)):
+            arguments = binding.get("arguments") or {}
+            member = topology.member_of_binding(
+                str(binding.get("destination", "")), binding.get("destination_type"), arguments
+            )
+            if member:
+                stamp = arguments.get(naming.LEASE_HEADER)
+                found.setdefault((group, member), set()).add(
+                    None if stamp is None else _text(stamp)
+                )
+    return found
+
+
+def check_leases(admin, topology, pairs, present):
+    """The record of ``pairs`` (group, channel) in the design with leases.
+
+    ``present``: each membership must have a binding from its group's
+    exchange with a live lease stamp (``Topology.live_stamps``), and the
+    lease queue a lease message of that group, member and stamp (read
+    without being taken). Otherwise no binding of the membership may be
+    left, of any stamp; its lease messages stay, as the layer leaves them.
+    """
+    from asgi_amqp import naming
+
+    found = membership_bindings(admin, topology, {group for group, _channel in pairs})
+    if not present:
+        wrong = sum(1 for pair in pairs if pair in found)
+        if wrong:
+            return [
+                "%d of %d memberships still have a binding from their group exchange"
+                % (wrong, len(pairs))
+            ]
+        return []
+    problems = []
+    live = {str(stamp) for stamp in topology.live_stamps()}
+    unbound = sum(1 for pair in pairs if not found.get(pair, set()) & live)
+    if unbound:
+        problems.append(
+            "%d of %d memberships have no binding with a live lease stamp from their "
+            "group exchange" % (unbound, len(pairs))
+        )
+    leases = set()
+    for headers in admin.sift(topology.lease_queue):
+        leases.add(
+            (
+                _text(headers.get(naming.GROUP_HEADER)),
+                _text(headers.get(naming.MEMBER_HEADER)),
+                _text(headers.get(naming.LEASE_HEADER)),
+            )
+        )
+    unleased = sum(
+        1
+        for group, channel in pairs
+        if not any((group, channel, stamp) in leases for stamp in found.get((group, channel), ()))
+    )
+    if unleased:
+        problems.append(
+            "%d of %d memberships have no lease message of their binding's stamp in %s"
+            % (unleased, len(pairs), topology.lease_queue)
+        )
+    return problems
+
+
+def forget_leases(admin, topology, pairs):
+    """Remove what ``pairs`` (group, channel) made, untimed: their bindings
+    from the group exchanges (as found, every stamp; the group exchanges are
+    auto-delete and go with their last one), a normal channel's member
+    exchange, and their lease messages (the others are put back)."""
+    from asgi_amqp import naming
+
+    wanted = set(pairs)
+    groups = sorted({group for group, _channel in pairs})
+    bindings = []
+    for group in groups:
+        source = topology.group_exchange(group)
+        for binding in admin.bindings_from(source):
+            destination = str(binding.get("destination", ""))
+            kind = binding.get("destination_type")
+            arguments = binding.get("arguments") or {}
+            if (group, topology.member_of_binding(destination, kind, arguments)) in wanted:
+                bindings.append((kind, destination, source, arguments))
+    admin.unbind_many(bindings)
+    members = sorted({channel for _group, channel in pairs if "!" not in channel})
+    admin.delete_many((), [topology.member_exchange(channel) for channel in members])
+
+    def theirs(headers):
+        member = (
+            _text(headers.get(naming.GROUP_HEADER)),
+            _text(headers.get(naming.MEMBER_HEADER)),
+        )
+        return member in wanted
+
+    admin.sift(topology.lease_queue, drop=theirs)
+
+
+def _check_markers(admin, topology, pairs, present):
+    """Before leases (a ``--baseline-src`` tree): each membership's marker
+    queue must hold its one marker if ``present``, and must not exist otherwise."""
     depths = admin.depths([topology.marker_queue(group, channel) for group, channel in pairs])
     if present:
         wrong = sum(1 for depth in depths if depth != 1)
@@ -229,9 +497,9 @@ def check_markers(admin, topology, pairs, present):
     return ["%d of %d memberships %s" % (wrong, len(pairs), what)] if wrong else []
 
 
-def forget_memberships(admin, topology, pairs):
-    """Delete what ``pairs`` (group, process-local channel) made: marker queues,
-    member queues and member exchanges (the group exchanges are auto-delete)."""
+def _forget_markers(admin, topology, pairs):
+    """Before leases: delete the marker queues, member queues and member
+    exchanges ``pairs`` (group, process-local channel) made."""
     channels = sorted({channel for _group, channel in pairs})
     admin.delete_many(
         [topology.marker_queue(group, channel) for group, channel in pairs]
@@ -242,9 +510,13 @@ def forget_memberships(admin, topology, pairs):
 
 def layer_objects(topology, channels, group):
     """(queues, exchanges) an AMQPChannelLayer with ``topology`` creates for
-    the benchmark's ``channels`` and ``group``, its shared objects included."""
+    the benchmark's ``channels`` and ``group``, its shared objects included:
+    the lease queue, or before leases the group's marker queues."""
     queues = [topology.channel_queue(c) for c in channels]
-    queues += [topology.marker_queue(group, c) for c in channels]
+    if uses_leases(topology):
+        queues.append(topology.lease_queue)
+    else:
+        queues += [topology.marker_queue(group, c) for c in channels]
     queues.append(topology.dead_letter_queue)
     exchanges = [topology.member_exchange(c) for c in channels]
     exchanges += [
@@ -254,6 +526,22 @@ def layer_objects(topology, channels, group):
     ]
     exchanges += [topology.group_exchange(room) for room in ROOMS]
     return queues, exchanges
+
+
+def _counts(counter):
+    if not counter:
+        return "nothing"
+    return ", ".join("%d %s" % (n, kind) for kind, n in sorted(counter.items()))
+
+
+def _message_kind(headers):
+    """What a message of a process-local queue is: its ``asgi-kind`` (a join
+    or leave notice), else ``group`` for a group message, else ``other``."""
+    headers = headers or {}
+    kind = headers.get("asgi-kind")
+    if kind:
+        return _text(kind)
+    return "group" if headers.get("asgi-group") else "other"
 
 
 def _text(value):

@@ -3,25 +3,52 @@
     AMQP_URL=amqp://... python -m benchmarks.broker_costs [--count 300]
 
 For every method ``group_add`` and ``group_discard`` use (with the layer's
-names and arguments, ``asgi_amqp.naming.Topology``), ``--count`` fresh
-objects are made twice on one pika channel:
+names and arguments, ``asgi_amqp.naming.Topology``: a membership is a
+binding from its group's exchange whose arguments carry its lease's stamp,
+plus a lease message in the lease queue), ``--count`` fresh objects are
+made twice on one pika channel:
 
-* **synchronous**: one RPC at a time, each waiting for its ``-ok``: the
-  client's round trip plus the broker's work (p50 and mean per call);
+* **synchronous**: one call at a time, each waiting for its ``-ok`` (a
+  publish: for its confirm): the client's round trip plus the broker's
+  work (p50 and mean per call);
 * **pipelined**: every call sent with ``nowait`` (pika: ``callback=None``),
-  then one synchronous ``basic.qos``; the wall time over the count is what
-  the broker itself needs per call, since nothing waits in between.
+  then one synchronous ``basic.qos`` (publishes: all sent, then every
+  confirm waited for); the wall time over the count is what the broker
+  itself needs per call, since nothing waits in between. (The layer never
+  sends ``queue.unbind``, which has no ``nowait`` in AMQP 0-9-1.) A
+  ``queue.declare`` sent with ``nowait`` does not renew the queue's
+  ``x-expires`` (the layer's are always answered).
 
 When the pipelined cost of a method is close to its synchronous cost, the
-broker, not the client's waiting, sets the pace. The last rows do a whole
-membership the same ways: the layer's chain of eight steps and the marker's
-confirmed publish, synchronous step by step; each membership pipelined with
-one wait (the ``raw-pika-membership`` ceiling); and all memberships pipelined
-with a single wait at the end (the broker's own limit for this topology on
-one channel). With ``--broker-pid`` (the broker's ``beam.smp`` on this
-machine) each row also gives the broker's CPU time per call, from
-``/proc/PID/stat``. Everything lives under a prefix of its own and is
-deleted at the end. Prints a Markdown table.
+broker, not the client's waiting, sets the pace. The last rows do whole
+memberships with exactly the layer's calls (``benchmarks.membership``),
+for a normal channel and for a process-local one, three ways: every call
+synchronous; the ``raw-pika-membership`` ceiling's round trips (two per
+``group_add``: the confirmed lease and join notice, then the declares and
+bindings; one per ``group_discard``); and all memberships pipelined with a
+single wait at the end (publishes unconfirmed: the broker's own limit on
+one channel). The rows:
+
+* **first membership**: a normal channel's member exchange and its binding
+  to the channel's queue, the group exchange and its binding from the
+  router declared again, the stamped binding and the lease message (and
+  the channel queue's answered re-declare); a process-local channel's
+  stamped binding to its process's queue, the group exchange and router
+  binding again, the join notice, the lease message and the process
+  queue's answered re-declare;
+* **renewal**: ``group_add`` again in a later lease stamp: the same calls,
+  of which only the stamped binding and the lease message are new; and
+  the **renewal's own work** alone: the next stamp's binding and lease
+  message (and a process-local channel's join notice);
+* **group_discard**: an unbind of every live stamp (most of them not
+  there), the legacy plain unbind, a process-local channel's leave notice.
+
+The channels' queues and the groups' exchanges (bound from the router and
+kept by a binding of their own) exist beforehand; memberships renewed or
+discarded are made untimed. With ``--broker-pid`` (the broker's
+``beam.smp`` on this machine) each row also gives the broker's CPU time per
+call, from ``/proc/PID/stat``. Everything lives under a prefix of its own
+and is deleted at the end. Prints a Markdown table.
 """
 
 import argparse
@@ -37,6 +64,7 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks import membership  # noqa: E402
 from benchmarks.broker import connection_parameters  # noqa: E402
 
 GROUP_EXPIRY = 86400
@@ -62,8 +90,8 @@ class Costs(object):
         self.topology = naming.Topology(prefix, EXPIRY, GROUP_EXPIRY, lambda _c: CAPACITY)
         self.connection = pika.BlockingConnection(connection_parameters(url))
         self.channel = self.connection.channel()
-        self.confirmed = self.connection.channel()
-        self.confirmed.confirm_delivery()
+        self.confirmed = membership.PipelinedChannel(self.connection)
+        self.unconfirmed = membership.PipelinedChannel(self.connection, confirms=False)
         self.queues = set()
         self.exchanges = set()
         self.rows = []
@@ -71,16 +99,48 @@ class Costs(object):
         topology = self.topology
         self.channel.exchange_declare(topology.dead_letter_exchange, "fanout", durable=True)
         self.channel.exchange_declare(topology.group_router, "direct", durable=True)
+        self.channel.queue_declare(
+            topology.lease_queue, durable=True, arguments=topology.lease_queue_arguments()
+        )
         self.exchanges.update([topology.dead_letter_exchange, topology.group_router])
+        self.queues.add(topology.lease_queue)
+        # The groups, as a group with members already is: its exchange
+        # (auto-delete) bound from the router, and kept by a binding to a
+        # queue of its own, so that it outlives every row's unbinds.
+        self.keeper = topology.channel_queue("bench.costs.keeper")
+        self.channel.queue_declare(self.keeper, durable=True)
+        self.queues.add(self.keeper)
+        self.rooms = ["costs-r%d" % k for k in range(4)]
+        for room in ["costs-room"] + self.rooms:
+            group = topology.group_exchange(room)
+            self.channel.exchange_declare(group, "fanout", durable=True, auto_delete=True)
+            self.channel.exchange_bind(group, topology.group_router, routing_key=room)
+            self.channel.queue_bind(self.keeper, group, routing_key="keep")
+            self.exchanges.add(group)
 
     # -- names ----------------------------------------------------------------------
 
     def fresh(self, what):
+        """``count`` fresh normal channels."""
         names = []
         for _ in range(self.count):
             self.serial += 1
-            names.append("bench.costs!%s%06d" % (what, self.serial))
+            names.append("bench.costs.%s%06d" % (what, self.serial))
         return names
+
+    def fresh_local(self, what):
+        """``count`` fresh process-local channels of one fresh process, whose
+        queue is made here: (its queue, the channels)."""
+        self.serial += 1
+        base = "bench.costs.%s%06d!" % (what, self.serial)
+        queue = self.topology.channel_queue(base)
+        self.channel.queue_declare(
+            queue, durable=True, arguments=self.topology.channel_queue_arguments(base)
+        )
+        return queue, ["%sm%06d" % (base, i) for i in range(self.count)]
+
+    def stamp(self):
+        return self.topology.lease_stamp()
 
     # -- the two ways ---------------------------------------------------------------
 
@@ -117,6 +177,9 @@ class Costs(object):
                 )
             if cleanup is not None:
                 cleanup()
+        self.add_row(label, figures)
+
+    def add_row(self, label, figures):
         (sync_p50, sync_mean, sync_rate, sync_cpu), (_none, piped_ms, piped_rate, piped_cpu) = (
             figures
         )
@@ -128,6 +191,37 @@ class Costs(object):
             % (label, sync_p50, sync_mean, sync_rate, piped_ms, piped_rate),
             flush=True,
         )
+
+    def measure_publishes(self, label, publishes, cleanup):
+        """Confirmed publishes (``membership.Call``s from ``publishes()``):
+        one confirm waited for at a time, then all sent and every confirm
+        waited for together."""
+        figures = []
+        for together in (False, True):
+            calls = publishes()
+            cpu0 = process_cpu(self.broker_pid)
+            begin = time.perf_counter_ns()
+            if together:
+                self.confirmed.run(calls)
+                wall = (time.perf_counter_ns() - begin) / 1e9
+                figures.append((None, wall / len(calls) * 1e3, len(calls) / wall))
+            else:
+                durations = []
+                for call in calls:
+                    start = time.perf_counter_ns()
+                    self.confirmed.run([call])
+                    durations.append(time.perf_counter_ns() - start)
+                wall = (time.perf_counter_ns() - begin) / 1e9
+                figures.append(
+                    (
+                        statistics.median(durations) / 1e6,
+                        sum(durations) / len(durations) / 1e6,
+                        len(calls) / wall,
+                    )
+                )
+            figures[-1] += (self.cpu(cpu0, calls),)
+            cleanup()
+        self.add_row(label, figures)
 
     def cpu(self, since, ops):
         """The broker's CPU ms per call since ``since`` (None without a pid)."""
@@ -151,6 +245,9 @@ class Costs(object):
             impl.exchange_delete(exchange, callback=None)
         self.channel.basic_qos(prefetch_count=0)
 
+    def purge_leases(self):
+        self.channel.queue_purge(self.topology.lease_queue)
+
     # -- the methods -----------------------------------------------------------------
 
     def run(self):
@@ -161,7 +258,7 @@ class Costs(object):
             made = []
 
             def calls(nowait):
-                names = [topology.local_member_queue(c) for c in self.fresh("q")]
+                names = [topology.channel_queue(c) for c in self.fresh("q")]
                 made[:] = names
                 return [
                     self.rpc(
@@ -173,12 +270,8 @@ class Costs(object):
             self.measure(label, calls, cleanup=lambda: self.delete(made))
 
         new_queues(
-            "queue.declare, new member queue (l:, durable, x-max-length 0)",
-            lambda n: topology.local_member_queue_arguments("a.b!c"),
-        )
-        new_queues(
-            "queue.declare, new marker queue (k:, durable, 4 arguments)",
-            lambda n: topology.marker_queue_arguments(),
+            "queue.declare, new channel queue (q:, durable, 5 arguments)",
+            lambda n: topology.channel_queue_arguments("a.b"),
         )
         new_queues("queue.declare, new queue, durable, no arguments", lambda n: None)
         new_queues("queue.declare, new queue, transient, no arguments", lambda n: None, False)
@@ -217,200 +310,292 @@ class Costs(object):
             new_exchanges,
             cleanup=lambda: self.delete(exchanges=made_x),
         )
-        group = topology.group_exchange("costs-room")
-        self.channel.exchange_declare(group, "fanout", durable=True, auto_delete=False)
-        self.exchanges.add(group)
+        group_name = "costs-room"
+        group = topology.group_exchange(group_name)
         self.measure(
-            "exchange.declare, existing (g:, again)",
+            "exchange.declare, existing (g:, auto-delete, again)",
             lambda nowait: [
-                self.rpc(nowait, "exchange_declare", group, exchange_type="fanout", durable=True)
+                self.rpc(
+                    nowait,
+                    "exchange_declare",
+                    group,
+                    exchange_type="fanout",
+                    durable=True,
+                    auto_delete=True,
+                )
                 for _ in range(count)
             ],
         )
+        self.measure(
+            "exchange.bind, existing (g: from the router, again)",
+            lambda nowait: [
+                self.rpc(
+                    nowait, "exchange_bind", group, topology.group_router, routing_key=group_name
+                )
+                for _ in range(count)
+            ],
+        )
+        self.bindings(group_name)
+        self.publishes(group_name)
+        self.whole_memberships()
 
-        # Bindings: the objects are made untimed, the bindings timed.
-        pairs = []
+    def bindings(self, group_name):
+        """The bindings of a membership and of its member exchange, timed on
+        objects made untimed: a normal channel's (member exchange, queue)
+        pairs, and process-local channels of one process."""
+        topology = self.topology
+        group = topology.group_exchange(group_name)
+        stamp = self.stamp()
+        normal = []  # (member exchange, channel queue, channel)
 
-        def make_pairs():
+        def stamped(channel, at):
+            return topology.membership_binding(channel, at)[1]
+
+        def make_normal(bound_to_queue=True, stamps=()):
             members = self.fresh("b")
-            pairs[:] = [
-                (topology.member_exchange(c), topology.local_member_queue(c)) for c in members
+            normal[:] = [
+                (topology.member_exchange(c), topology.channel_queue(c), c) for c in members
             ]
             impl = self.channel._impl
-            for exchange, queue in pairs:
+            for exchange, queue, channel in normal:
                 impl.exchange_declare(
                     exchange, exchange_type="fanout", durable=True, auto_delete=True, callback=None
                 )
                 impl.queue_declare(
                     queue,
                     durable=True,
-                    arguments=topology.local_member_queue_arguments("a.b!c"),
+                    arguments=topology.channel_queue_arguments(channel),
                     callback=None,
                 )
+                if bound_to_queue:
+                    impl.queue_bind(queue, exchange, routing_key="", callback=None)
+                for at in stamps:
+                    impl.exchange_bind(
+                        exchange,
+                        group,
+                        routing_key="",
+                        arguments=stamped(channel, at),
+                        callback=None,
+                    )
             self.channel.basic_qos(prefetch_count=0)
 
-        def drop_pairs():
-            self.delete([q for _x, q in pairs], [x for x, _q in pairs])
+        def drop_normal():
+            self.delete([q for _x, q, _c in normal], [x for x, _q, _c in normal])
 
         self.measure(
-            "queue.bind, new (l: to m:)",
-            lambda nowait: [self.rpc(nowait, "queue_bind", q, x, routing_key="") for x, q in pairs],
-            prepare=make_pairs,
-            cleanup=drop_pairs,
-        )
-        self.measure(
-            "exchange.bind, new (m: from g:)",
+            "queue.bind, new (q: from m:)",
             lambda nowait: [
-                self.rpc(nowait, "exchange_bind", x, group, routing_key="") for x, _q in pairs
+                self.rpc(nowait, "queue_bind", q, x, routing_key="") for x, q, _c in normal
             ],
-            prepare=make_pairs,
-            cleanup=drop_pairs,
+            prepare=lambda: make_normal(bound_to_queue=False),
+            cleanup=drop_normal,
         )
-
-        def bound_pairs():
-            make_pairs()
-            impl = self.channel._impl
-            for exchange, _queue in pairs:
-                impl.exchange_bind(exchange, group, routing_key="", callback=None)
-            self.channel.basic_qos(prefetch_count=0)
-
-        self.measure(
-            "exchange.unbind (m: from g:)",
-            lambda nowait: [
-                self.rpc(nowait, "exchange_unbind", x, group, routing_key="") for x, _q in pairs
-            ],
-            prepare=bound_pairs,
-            cleanup=drop_pairs,
-        )
-        self.measure(
-            "exchange.bind, existing (g: from the router, again)",
-            lambda nowait: [
-                self.rpc(nowait, "exchange_bind", group, topology.group_router, routing_key="r")
-                for _ in range(count)
-            ],
-        )
-
-        markers = []
-
-        def make_markers():
-            markers[:] = [topology.local_member_queue(c) for c in self.fresh("k")]
-            impl = self.channel._impl
-            for queue in markers:
-                impl.queue_declare(
-                    queue,
-                    durable=True,
-                    arguments=topology.marker_queue_arguments(),
-                    callback=None,
-                )
-            self.channel.basic_qos(prefetch_count=0)
-
-        self.measure(
-            "queue.delete (k: marker queue)",
-            lambda nowait: [self.rpc(nowait, "queue_delete", q) for q in markers],
-            prepare=make_markers,
-        )
-
-        # The confirmed publish cannot be pipelined on a BlockingChannel: only sync.
-        make_markers()
-        properties = pika.BasicProperties(delivery_mode=1, headers={"asgi-kind": "marker"})
-        durations = []
-        cpu0 = process_cpu(self.broker_pid)
-        begin = time.perf_counter_ns()
-        for queue in markers:
-            start = time.perf_counter_ns()
-            self.confirmed.basic_publish("", queue, b"", properties, mandatory=True)
-            durations.append(time.perf_counter_ns() - start)
-        wall = (time.perf_counter_ns() - begin) / 1e9
-        cpu = self.cpu(cpu0, markers)
-        self.delete(markers)
-        p50, mean = statistics.median(durations) / 1e6, sum(durations) / len(durations) / 1e6
-        self.rows.append(
+        for label, stamps, method, at in (
+            ("exchange.bind, new, stamped (m: from g:)", (), "exchange_bind", stamp),
             (
-                "basic.publish + confirm (marker, to k:)",
-                p50,
-                mean,
-                count / wall,
-                cpu,
-                None,
-                None,
-                None,
+                "exchange.bind, the next stamp of a member (m: from g:)",
+                (stamp,),
+                "exchange_bind",
+                stamp + 1,
+            ),
+            ("exchange.unbind, stamped (m: from g:)", (stamp,), "exchange_unbind", stamp),
+            ("exchange.unbind, stamped, no such binding", (), "exchange_unbind", stamp),
+        ):
+            self.measure(
+                label,
+                lambda nowait, method=method, at=at: [
+                    self.rpc(
+                        nowait,
+                        method,
+                        x,
+                        group,
+                        routing_key="",
+                        arguments=stamped(c, at),
+                    )
+                    for x, _q, c in normal
+                ],
+                prepare=lambda stamps=stamps: make_normal(stamps=stamps),
+                cleanup=drop_normal,
             )
-        )
-        print("%-58s sync p50 %6.2f ms mean %6.2f ms" % (self.rows[-1][0], p50, mean))
 
-        self.whole_memberships()
+        local = []  # [process member exchange (m:foo!), process queue, [channels]]
+
+        def make_local(stamps=()):
+            queue, members = self.fresh_local("p")
+            exchange = topology.member_exchange(queue.rpartition(":q:")[2])
+            local[:] = [exchange, queue, members]
+            impl = self.channel._impl
+            impl.exchange_declare(
+                exchange, exchange_type="fanout", durable=True, auto_delete=True, callback=None
+            )
+            impl.queue_bind(queue, exchange, routing_key="", callback=None)
+            for channel in members:
+                for at in stamps:
+                    impl.exchange_bind(
+                        exchange,
+                        group,
+                        routing_key="",
+                        arguments=stamped(channel, at),
+                        callback=None,
+                    )
+            self.channel.basic_qos(prefetch_count=0)
+
+        def drop_local():
+            self.delete([local[1]], [local[0]])
+
+        for label, stamps, method, at in (
+            ("exchange.bind, new, stamped (m:foo! from g:)", (), "exchange_bind", stamp),
+            (
+                "exchange.bind, the next stamp of a member (m:foo! from g:)",
+                (stamp,),
+                "exchange_bind",
+                stamp + 1,
+            ),
+            ("exchange.unbind, stamped (m:foo! from g:)", (stamp,), "exchange_unbind", stamp),
+            ("exchange.unbind, stamped, no such binding (m:foo!)", (), "exchange_unbind", stamp),
+        ):
+            self.measure(
+                label,
+                lambda nowait, method=method, at=at: [
+                    self.rpc(
+                        nowait,
+                        method,
+                        local[0],
+                        group,
+                        routing_key="",
+                        arguments=stamped(c, at),
+                    )
+                    for c in local[2]
+                ],
+                prepare=lambda stamps=stamps: make_local(stamps),
+                cleanup=drop_local,
+            )
+
+    def publishes(self, group_name):
+        """The lease message and the join notice, confirmed."""
+        topology = self.topology
+        stamp = self.stamp()
+        self.measure_publishes(
+            "basic.publish + confirm (lease: persistent, to e:)",
+            lambda: [
+                membership.lease_publish(topology, group_name, c, stamp) for c in self.fresh("l")
+            ],
+            cleanup=self.purge_leases,
+        )
+        local = []
+
+        def notices():
+            queue, members = self.fresh_local("n")
+            local[:] = [queue]
+            return [
+                membership.notice_publish(topology, "join", group_name, c, stamp) for c in members
+            ]
+
+        self.measure_publishes(
+            "basic.publish + confirm (join notice, to q:foo!)",
+            notices,
+            cleanup=lambda: self.delete(local),
+        )
 
     def whole_memberships(self):
-        """A whole group_add, three ways (see the module's docstring)."""
+        """Whole memberships, three ways (see the module's docstring)."""
         topology = self.topology
-        count = self.count
-        rooms = [topology.group_exchange("costs-r%d" % k) for k in range(4)]
-        self.exchanges.update(rooms)
-        base = "bench.costs!"
-        properties = pika.BasicProperties(delivery_mode=1, headers={"asgi-kind": "marker"})
+        rooms = self.rooms
 
-        def steps(channel, member, group_name, nowait):
-            kw = {"callback": None} if nowait else {}
-            target = channel._impl if nowait else channel
-            group = topology.group_exchange(group_name)
-            member_x = topology.member_exchange(member)
-            local = topology.local_member_queue(member)
-            marker = topology.marker_queue(group_name, member)
-            target.queue_declare(
-                topology.channel_queue(member),
-                durable=True,
-                arguments=topology.channel_queue_arguments(member),
-                **kw,
-            )
-            target.queue_declare(
-                local, durable=True, arguments=topology.local_member_queue_arguments(member), **kw
-            )
-            target.exchange_declare(
-                group, exchange_type="fanout", durable=True, auto_delete=True, **kw
-            )
-            target.exchange_bind(group, topology.group_router, routing_key=group_name, **kw)
-            target.exchange_declare(
-                member_x, exchange_type="fanout", durable=True, auto_delete=True, **kw
-            )
-            target.queue_bind(local, member_x, routing_key="", **kw)
-            target.exchange_bind(member_x, group, routing_key="", **kw)
-            target.queue_declare(
-                marker, durable=True, arguments=topology.marker_queue_arguments(), **kw
-            )
-            return marker, local, member_x
+        def normal_members():
+            members = self.fresh("w")
+            impl = self.channel._impl
+            for member in members:  # channels exist before they join: made by a send
+                impl.queue_declare(
+                    topology.channel_queue(member),
+                    durable=True,
+                    arguments=topology.channel_queue_arguments(member),
+                    callback=None,
+                )
+            self.channel.basic_qos(prefetch_count=0)
+            return [topology.channel_queue(m) for m in members], members
 
-        def run(label, mode):
-            members = ["%s%s" % (base, c.partition("!")[2]) for c in self.fresh("w")]
-            made_q, made_x = [], []
-            cpu0 = process_cpu(self.broker_pid)
-            begin = time.perf_counter_ns()
-            # "all": unconfirmed marker publishes on a channel without confirms
-            # (a BlockingChannel in confirm mode must wait for each), then one
-            # synchronous basic.qos on the same channel.
-            channel = self.channel if mode == "all" else self.confirmed
+        def local_members():
+            queue, members = self.fresh_local("v")
+            return [queue], members
+
+        def joins(members, stamp):
+            return [
+                membership.add_phases(topology, rooms[i % len(rooms)], member, stamp)
+                for i, member in enumerate(members)
+            ]
+
+        def leases_only(members, stamp):
+            """The renewal's own calls: the next stamp's binding and lease (and
+            a process-local channel's join notice), without the re-declares."""
+            made = []
             for i, member in enumerate(members):
-                group_name = "costs-r%d" % (i % 4)
-                marker, local, member_x = steps(channel, member, group_name, mode != "sync")
-                made_q += [marker, local]
-                made_x.append(member_x)
-                if mode == "all":
-                    channel._impl.basic_publish("", marker, b"", properties)
-                else:
-                    channel.basic_publish("", marker, b"", properties, mandatory=True)
-            if mode == "all":
-                channel.basic_qos(prefetch_count=0)
-            wall = (time.perf_counter_ns() - begin) / 1e9
-            cpu = self.cpu(cpu0, members)
-            self.delete(made_q, made_x)
-            self.rows.append((label, None, wall / count * 1e3, count / wall, cpu, None, None, None))
-            print(
-                "%-58s %6.2f ms per membership (%6.0f/s)"
-                % (label, wall / count * 1e3, count / wall)
-            )
+                room = rooms[i % len(rooms)]
+                first, second = membership.add_phases(topology, room, member, stamp)
+                publishes = [call for call in first if call.method == "basic_publish"]
+                binding = second[-2 if "!" in member else -1]._replace(answered=True)
+                made.append([publishes, [binding]])
+            return made
 
-        run("group_add chain, every step synchronous", "sync")
-        run("group_add chain, nowait steps, one wait per membership", "each")
-        run("group_add chains of all memberships, one wait at the end (markers unconfirmed)", "all")
+        def discards(members, _stamp):
+            return [
+                [membership.discard_calls(topology, rooms[i % len(rooms)], member)]
+                for i, member in enumerate(members)
+            ]
+
+        stamp = self.stamp()
+        for kind, make in (("normal", normal_members), ("process-local", local_members)):
+            for what, build, before in (
+                ("first membership", joins, None),
+                ("renewal (a later stamp)", joins, stamp - 1),
+                ("renewal's new binding and lease", leases_only, stamp - 1),
+                ("group_discard", discards, stamp),
+            ):
+                for mode, how in (
+                    ("sync", "every call synchronous"),
+                    ("each", "the ceiling"),
+                    ("all", "all pipelined, one wait"),
+                ):
+                    queues, members = make()
+                    if before is not None:  # the memberships exist: made untimed
+                        for phases in joins(members, before):
+                            for phase in phases:
+                                self.confirmed.run(phase)
+                    operations = build(members, stamp)
+                    label = "%s, %s: %s" % (what, kind, how)
+                    self.whole(label, mode, operations)
+                    self.delete(queues, [topology.member_exchange(m) for m in members])
+                    self.purge_leases()
+
+    def whole(self, label, mode, operations):
+        """Time ``operations`` (each a list of phases of ``membership.Call``s)
+        in ``mode``: ``sync``, ``each`` (a phase is sent together and waited
+        for) or ``all`` (every call nowait, publishes unconfirmed, one
+        ``basic.qos`` at the end)."""
+        count = len(operations)
+        cpu0 = process_cpu(self.broker_pid)
+        begin = time.perf_counter_ns()
+        if mode == "all":
+            impl = self.unconfirmed.channel._impl
+            for phases in operations:
+                for phase in phases:
+                    for call in phase:
+                        if call.method == "basic_publish":
+                            impl.basic_publish(**call.kwargs)
+                        else:
+                            getattr(impl, call.method)(callback=None, **call.kwargs)
+            self.unconfirmed.sync()
+        else:
+            for phases in operations:
+                for phase in phases:
+                    self.confirmed.run(phase, one_by_one=mode == "sync")
+        wall = (time.perf_counter_ns() - begin) / 1e9
+        cpu = self.cpu(cpu0, operations)
+        self.rows.append((label, None, wall / count * 1e3, count / wall, cpu, None, None, None))
+        print(
+            "%-58s %6.2f ms per membership (%6.0f/s)" % (label, wall / count * 1e3, count / wall),
+            flush=True,
+        )
 
     def table(self):
         lines = [

@@ -6,8 +6,8 @@ broker work by hand (``raw-pika``: one confirm per publish, basic_get;
 ``raw-pika-async``: the pipelined-confirm ceiling, a SelectConnection on an
 I/O thread of its own with up to 1000 confirms outstanding;
 ``raw-pika-consume``: basic_consume with prefetch; ``raw-pika-membership``:
-the ceiling of group membership, the layer's broker objects made with
-pipelined nowait steps). In a worker process
+the ceiling of group membership, the layer's broker work for a membership
+in as few round trips as it allows, see ``membership``). In a worker process
 (``common.Worker``): ``asgi-redis`` (asgi_redis 1.4.3 on a redis-server, in
 its own virtualenv), the layer's memory scenario, and with
 ``--baseline-src`` the layer imported from two source trees,
@@ -28,7 +28,7 @@ import time
 import msgpack
 import pika
 
-from . import asgi_trials, common
+from . import asgi_trials, common, membership
 from .asgi_trials import (
     CAPACITY,
     EXPIRY,
@@ -44,13 +44,7 @@ from .asgi_trials import (
     SEND_CHANNEL,
     WAKEUP_CHANNEL,
 )
-from .broker import (
-    LayerKeeper,
-    check_markers,
-    connection_parameters,
-    forget_memberships,
-    layer_objects,
-)
+from .broker import LayerKeeper, MembershipKeeping, connection_parameters, layer_objects
 from .harness import Contestant, RoundResult, Trial, register_contestant
 from .scenarios import MEMBERSHIP_CEILING, MESSAGE, SEND_THREADS
 
@@ -816,27 +810,33 @@ class RawPikaConsumeContestant(_RawBase):
 
 @register_contestant
 class RawMembershipContestant(Contestant):
-    """The ceiling of group membership: the layer's broker objects for one
-    ``group_add``/``group_discard``, made by hand with raw pika, every step
-    sent with nowait and one synchronous step at the end."""
+    """The ceiling of group membership: the layer's broker work for one
+    ``group_add``/``group_discard``, done by hand with raw pika, as few round
+    trips as that work allows (``membership``: what can be pipelined and why)."""
 
     name = MEMBERSHIP_CEILING
     GROUP_EXPIRY = 86400  # the layer's default
     description = (
-        "the group-membership ceiling: raw pika (BlockingConnection, confirms on) "
-        "making exactly the broker objects of AMQPChannelLayer.group_add for a "
-        "process-local channel, with the names, flags and arguments of "
-        "asgi_amqp.naming.Topology (expiry %d, group_expiry %d): queue.declare of "
-        "the channel's queue and of the member queue, exchange.declare of the group "
-        "exchange (fanout, auto-delete), exchange.bind from the group router, "
-        "exchange.declare of the member exchange (fanout, auto-delete), queue.bind "
-        "of the member queue, exchange.bind of the member exchange to the group "
-        "exchange, queue.declare of the marker queue, all with nowait, then the "
-        "marker's publish (mandatory), waiting for its confirm; group_discard: "
-        "exchange.unbind with nowait, then a synchronous queue.delete of the marker "
-        "queue. 1-thread scenarios: one connection; %d-thread ones: a connection "
-        "per thread. The same checks as the layer (deliveries through the group "
-        "router, marker queues)" % (EXPIRY, GROUP_EXPIRY, SEND_THREADS)
+        "the group-membership ceiling: raw pika (BlockingConnection, publisher confirms "
+        "kept by hand so that several are waited for together) doing exactly the broker "
+        "work of AMQPChannelLayer.group_add and group_discard for a process-local channel, "
+        "with the names, flags and arguments of asgi_amqp.naming.Topology (expiry %d, "
+        "group_expiry %d); group_add in two round trips: the lease message (persistent, "
+        "mandatory, into the lease queue, its expiration the lease's end; once per stamp "
+        "and membership, as the layer) and the join notice (mandatory, into the process's "
+        "queue) published together and both confirms waited for; then exchange.declare of "
+        "the group exchange (fanout, auto-delete) and exchange.bind of it from the group "
+        "router, the process's member exchange (m:foo!) and its binding to the "
+        "process's queue, the exchange.bind of that member exchange from the group "
+        "exchange with the stamp's arguments, all with nowait, and the queue.declare of "
+        "the process's queue, answered (it renews the queue's x-expires). group_discard "
+        "in one: exchange.unbind of every live stamp's binding and the legacy "
+        "exchange.unbind of the channel's own member exchange, with nowait, and the "
+        "leave notice, whose confirm ends them. "
+        "1-thread scenarios: one connection; %d-thread ones: a connection per "
+        "thread. The same checks as the layer (deliveries and notices through the "
+        "process's queue, the group exchanges' bindings, the lease messages)"
+        % (EXPIRY, GROUP_EXPIRY, SEND_THREADS)
     )
 
     def setup(self, env):
@@ -850,12 +850,11 @@ class RawMembershipContestant(Contestant):
         )
         self.connections = []
         self.channels = []
+        self.leases_sent = {}  # (group, channel) -> stamp, as the layer's _leases_sent
         for _ in range(SEND_THREADS):
             connection = pika.BlockingConnection(connection_parameters(env.url))
-            channel = connection.channel()
-            channel.confirm_delivery()
             self.connections.append(connection)
-            self.channels.append(channel)
+            self.channels.append(membership.PipelinedChannel(connection))
         topology = self.topology
         admin = env.admin
         # The shared objects, as the layer declares them once per process.
@@ -863,6 +862,7 @@ class RawMembershipContestant(Contestant):
         admin.exchange_declare(topology.group_router, "direct")
         admin.declare(topology.dead_letter_queue, topology.dead_letter_queue_arguments())
         admin.bind(topology.dead_letter_queue, topology.dead_letter_exchange)
+        admin.declare(topology.lease_queue, topology.lease_queue_arguments())
         for base in (REPLY_BASE, KEEP_BASE):
             admin.track_queue(topology.channel_queue(base))
         for room in ROOMS:
@@ -880,60 +880,24 @@ class RawMembershipContestant(Contestant):
     # -- one membership ------------------------------------------------------------
 
     def add(self, channel, group, member):
-        """``group_add(group, member)`` on ``channel`` (a BlockingChannel)."""
-        topology = self.topology
-        impl = channel._impl  # callback=None: nowait=True
-        queue = topology.channel_queue(member)
-        target = topology.local_member_queue(member)
-        group_exchange = topology.group_exchange(group)
-        member_exchange = topology.member_exchange(member)
-        marker = topology.marker_queue(group, member)
-        impl.queue_declare(
-            queue, durable=True, arguments=topology.channel_queue_arguments(member), callback=None
-        )
-        impl.queue_declare(
-            target,
-            durable=True,
-            arguments=topology.local_member_queue_arguments(member),
-            callback=None,
-        )
-        impl.exchange_declare(
-            group_exchange, exchange_type="fanout", durable=True, auto_delete=True, callback=None
-        )
-        impl.exchange_bind(group_exchange, topology.group_router, routing_key=group, callback=None)
-        impl.exchange_declare(
-            member_exchange, exchange_type="fanout", durable=True, auto_delete=True, callback=None
-        )
-        impl.queue_bind(target, member_exchange, routing_key="", callback=None)
-        impl.exchange_bind(member_exchange, group_exchange, routing_key="", callback=None)
-        impl.queue_declare(
-            marker, durable=True, arguments=topology.marker_queue_arguments(), callback=None
-        )
-        properties = pika.BasicProperties(
-            delivery_mode=1,
-            content_type="application/x-msgpack",
-            message_id="m.%s" % random.random(),
-            headers={"asgi-kind": "marker", "asgi-group": group, "asgi-channel": member},
-            timestamp=int(time.time()),
-        )
-        # The one synchronous step: raises if a step before it closed the channel.
-        channel.basic_publish("", marker, b"", properties, mandatory=True)
+        """``group_add(group, member)`` on ``channel`` (a ``PipelinedChannel``)."""
+        stamp = self.topology.lease_stamp()
+        key = (group, member)
+        lease = self.leases_sent.get(key) != stamp
+        for phase in membership.add_phases(self.topology, group, member, stamp, lease=lease):
+            channel.run(phase)
+        self.leases_sent[key] = stamp
 
     def discard(self, channel, group, member):
-        topology = self.topology
-        channel._impl.exchange_unbind(
-            topology.member_exchange(member),
-            topology.group_exchange(group),
-            routing_key="",
-            callback=None,
-        )
-        channel.queue_delete(topology.marker_queue(group, member))
+        channel.run(membership.discard_calls(self.topology, group, member))
+        self.leases_sent.pop((group, member), None)
 
     def send_group(self, group, message):
         body = msgpack.packb(message, use_bin_type=True)
-        self.channels[0].basic_publish(
-            self.topology.group_router, group, body, PROPERTIES, mandatory=False
+        properties = pika.BasicProperties(
+            delivery_mode=1, content_type="application/x-msgpack", headers={"asgi-group": group}
         )
+        self.channels[0].publish(self.topology.group_router, group, body, properties)
 
     # -- trials --------------------------------------------------------------------
 
@@ -998,8 +962,8 @@ class RawMembershipContestant(Contestant):
         return self._trial(ops, True, SEND_THREADS)
 
 
-class _RawMembershipKeeper(asgi_trials.Keeper):
-    """The ceiling's housekeeping, the same as the layer's (``LayerKeeper``)."""
+class _RawMembershipKeeper(MembershipKeeping, asgi_trials.Keeper):
+    """The ceiling's housekeeping and checks, the same as the layer's (``LayerKeeper``)."""
 
     def __init__(self, admin, topology):
         super(_RawMembershipKeeper, self).__init__(None)
@@ -1014,9 +978,3 @@ class _RawMembershipKeeper(asgi_trials.Keeper):
 
     def wait_depth(self, channel, expected):
         return self.admin.wait_depth(self.topology.channel_queue(channel), expected)
-
-    def check_memberships(self, pairs, present):
-        return check_markers(self.admin, self.topology, pairs, present)
-
-    def forget(self, pairs):
-        forget_memberships(self.admin, self.topology, pairs)

@@ -174,7 +174,7 @@ def run(args, ctx):
     pika_logger = logging.getLogger("pika")
     pika_logger.setLevel(logging.CRITICAL)  # one clear line below instead of pika's traceback
     try:
-        admin = Admin(url)
+        admin = Admin(url, management_url)
     except Exception as exc:
         common.say(
             "cannot connect to the broker at %s (%s%s)"

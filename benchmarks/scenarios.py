@@ -256,14 +256,18 @@ MEMORY = register_scenario(
 _MEMBERSHIP_COMMON = (
     "Each op is one membership of a fresh process-local channel "
     "(daphne.response.bench!<random>, the reply channel of a WebSocket as daphne "
-    "names it) in one of %d groups, round robin. %s is the ceiling: raw pika "
-    "creating exactly the broker objects the layer creates for a membership (the "
-    "channel's queue, its member queue with the same arguments, the group exchange "
-    "bound to the group router, the member exchange, the queue binding, the "
-    "exchange binding, the marker queue and the confirmed marker publish; names, "
-    "flags and arguments from asgi_amqp.naming.Topology), every step sent with "
-    "nowait and one synchronous step at the end: the marker's confirm for an add, "
-    "the marker queue's delete for a discard." % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
+    "names it) in one of %d groups, round robin. %s is the ceiling: raw pika doing "
+    "exactly the layer's broker work for a membership (names, flags and arguments "
+    "from asgi_amqp.naming.Topology; see benchmarks/membership.py) in as few round "
+    "trips as that work allows: for an add, the lease message (persistent, into the "
+    "lease queue) and the join notice (into the process's queue) published together "
+    "and both confirms waited for, then the group exchange and its binding from the "
+    "group router declared again, the process's member exchange (m:foo!) and its "
+    "binding to the process's queue, and the binding of that exchange from the "
+    "group exchange with the lease stamp's arguments, with nowait, and the process "
+    "queue's declare, answered (it renews the queue's x-expires); for a discard, "
+    "the exchange.unbind of every live lease stamp, with nowait, and the leave "
+    "notice, whose confirm ends them." % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
 )
 
 GROUP_ADD = register_scenario(
@@ -279,9 +283,12 @@ GROUP_ADD = register_scenario(
             "One thread calls group_add ops times. "
             + _MEMBERSHIP_COMMON
             + " Checked after each round (untimed): one send_group to each group must "
-            "put exactly ops messages in the channels' shared process-local queue, and "
-            "for asgi_amqp and the ceiling every membership's marker queue must hold "
-            "its one marker; then the round's memberships are removed."
+            "put exactly ops messages in the channels' shared process-local queue (for "
+            "asgi_amqp and the ceiling: one per group, which the process copies to its "
+            "members, and a join notice per membership), and for asgi_amqp and the "
+            "ceiling every membership must have a binding from its group's exchange with "
+            "a live lease stamp and a lease message of that stamp in the lease queue; "
+            "then the round's memberships are removed."
         ),
     )
 )
@@ -301,9 +308,10 @@ GROUP_DISCARD = register_scenario(
             "(untimed); one thread then calls group_discard on the ops memberships. "
             + _MEMBERSHIP_COMMON
             + " Checked after each round: one send_group per group must reach the "
-            "kept members (one message each) and none of the discarded channels, and "
-            "for asgi_amqp and the ceiling the discarded memberships' marker queues "
-            "must be gone."
+            "kept members (one message each) and none of the discarded channels (for "
+            "asgi_amqp and the ceiling: a leave notice each), and for asgi_amqp and the "
+            "ceiling no binding of a discarded membership may be left on its group's "
+            "exchange."
         ),
     )
 )

@@ -123,7 +123,8 @@ def make_amqp(config):
     queues, exchanges = layer_objects(layer.topology, asgi_trials.ALL_CHANNELS, asgi_trials.GROUP)
     # The harness deletes these at the end (flush() keeps the shared ones).
     versions["_cleanup"] = {"queues": queues, "exchanges": exchanges}
-    keeper = LayerKeeper(layer, config["url"])  # its connection opens at first use
+    # Its connection opens at first use.
+    keeper = LayerKeeper(layer, config["url"], config.get("management_url"))
     return layer, keeper, True, versions
 
 

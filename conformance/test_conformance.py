@@ -13,9 +13,9 @@ from asgiref.inmemory import ChannelLayer as InMemoryChannelLayer
 from asgi_amqp import AMQPChannelLayer
 
 
-@pytest.fixture(scope="class")
-def amqp_layer(request, broker):
+def _layer(request, broker, queue_type):
     layer = AMQPChannelLayer(
+        queue_type=queue_type,
         url=broker.amqp_url,
         management_url=broker.management_url,
         prefix="conf-%s" % uuid.uuid4().hex[:8],
@@ -30,8 +30,26 @@ def amqp_layer(request, broker):
     layer.close()
 
 
+@pytest.fixture(scope="class")
+def amqp_layer(request, broker):
+    yield from _layer(request, broker, "classic")
+
+
+@pytest.fixture(scope="class")
+def quorum_layer(request, broker):
+    yield from _layer(request, broker, "quorum")
+
+
 @pytest.mark.usefixtures("amqp_layer")
 class TestAMQPConformance(conformance.ConformanceTestCase):
+    expiry_delay = 1.1
+    capacity_limit = 5
+
+
+@pytest.mark.usefixtures("quorum_layer")
+class TestAMQPQuorumConformance(conformance.ConformanceTestCase):
+    """Every mode the layer offers: quorum queues too."""
+
     expiry_delay = 1.1
     capacity_limit = 5
 

@@ -14,7 +14,9 @@ node's beam process after each step:
 * **members**: 0, then more process-local channels (``daphne.response!N``,
   the shape of a daphne reply channel) each joined to one of 10 groups
   (``group_add``), then as many more memberships of the same channels in
-  a second set of 10 groups;
+  a second set of 10 groups. A membership makes no queue: it is a binding
+  from the group's exchange to the process's queue, a lease message in
+  the lease queue and a join notice in the process's queue;
 * **quorum**: 0, then more channel queues with ``queue_type="quorum"``;
 * **cpu**: the beam's CPU time (``/proc/PID/stat``) for confirmed sends,
   blocking and non-blocking receives, ``send_many`` and group fan-out
@@ -360,7 +362,8 @@ class Sizing(object):
         steps = self.args.members
         self.say("members: %s, then as many again in other groups" % steps)
         layer = self.layer(probe.node, "sz-g")
-        layer.group_add("warm", "daphne.response.x!warm")  # its process's queue too
+        # The process's queue and the lease queue are in the baseline too.
+        layer.group_add("warm", "daphne.response.x!warm")
         (samples,) = self._grow([probe], "members", steps, _member_maker(layer, "room"))
         second = [dict(samples[-1], label="second group", count=0)]
         (again,) = self._grow(

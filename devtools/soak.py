@@ -47,9 +47,9 @@ The warm-up is the first 20 % of the traffic time (``--warmup``).
   What the traffic may keep alive comes from a ledger of every object
   each call makes or renews, each kept until its last use plus the
   longest life the layer gives it (a channel queue: ``consumer_idle_timeout
-  + 2 x expiry``; a membership's marker queue: ``group_expiry`` until its
-  marker expires, then a lease of ``group_expiry`` and a tenth, at least
-  2 s, which the dead-letter worker's passive declare renews) plus 10 s.
+  + 2 x expiry``; a membership's binding of one lease stamp: until the
+  stamp's lease ends, at most 1 1/4 x ``group_expiry``, and 2 s for the
+  dead-letter worker) plus 10 s.
 * **back to baseline**: after the traffic stopped, the counts are back to
   the baseline within that longest life plus 10 s.
 * **connection kills**: on a private node, every kill succeeded.
@@ -125,26 +125,15 @@ class SoakConfig:
         receive left is cancelled when idle, then ``x-expires`` (2 x expiry)."""
         return self.consumer_idle_timeout + 2 * self.expiry
 
-    def marker_life(self) -> float:
-        """How long a membership lasts: its marker's TTL, and a tenth (at least
-        2 s) for the dead-letter worker that acts on it."""
-        return self.group_expiry + max(self.group_expiry * 0.1, 2.0)
-
-    def marker_queue_life(self) -> float:
-        """A marker queue's ``x-expires`` is ``group_expiry`` and a tenth (at
-        least 2 s), but the dead-letter worker's passive declare of it when
-        its marker expires renews that lease: measured, the queues went
-        about twice ``group_expiry`` after the last ``group_add``."""
-        return self.group_expiry + self.marker_life()
-
-    def local_member_life(self) -> float:
-        """Process-local member queues: ``group_expiry`` and a tenth, at least 1 s."""
-        return self.group_expiry + max(self.group_expiry * 0.1, 1.0)
+    def lease_life(self) -> float:
+        """Longest a membership's binding of one stamp lives from its
+        ``group_add``: to its stamp's end, ``group_expiry`` and a slice (a
+        quarter), and 2 s for the dead-letter worker that removes it."""
+        return self.group_expiry * 1.25 + 2.0
 
     def settle(self) -> float:
         """How long the broker may take to be back at the baseline after the traffic."""
-        lives = (self.channel_life(), self.marker_queue_life(), self.local_member_life())
-        return max(lives) + SLACK
+        return max(self.channel_life(), self.lease_life()) + SLACK
 
 
 # -- counting ---------------------------------------------------------------------------------
@@ -373,21 +362,19 @@ class GroupChurn(Worker):
     def keep_membership(self, group: str, channel: str) -> None:
         """Record what ``group_add`` makes or renews, with how long each may live."""
         config, keep, soak = self.config, self.ledger.keep, self.soak
-        marker = config.marker_life()
+        lease = config.lease_life()
+        stamp = self.layer.topology.lease_stamp()
         queue = soak.queue_of(channel)
         keep("queue", queue, config.channel_life())
+        keep("exchange", "g:" + group, lease)
+        keep("binding", "router>g:" + group, lease)
         if "!" in channel:
-            target = "l:" + channel
-            target_life = config.local_member_life()
-            keep("queue", target, target_life)
-        else:
-            target, target_life = queue, config.channel_life()
-        keep("queue", "k:%s:%s" % (group, channel), config.marker_queue_life())
-        keep("exchange", "g:" + group, marker)
-        keep("binding", "router>g:" + group, marker)
-        keep("exchange", "m:" + channel, target_life)
-        keep("binding", "m:%s>%s" % (channel, target), target_life)
-        keep("binding", "g:%s>m:%s" % (group, channel), max(marker, target_life))
+            # Bound from the group exchange straight to its process's queue.
+            keep("binding", "g:%s>%s %s@%d" % (group, queue, channel, stamp), lease)
+            return
+        keep("exchange", "m:" + channel, config.channel_life())
+        keep("binding", "m:%s>%s" % (channel, queue), config.channel_life())
+        keep("binding", "g:%s>m:%s@%d" % (group, channel, stamp), lease)
 
 
 class ShortLivedChannels(Worker):

@@ -268,14 +268,13 @@ def cleanup(layer, url, management_url, members):
             flushed = "(flush failed: %s) " % exc
     layer.close()
     queues = [topology.channel_queue(c) for c in (PING_CHANNEL, "demo.reply!", "demo.b!")]
-    queues.append(topology.dead_letter_queue)
+    queues += [topology.dead_letter_queue, topology.lease_queue]
     exchanges = [
         topology.group_exchange(GROUP),
         topology.dead_letter_exchange,
         topology.group_router,
     ]
     for channel in members:
-        queues += [topology.local_member_queue(channel), topology.marker_queue(GROUP, channel)]
         exchanges.append(topology.member_exchange(channel))
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:

@@ -407,17 +407,17 @@ DECLARE_MATRIX = [
     ("x-expires", {"x-expires": 120000}, {}, "accepted"),
     ("x-dead-letter-exchange", {"x-dead-letter-exchange": "qq:dlx"}, {}, "accepted"),
     (
-        "local member queue (max-length 0, DLX '', DLRK, x-expires)",
-        _LAYER.local_member_queue_arguments("c!x"),
+        "zero-length queue (max-length 0, DLX '', DLRK, x-expires)",
+        {
+            "x-max-length": 0,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "qq:q:c!",
+            "x-expires": 3000,
+        },
         {},
         "accepted",
     ),
-    (
-        "marker queue (max-length 1, TTL, x-expires, DLX)",
-        _LAYER.marker_queue_arguments(),
-        {},
-        "accepted",
-    ),
+    ("lease queue (DLX)", _LAYER.lease_queue_arguments(), {}, "accepted"),
     ("x-delivery-limit", {"x-delivery-limit": 5}, {}, "accepted"),
     (
         "x-dead-letter-strategy at-least-once",
@@ -547,7 +547,7 @@ def test_quorum_queue_behaviour(raw):
         results["expiration 200 ms -> dead letter"] = _dead_letter(channel, 10)
         assert results["expiration 200 ms -> dead letter"] == (b"msg-ttl", "expired")
         # Marker: max-length 1, drop-head dead-letters the old marker with "maxlen".
-        q = declare(_LAYER.marker_queue_arguments() | {"x-dead-letter-exchange": "qq:dlx"})
+        q = declare({"x-max-length": 1, "x-message-ttl": 60000, "x-dead-letter-exchange": "qq:dlx"})
         _publish(channel, q, b"first")
         _publish(channel, q, b"second")
         results["marker pushed out -> dead letter"] = _dead_letter(channel, 5)

@@ -31,6 +31,7 @@ def _names(prefix):
         "local queue": topology.channel_queue("daphne.response.p1!abc"),
         "local member queue": topology.local_member_queue("daphne.response.p1!abc"),
         "marker queue": topology.marker_queue("room.1", "chat.lobby"),
+        "lease queue": topology.lease_queue,
         "group exchange": topology.group_exchange("room.1"),
         "member exchange": topology.member_exchange("daphne.response.p1!abc"),
         "router": topology.group_router,
@@ -50,7 +51,7 @@ def test_the_application_may_configure_and_read_all_its_objects(prefix):
         assert _matches(configure, name), kind
         assert _matches(read, name), kind
         # Marker queues are never a binding's destination nor a dead-letter target.
-        assert _matches(write, name) == (kind != "marker queue"), kind
+        assert _matches(write, name) == (kind not in ("marker queue", "lease queue")), kind
     assert _matches(write, "amq.default")
 
 

@@ -133,24 +133,19 @@ def test_quorum_after_classic_names_the_shared_dead_letter_queue(broker, new_lay
 
 
 @pytest.mark.parametrize(
-    "channel, queue_kind",
-    [("mm!local", "local member"), ("mm.normal", "marker")],
-    ids=["a middle step", "the last step"],
+    "channel", ["mm!local", "mm.normal"], ids=["the last step of a run", "the first step"]
 )
-def test_group_add_names_the_step_of_its_chain_that_differs(
-    broker, new_layer, prefix, channel, queue_kind
-):
-    """group_add sends its steps in one go and waits once; when one of them
-    is refused, the error still names that step's queue, and the layer goes on."""
-    creator, other = _pair(new_layer, broker, prefix, dict(group_expiry=30), dict(group_expiry=45))
+def test_group_add_names_the_step_of_its_chain_that_differs(broker, new_layer, prefix, channel):
+    """group_add sends its steps in runs and waits once per run; when one of
+    them is refused, the error still names that step's queue, and the layer
+    goes on. A process-local member's queue is declared at the end of a run
+    of nowait steps, a normal member's alone, first."""
+    creator, other = _pair(new_layer, broker, prefix, dict(capacity=5), dict(capacity=7))
     creator.group_add("mm-chain", channel)
-    if queue_kind == "local member":
-        queue = other.topology.local_member_queue(channel)
-    else:
-        queue = other.topology.marker_queue("mm-chain", channel)
+    queue = other.topology.channel_queue(channel)
     error = _raises_mismatch(other.group_add, "mm-chain", channel)
     assert "'%s'" % queue in str(error), str(error)
-    assert "group_expiry" in str(error) and "33" in str(error) and "49.5" in str(error)
+    _says(error, "capacity 5", "capacity 7")
     other.group_add("mm-fresh", "mm.fresh-member")
     other.send_group("mm-fresh", {"after": True})
     assert other.receive(["mm.fresh-member"]) == ("mm.fresh-member", {"after": True})

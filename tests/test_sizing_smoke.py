@@ -45,10 +45,10 @@ def test_tiny_sizes_measure_every_family(node):
     assert layers["sockets"] >= 2  # the management API's own socket may come and go
     assert layers["amqp_channels"] > 3
     assert results["channels"]["per_object"]["queues"] == pytest.approx(1)
-    # A process-local member: its member queue and its marker queue; a second
-    # group of the same channel: one more marker queue.
-    assert results["members"]["first_group"]["per_object"]["queues"] == pytest.approx(2)
-    assert results["members"]["second_group"]["per_object"]["queues"] == pytest.approx(1)
+    # A membership is a binding and a lease message: no queue of its own, in
+    # its first group or another.
+    assert results["members"]["first_group"]["per_object"]["queues"] == pytest.approx(0)
+    assert results["members"]["second_group"]["per_object"]["queues"] == pytest.approx(0)
     assert "quorum" not in results and "cpu" not in results
 
     text = markdown(results)

@@ -2,7 +2,7 @@
 
 A module fixture puts known traffic on a prefix of its own (normal,
 single-reader and process-local channels, two groups, a consumed message,
-a membership renewed through the dead-letter queue) and waits until the
+a membership whose lease ended through the dead-letter queue) and waits until the
 management API's sample shows it (every 5 s by default). The tests then read
 it through ``top --once --json`` and ``--once`` text, check sorting and the
 filter, run the live view for a bounded number of refreshes under a real
@@ -30,6 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAPACITY = 50
 SENT = {"top.deep": 12, "top.shallow": 3, "top.reply?abc": 2, "top.proc!": 4}
 RECEIVED = {"top.shallow": 1}
+# The join notices of the process-local members, queued for their process.
+NOTICES = {"top.proc!": 2}
 
 
 def _runner():
@@ -60,22 +62,24 @@ def top_json(env, prefix, *args):
     return json.loads(result.stdout)
 
 
+def _taken_in(name):
+    return SENT[name] + NOTICES.get(name, 0)
+
+
 def _expected_sample(body):
     """Whether a snapshot shows the fixture's traffic (the broker's sample caught up)."""
     channels = {c["name"]: c for c in body["channels"]}
-    held = {name: SENT[name] - RECEIVED.get(name, 0) for name in SENT}
+    held = {name: _taken_in(name) - RECEIVED.get(name, 0) for name in SENT}
     return (
         all(name in channels and channels[name]["depth"] == n for name, n in held.items())
-        and all(channels[name]["taken_in"] == n for name, n in SENT.items())
+        and all(channels[name]["taken_in"] == _taken_in(name) for name in SENT)
         # Deliveries are counted by another timer than depths: until both
         # are sampled, a delivered message looks like one that expired.
         and all(channels[name]["expired"] == 0 for name in SENT)
         # The head message's timestamp comes with another of the broker's timers.
         and all(channels[name]["oldest_age"] is not None for name in SENT)
         and body["dead_letters"]["taken_in"] >= 1
-        # Each queue is sampled by its own timer: a marker queue's first sample,
-        # taken when it was declared, shows it empty until its next one (seen
-        # once in a full run: 'lapsed': 1 in a snapshot that showed the rest).
+        # The brief membership's group went with its lease.
         and len(body["groups"]) == 2
         and all(group["lapsed"] == 0 for group in body["groups"])
     )
@@ -98,8 +102,13 @@ def traffic(broker, module_layer, env, prefix):
     layer.group_add("top-room", "top.proc!a")
     layer.group_add("top-room", "top.proc!b")
     layer.group_add("top-lobby", "top.shallow")
-    # A renewal pushes the membership's old marker out through the dead-letter queue.
-    layer.group_add("top-lobby", "top.shallow")
+    layer.group_add("top-lobby", "top.shallow")  # a renewal
+    # A membership whose lease ends within a second and a quarter, through
+    # the dead-letter queue.
+    brief = module_layer(
+        broker, prefix=prefix, capacity=CAPACITY, expiry=120, group_expiry=1, receive_timeout=1
+    )
+    brief.group_add("top-brief", "top.deep")
 
     def sampled():
         body = top_json(env, prefix)
@@ -126,7 +135,7 @@ def test_channels_by_kind_with_depth_capacity_and_count(traffic):
     }
     for name, channel in channels.items():
         assert channel["capacity"] == CAPACITY
-        assert channel["taken_in"] == SENT[name]
+        assert channel["taken_in"] == _taken_in(name)
         assert channel["expired"] == 0
         assert channel["unacked"] == 0
     assert channels["top.deep"]["fill"] == pytest.approx(12 / CAPACITY)
@@ -155,7 +164,7 @@ def test_dead_letter_queue_and_its_workers(traffic):
     layer, body = traffic
     dead = body["dead_letters"]
     assert dead["exists"] is True
-    assert dead["taken_in"] >= 1  # the renewed marker
+    assert dead["taken_in"] >= 1  # the brief membership's lease
     assert dead["workers"] >= 1  # this layer's dead-letter worker
     assert dead["expired_messages"] == 0
     assert dead["lapsed_memberships"] == 0

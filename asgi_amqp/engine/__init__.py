@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pika
 
@@ -116,8 +116,12 @@ class Engine(object):
         consumers: ConsumerSettings,
         settle_after_outage: float = 0.0,
         dead_letter_worker: bool = True,
+        bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
     ) -> None:
         self._parameters = list(parameters)
+        # The management API's bindings to an exchange, for the dead-letter
+        # worker (see DeadLetterWorker); None without one.
+        self._bindings_to = bindings_to
         self._topology = topology
         self.operation_timeout = operation_timeout
         self._consumers = consumers
@@ -197,7 +201,7 @@ class Engine(object):
         return io
 
     def _new_worker(self) -> DeadLetterWorker:
-        worker = DeadLetterWorker(self._parameters, self._topology)
+        worker = DeadLetterWorker(self._parameters, self._topology, bindings_to=self._bindings_to)
         worker.start()
         return worker
 

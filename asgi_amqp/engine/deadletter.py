@@ -5,17 +5,31 @@ does can delay callers, and it competes with the workers of every other
 layer process on the one shared dead-letter queue, so each event is handled
 once. What arrives there:
 
-* a membership marker that **expired** (reason ``expired``): nobody called
-  ``group_add`` again within ``group_expiry``, so the channel's member
-  exchange is unbound from the group. If a fresh marker already sits in the
-  marker queue, the member re-joined while the event was in flight and the
-  membership stays.
-  The group exchange is auto-delete and goes with its last member; one
-  made before group exchanges were auto-delete is deleted here once unused.
-* a marker pushed out by a repeated ``group_add`` (reason ``maxlen``):
-  ignored; that membership was just renewed.
-* a channel message that **expired**: its channel is not being read, so the
-  channel's member exchange is deleted, which drops it from all its groups.
+* a **lease** that ended (reason ``expired``, from the lease queue): the
+  binding of that lease's stamp is removed from the group exchange. A
+  repeated ``group_add`` made a binding with a later stamp, whose own lease
+  ends later, so nothing needs to be looked up: the membership lasts while
+  any of its bindings does. The group exchange is auto-delete and goes with
+  its last binding.
+* a membership marker of the design before leases (reason ``expired``),
+  from a process not yet upgraded: the member exchange's plain binding is
+  removed, unless a fresh marker shows the member re-joined, and a group
+  exchange made before group exchanges were auto-delete is deleted once
+  unused. A marker pushed out by a repeated ``group_add`` (reason
+  ``maxlen``) is ignored.
+* a channel message that **expired**: its channel is not being read, so it
+  leaves all its groups. A normal channel's member exchange is deleted,
+  which takes every membership binding with it. A process-local channel's
+  bindings go to its process's member exchange, among its neighbours': they
+  are found through the management API's bindings to that exchange and
+  removed, and a drop notice tells the process (``local_groups``). Without
+  a management API that answers, they stay until their leases end, and
+  the notice alone stops the process copying group messages to the channel.
+* a join, leave or drop **notice** that expired in a process-local queue
+  before its process read it (a process that reads nothing for ``expiry``
+  seconds): sent back to the queue while it still means something, a join
+  notice until its lease ends, the others for a lease's longest life.
+  Otherwise the process, reading again, would not know its members.
 * a channel message that reached a quorum queue's **delivery limit**
   (reason ``delivery_limit``): RabbitMQ 4.0 gives quorum queues a default
   limit of 20 deliveries (3.x has none) and dead-letters the message at
@@ -30,9 +44,9 @@ once. What arrives there:
   and ``-1``, 4.0's "no limit", means a limit of 0 on 3.10.8 (measured:
   dead-lettered at the first redelivery).
 
-Fan-out to process-local members does not pass through here: the broker
-dead-letters group messages from a member's zero-length queue straight into
-the owning process's queue (see ``naming``).
+Fan-out to process-local members does not pass through here: a group
+message reaches the members' process through its own queue, which copies
+it (see ``local_groups``).
 
 Deliveries are collected by the consumer callback and handled after
 ``process_data_events`` returns; topology changes run on a second channel, so
@@ -56,7 +70,7 @@ import time
 import pika
 import pika.exceptions
 
-from .. import naming
+from .. import channel_names, naming
 from ..errors import BrokerOperationError, QueueSettingsMismatch, settings_mismatch
 from ..urls import describe_parameters
 
@@ -69,7 +83,14 @@ DELIVERY_LIMIT = "delivery_limit"  # x-death reason: a quorum queue's delivery l
 
 
 class DeadLetterWorker(object):
-    def __init__(self, parameters, topology, name="asgi_amqp-deadletters", max_backoff=2.0):
+    def __init__(
+        self,
+        parameters,
+        topology,
+        name="asgi_amqp-deadletters",
+        max_backoff=2.0,
+        bindings_to=None,
+    ):
         self._parameters = list(parameters)
         self._topology = topology
         self._name = name
@@ -80,6 +101,8 @@ class DeadLetterWorker(object):
         self._inbox = []
         self._actions = None
         self._republish = None  # a confirming channel, for _give_back
+        self._bindings_to = bindings_to  # the management API's, or None
+        self._dropped = {}  # process-local channel -> when it was last dropped (monotonic)
         self._attempt = 0
         self.ready = threading.Event()
         # The dead-letter queue exists with other settings (a QueueSettingsMismatch).
@@ -196,9 +219,14 @@ class DeadLetterWorker(object):
             return
         if reason != "expired":
             return  # maxlen: a marker replaced by a repeated group_add
+        kind = _text(headers.get(naming.KIND_HEADER))
         try:
-            if _text(headers.get(naming.KIND_HEADER)) == naming.MARKER_KIND:
+            if kind == naming.LEASE_KIND:
+                self._end_lease(headers)
+            elif kind == naming.MARKER_KIND:
                 self._expire_membership(headers)
+            elif kind in naming.NOTICE_KINDS:
+                self._renew_notice(properties, body, deaths[0])
             else:
                 self._drop_channel(headers, deaths)
         except pika.exceptions.ChannelClosedByBroker as exc:
@@ -231,7 +259,7 @@ class DeadLetterWorker(object):
             for key, value in original.items()
             if not key.startswith("x-")  # the broker's own: x-death, x-delivery-count
         }
-        if channel.endswith("!"):
+        if channel.endswith("!") and not _is_for_the_process(original):
             # A group message reached a process-local queue by dead-lettering,
             # and only its x-death history names its channel: name it plainly.
             local = self._topology.channel_of_delivery(queue, original)
@@ -268,12 +296,56 @@ class DeadLetterWorker(object):
             count,
         )
 
+    def _renew_notice(self, properties, body, death):
+        """Send an expired notice back to its process's queue while it matters."""
+        headers = properties.headers or {}
+        queue = _text(death.get("queue"))
+        if _text(headers.get(naming.KIND_HEADER)) == naming.JOIN_KIND:
+            ends = headers.get(naming.LEASE_ENDS_HEADER)
+            until = ends / 1000.0 if isinstance(ends, int) else 0.0
+        else:
+            sent_at = properties.timestamp if isinstance(properties.timestamp, int) else 0
+            until = sent_at + self._topology.group_expiry + self._topology.lease_slice
+        if time.time() >= until or not self._topology.channel_of_queue(queue):
+            return
+        again = pika.BasicProperties(
+            message_id=properties.message_id,
+            timestamp=properties.timestamp,
+            headers={key: value for key, value in headers.items() if not key.startswith("x-")},
+        )
+        try:
+            self._confirming().basic_publish("", queue, body, again, mandatory=True)
+        except (pika.exceptions.NackError, pika.exceptions.UnroutableError) as exc:
+            # Full, or gone with its process: nobody will read it.
+            logger.debug("an expired notice for %s was not renewed: %s", queue, exc)
+
     def _confirming(self):
         """A channel of the worker's connection with publisher confirms on."""
         if self._republish is None or not self._republish.is_open:
             self._republish = self._connection.channel()
             self._republish.confirm_delivery()
         return self._republish
+
+    def _end_lease(self, headers):
+        group = _text(headers.get(naming.GROUP_HEADER))
+        channel = _text(headers.get(naming.MEMBER_HEADER))
+        stamp = _text(headers.get(naming.LEASE_HEADER))
+        if not group or not channel or not stamp.isdigit():
+            logger.warning("dead-letter worker: a lease names no group, member or stamp; ignored")
+            return
+        topology = self._topology
+        group_exchange = topology.group_exchange(group)
+        member, arguments = topology.membership_binding(channel, int(stamp))
+        logger.debug("lease %s of %s in %s ended", stamp, channel, group)
+        self._actions.exchange_unbind(
+            destination=member, source=group_exchange, routing_key="", arguments=arguments
+        )
+        # The group exchange is auto-delete and went with its last binding.
+        # One made before that was so says it on its lease: only then is it
+        # deleted if unused, a call the broker refuses (a 406, a closed
+        # channel and a log line) while the group has members.
+        if headers.get(naming.DELETE_UNUSED_HEADER):
+            self._delete_if_unused(group_exchange)
 
     def _expire_membership(self, headers):
         group = _text(headers.get(naming.GROUP_HEADER))
@@ -311,7 +383,44 @@ class DeadLetterWorker(object):
         if not channel:
             return
         logger.debug("message expired in %s: dropping it from its groups", channel)
+        if channel_names.is_process_local(channel):
+            self._drop_local_member(channel)
         self._actions.exchange_delete(self._topology.member_exchange(channel))
+
+    def _drop_local_member(self, channel):
+        """Unbind a process-local channel from every group, and tell its process.
+
+        Once per ``expiry`` per channel: each of its expired messages comes here.
+        """
+        now = time.monotonic()
+        if now - self._dropped.get(channel, -1e9) < self._topology.expiry:
+            return
+        if len(self._dropped) > 10000:
+            self._dropped.clear()
+        self._dropped[channel] = now
+        topology = self._topology
+        queue = topology.channel_queue(channel)
+        member = topology.member_exchange(channel_names.non_local_name(channel))
+        bindings = []
+        if self._bindings_to is not None:
+            try:
+                bindings = self._bindings_to(member)
+            except Exception as exc:  # no management API: the leases end them
+                logger.debug("dead-letter worker: bindings to %s unknown: %s", member, exc)
+        for binding in bindings:
+            source = str(binding.get("source", ""))
+            arguments = binding.get("arguments") or {}
+            if not topology.group_of_exchange(source):
+                continue
+            if topology.member_of_binding(member, "exchange", arguments) != channel:
+                continue
+            self._actions.exchange_unbind(
+                destination=member, source=source, routing_key="", arguments=arguments
+            )
+        notice = pika.BasicProperties(
+            headers={naming.KIND_HEADER: naming.DROP_KIND, naming.MEMBER_HEADER: channel}
+        )
+        self._actions.basic_publish("", queue, b"", notice)
 
     def _channel_from_deaths(self, deaths):
         """The channel a dead message belonged to, from its x-death history."""
@@ -325,6 +434,14 @@ class DeadLetterWorker(object):
         if channel and not channel.endswith("!"):
             return channel
         return None
+
+
+def _is_for_the_process(headers):
+    """A message of a process-local queue that its process reads as a whole:
+    a notice, or a group message it copies to its members itself."""
+    if _text(headers.get(naming.KIND_HEADER)) in naming.NOTICE_KINDS:
+        return True
+    return bool(headers.get(naming.GROUP_HEADER)) and not headers.get("x-death")
 
 
 def _describe_error(exc):

@@ -5,11 +5,14 @@ plain data (see ``steps`` below) so that the layer states its intent, e.g.
 "declare the group exchange, declare the member exchange, bind them", and
 this executor alone deals with callbacks and channel errors.
 
-Why pipelined. A ``group_add`` is eight RPCs; run one after another, the
-caller paid eight broker round trips. The broker runs a channel's methods in
+Why pipelined. A ``group_add`` is several RPCs; run one after another, the
+caller paid a broker round trip each. The broker runs a channel's methods in
 the order they arrive, so steps go out with ``nowait`` (pika sends them so
 when given no callback) and the caller waits for the answer of the step that
-ends the run: when it comes, every step before it has succeeded.
+ends the run: when it comes, every step before it has succeeded. AMQP 0-9-1
+gives ``queue.unbind`` no ``nowait``, and pika holds every later call of the
+channel until its answer: the layer never unbinds a queue in a run (a
+membership's binding goes to an exchange, see ``naming``).
 
 What ``nowait`` costs besides the answer. A ``queue.declare`` sent with
 ``nowait`` does not renew the queue's ``x-expires`` lease (measured on
@@ -107,7 +110,9 @@ def queue_bind(queue, exchange, not_found_ok=False):
 
 
 def exchange_declare(exchange, auto_delete=False, exchange_type="fanout", inequivalent_ok=False):
-    """``inequivalent_ok``: an exchange of that name with other flags (406) is used as it is."""
+    """``inequivalent_ok``: an exchange of that name with other flags (406) is
+    used as it is; a callable is also called with the step when that happens
+    (on the I/O thread: it must only take note)."""
     return Step(
         "exchange_declare",
         dict(exchange=exchange, exchange_type=exchange_type, durable=True, auto_delete=auto_delete),
@@ -120,17 +125,19 @@ def exchange_delete(exchange):
     return Step("exchange_delete", dict(exchange=exchange), True)
 
 
-def exchange_bind(destination, source, routing_key=""):
+def exchange_bind(destination, source, routing_key="", arguments=None):
     return Step(
         "exchange_bind",
-        dict(destination=destination, source=source, routing_key=routing_key),
+        dict(destination=destination, source=source, routing_key=routing_key, arguments=arguments),
         False,
     )
 
 
-def exchange_unbind(destination, source):
+def exchange_unbind(destination, source, arguments=None):
     return Step(
-        "exchange_unbind", dict(destination=destination, source=source, routing_key=""), True
+        "exchange_unbind",
+        dict(destination=destination, source=source, routing_key="", arguments=arguments),
+        True,
     )
 
 
@@ -259,6 +266,8 @@ class DeclareExecutor(ChannelUser):
             self._queue.appendleft(operation)
         elif reply_code == PRECONDITION_FAILED and step.inequivalent_ok:
             logger.debug("%s: %s; using it as it is", step.describe(), reply_text)
+            if callable(step.inequivalent_ok):
+                step.inequivalent_ok(step)  # the caller's note, made on this thread
             operation.index += 1
             self._queue.appendleft(operation)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:

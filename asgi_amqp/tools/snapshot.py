@@ -1,22 +1,21 @@
 """One look at a layer's prefix on the broker, as plain data: what ``asgi-amqp top`` shows.
 
 :func:`collect` asks the management API three things (the prefix's queues
-with their figures, its group exchanges, and the bindings between
-exchanges) and reads the layer's topology (see ``naming``) back out of
-them:
+with their figures, its group exchanges, and the vhost's bindings) and
+reads the layer's topology (see ``naming``) back out of them:
 
 * channels, by kind: normal, single-reader (``foo?bar``) and process-local
   (``foo!``, the one queue of a process's ``foo!...`` channels, with how
-  many of those channels are members of groups: the ``{prefix}:l:`` queues);
+  many of those channels are members of groups: the bindings to it);
 * for each: messages waiting, the capacity (the queue's ``x-max-length``),
   the broker's in and out rates, the age of the oldest message (the
   ``timestamp`` the layer gives each message), the readers (consumers),
   what the queue took in since it exists and, of that, how many messages
   left it without being delivered (expired, so dead-lettered);
-* groups, with their members (member exchanges bound to the group
-  exchange) and how many memberships lapsed (the marker queue holds no
-  marker: ``group_expiry`` passed without a ``group_add``, and the
-  dead-letter worker drops or has dropped the membership);
+* groups, with their members (the channels bound from the group
+  exchange) and how many memberships lapsed (every binding's lease has
+  ended, ``group_expiry`` after the last ``group_add``, and the
+  dead-letter worker is about to remove it);
 * the shared dead-letter queue: events waiting and taken in, their rates,
   and the dead-letter workers reading it.
 
@@ -29,7 +28,7 @@ until a queue has two samples.
 import dataclasses
 import fnmatch
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .. import channel_names, naming
 from ..statistics import messages_taken_in
@@ -87,7 +86,7 @@ class ChannelView:
 class GroupView:
     name: str
     members: int
-    lapsed: int  # memberships whose marker expired: being dropped
+    lapsed: int  # memberships whose lease ended: being dropped
 
 
 @dataclasses.dataclass
@@ -101,7 +100,7 @@ class DeadLetterView:
     handled_rate: float
     workers: int  # dead-letter workers (consumers) of every layer process
     expired_messages: int  # channel messages that expired (sum over the channels shown)
-    lapsed_memberships: int  # memberships whose marker expired (sum over the groups shown)
+    lapsed_memberships: int  # memberships whose lease ended (sum over the groups shown)
 
 
 @dataclasses.dataclass
@@ -206,27 +205,18 @@ class Collector(object):
         now = time.time()
         records = self._client.queues(topology.prefix + naming.SEPARATOR, QUEUE_COLUMNS)
         channels: Dict[str, ChannelView] = {}
-        local_members: Dict[str, int] = {}
-        markers: Dict[str, List[Dict[str, Any]]] = {}
         dead_letters: Optional[Dict[str, Any]] = None
         for record in records:
             name = str(record.get("name", ""))
             channel = topology.channel_of_queue(name)
-            local = topology.channel_of_local_member_queue(name)
-            membership = topology.membership_of_marker_queue(name)
             if channel:
                 channels[channel] = _channel_view(channel, record, now)
-            elif local:
-                owner = channel_names.non_local_name(local)
-                local_members[owner] = local_members.get(owner, 0) + 1
-            elif membership:
-                markers.setdefault(membership[0], []).append(record)
             elif name == topology.dead_letter_queue:
                 dead_letters = record
-        for owner, count in local_members.items():
+        groups, local_members = self._groups(now)
+        for owner, members in local_members.items():
             if owner in channels:
-                channels[owner].local_members = count
-        groups = self._groups(markers)
+                channels[owner].local_members = len(members)
         if pattern:
             channels = {c: v for c, v in channels.items() if fnmatch.fnmatchcase(c, pattern)}
             groups = [g for g in groups if fnmatch.fnmatchcase(g.name, pattern)]
@@ -240,27 +230,41 @@ class Collector(object):
             dead_letters=_dead_letter_view(dead_letters, shown, groups),
         )
 
-    def _groups(self, markers: Dict[str, List[Dict[str, Any]]]) -> List[GroupView]:
+    def _groups(self, now: float) -> Tuple[List[GroupView], Dict[str, Set[str]]]:
+        """The groups, and the process-local members of each ``foo!`` queue."""
         topology = self._topology
         head = topology.group_exchange("")
-        members: Dict[str, int] = {}
+        members: Dict[str, Dict[str, float]] = {}  # group -> {member: its lease's end}
         for name in self._client.exchange_names(head):
             group = topology.group_of_exchange(name)
             if group:
-                members[group] = 0
+                members[group] = {}
+        local_members: Dict[str, Set[str]] = {}
         for binding in self._client.exchange_bindings(head):
             group = topology.group_of_exchange(str(binding.get("source", "")))
-            if group and topology.channel_of_member_exchange(str(binding.get("destination", ""))):
-                members[group] = members.get(group, 0) + 1
-        return [
+            arguments = binding.get("arguments") or {}
+            member = topology.member_of_binding(
+                str(binding.get("destination", "")), binding.get("destination_type"), arguments
+            )
+            if not group or not member:
+                continue
+            # A binding per lease stamp: a member's lease ends with its last.
+            # One made before leases has no stamp, and no end to see here.
+            stamp = str(arguments.get(naming.LEASE_HEADER))
+            ends = topology.lease_ends(int(stamp)) if stamp.isdigit() else float("inf")
+            of_group = members.setdefault(group, {})
+            of_group[member] = max(of_group.get(member, 0.0), ends)
+            if channel_names.is_process_local(member):
+                local_members.setdefault(channel_names.non_local_name(member), set()).add(member)
+        groups = [
             GroupView(
                 name=group,
-                members=count,
-                # A marker queue not sampled yet has no "messages" at all.
-                lapsed=sum(1 for r in markers.get(group, []) if r.get("messages") == 0),
+                members=len(of_group),
+                lapsed=sum(1 for ends in of_group.values() if ends <= now),
             )
-            for group, count in members.items()
+            for group, of_group in members.items()
         ]
+        return groups, local_members
 
 
 def _dead_letter_view(

@@ -145,51 +145,23 @@ def test_the_stack_rides_through_the_loss_of_its_cluster_node():
     connected to stops for 3 s. Nothing may be lost (the quorum queues'
     promise), every process lives, no client is silent for long, and the
     groups empty afterwards. The clients send ``NODE_LOSS_TEST_RATE``
-    messages/s each.
-
-    The node stopped is the one the processes' connections are on then,
-    which after the kills is not the first: the first holds the classic
-    member queues of the clients' memberships, and stopping it loses the
-    group messages sent while it is down (``--stop-first-node``; see the
-    docs' "Clusters and the loss of a node")."""
+    messages/s each."""
     report = _node_loss()
     assert report["node_loss_seconds"] is not None and report["kills"] >= 1
 
 
-def test_mirrored_member_queues_make_the_loss_of_their_node_lossless():
-    """The operations guide's recipe for groups with process-local members
-    under quorum queues: a policy mirrors the memberships' classic queues
-    (``l:`` and ``k:``). The node stopped is the first one, where those
-    queues live. Without the policy the group messages sent while it is
-    down are lost (measured at 40 s: 1,100 of 4,000 deliveries, every one
-    sent in the 11 s it was down); with it, nothing may be lost but what
-    the broker itself drops: that node usually also holds the quorum leader
-    of daphne's process-local queue, and the group messages dead-lettered
-    into it in the moment the node stops are lost, as RabbitMQ 3.x
-    dead-letters at most once (45 of 2,400 deliveries, 9 messages, in one
-    run). Those are counted apart (``lost_at_node_stop``: sent from 2 s
-    before the stop to 1 s after) and every other delivery must arrive."""
-    from devtools.rabbitmq import RabbitNode, RabbitNodeError
-
-    if not RabbitNode().version().startswith("3."):
-        # RabbitMQ 4.0 removed classic mirroring: the recipe is refused, and
-        # the operations guide says so (the gap stays open there).
-        from helpers import private_node
-
-        with private_node() as node:
-            with pytest.raises(RabbitNodeError, match="Validation failed"):
-                node.ctl(
-                    "set_policy",
-                    "asgi-members",
-                    stackfaults.MEMBER_QUEUES_POLICY[0] % "asgi",
-                    stackfaults.MEMBER_QUEUES_POLICY[1],
-                    "--apply-to",
-                    "queues",
-                )
-        return
-    report = _node_loss(stop_first=True, mirror_members=True)
-    assert report["member_queues_mirrored"]
-    assert report["lost"] == report["lost_at_node_stop"], stackfaults.format_report(report)
+def test_the_loss_of_the_first_node_loses_no_group_message():
+    """The node stopped is the first one: where the processes connected
+    first and made the clients' memberships, and which usually holds the
+    quorum leader of daphne's process-local queue. Memberships made of
+    queues on that node lost every group message sent while it was down
+    (measured before leases at 40 s: 1,100 of 4,000 deliveries), and a
+    mirroring policy, the only cure on RabbitMQ 3.x, does not exist on 4.0.
+    A membership is now a binding, held by every node, and a group message
+    goes straight to daphne's quorum queue: nothing may be lost, with no
+    policy, on every broker version."""
+    report = _node_loss(stop_first=True)
+    assert report["lost"] == 0, stackfaults.format_report(report)
 
 
 def _node_loss(**options):

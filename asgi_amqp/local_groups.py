@@ -1,0 +1,186 @@
+"""Group messages for process-local members: the process copies them itself.
+
+A process-local channel ``foo!bar`` lives in one process, which reads its
+queue ``{prefix}:q:foo!``. Its membership of a group is a binding from the
+group's exchange straight to that queue (``naming.Topology.membership_binding``),
+so a group message reaches the queue **once**, however many of the
+process's channels are members: the broker delivers a message routed to one
+queue through several bindings once. This object, held by the layer,
+then makes one copy per member.
+
+It learns who the members are from *notices* that come through the same
+queue: ``group_add`` sends a join notice (with the lease's end) before it
+binds, and ``group_discard`` a leave notice after it unbinds. A notice
+confirmed before ``group_add`` returns is queued ahead of any group message
+sent after that, so a receive made after ``send_group`` returned finds the
+message and knows its members: no worker, no dead-lettering, and nothing
+for a quorum leader's move to lose between two queues. A lease that ends
+needs no notice: a member counts until the end its join notice named, and a
+later ``group_add`` sends a later one. (The dead-letter worker removes the
+binding at that end too, so nothing more arrives for the member unless
+another member of the process is still in the group.)
+
+The copies wait here, in this process's memory, until a receive of their
+queue takes them: a process-local channel has no other reader, and dies
+with the process anyway. They wait at most ``expiry`` seconds, and at most
+the channel's capacity of them: beyond it a member misses the message, as
+a full member does (ASGI: ``send_group`` never fails for one member).
+
+What it does not do: a process reading the same ``foo!`` queue through two
+layer instances splits the notices between them; a process-local queue is
+read by one layer instance, as daphne does.
+
+State: ``_members`` and ``_waiting``, owned by this object and shared by
+the callers' threads under ``_lock``; nothing here runs on the I/O thread.
+"""
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+from . import naming
+
+logger = logging.getLogger(__name__)
+
+# A copy waiting for a receive: (channel, body, give up at (the clock's s)).
+_Copy = Tuple[str, bytes, float]
+
+NOTICE = "notice"  # what ``members_of`` says of a notice: applied, nothing to hand out
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf8", "replace")
+    return value if isinstance(value, str) else ""
+
+
+class LocalGroups(object):
+    """Process-local members, by queue and group, and the copies waiting for them."""
+
+    def __init__(
+        self,
+        topology: naming.Topology,
+        capacity_for: Callable[[str], int],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._topology = topology
+        self._capacity_for = capacity_for
+        self._clock = clock
+        self._lock = threading.Lock()
+        # (queue, group) -> {member channel: its lease's end (s since the epoch)}
+        self._members: Dict[Tuple[str, str], Dict[str, float]] = {}
+        # queue -> copies of group messages waiting for a receive, oldest first
+        self._waiting: Dict[str, Deque[_Copy]] = {}
+        self._waiting_for: "collections.Counter[str]" = collections.Counter()  # by channel
+        self.dropped = 0  # copies a full member missed, or that waited past expiry
+
+    # -- what arrives through a process-local queue ---------------------------
+
+    def members_of(self, queue: str, headers: Dict[str, object]) -> object:
+        """For a delivery from a process-local ``queue``:
+
+        * ``NOTICE`` for a join or leave notice, which is applied here;
+        * the member channels, for a group message that came by a lease's
+          binding (possibly none: the members left meanwhile);
+        * None for anything else: a message with its channel in its headers,
+          or a group message dead-lettered the way of the design before leases.
+        """
+        kind = _text(headers.get(naming.KIND_HEADER))
+        if kind in naming.NOTICE_KINDS:
+            self._apply(queue, kind, headers)
+            return NOTICE
+        group = _text(headers.get(naming.GROUP_HEADER))
+        if not group or naming.CHANNEL_HEADER in headers or headers.get("x-death"):
+            return None
+        return self._current(queue, group)
+
+    def _apply(self, queue: str, kind: str, headers: Dict[str, object]) -> None:
+        group = _text(headers.get(naming.GROUP_HEADER))
+        member = _text(headers.get(naming.MEMBER_HEADER))
+        if kind == naming.DROP_KIND and member:
+            self._drop(queue, member)
+            return
+        if not group or not member:
+            logger.warning("a %s notice in %s names no group or member; ignored", kind, queue)
+            return
+        with self._lock:
+            members = self._members.setdefault((queue, group), {})
+            if kind == naming.JOIN_KIND:
+                ends = headers.get(naming.LEASE_ENDS_HEADER)
+                ends_at = ends / 1000.0 if isinstance(ends, int) else 0.0
+                members[member] = max(members.get(member, 0.0), ends_at)
+            else:
+                members.pop(member, None)
+            if not members:
+                del self._members[(queue, group)]
+
+    def _drop(self, queue: str, member: str) -> None:
+        """A message of ``member`` expired unread: it leaves every group."""
+        with self._lock:
+            for key in [key for key in self._members if key[0] == queue]:
+                members = self._members[key]
+                members.pop(member, None)
+                if not members:
+                    del self._members[key]
+
+    def _current(self, queue: str, group: str) -> List[str]:
+        now = self._clock()
+        with self._lock:
+            members = self._members.get((queue, group))
+            if not members:
+                return []
+            ended = [member for member, ends in members.items() if ends <= now]
+            for member in ended:
+                del members[member]
+            if not members:
+                del self._members[(queue, group)]
+            return sorted(members)
+
+    # -- copies ---------------------------------------------------------------
+
+    def keep(self, queue: str, channels: List[str], body: bytes) -> None:
+        """Keep a copy of ``body`` for each of ``channels`` until a receive takes it."""
+        if not channels:
+            return
+        until = self._clock() + self._topology.expiry
+        with self._lock:
+            waiting = self._waiting.setdefault(queue, collections.deque())
+            for channel in channels:
+                if self._waiting_for[channel] >= self._capacity_for(channel):
+                    self.dropped += 1
+                    logger.debug("group message copy for %s dropped: it is full", channel)
+                    continue
+                waiting.append((channel, body, until))
+                self._waiting_for[channel] += 1
+
+    def take(self, queues: List[str]) -> Optional[Tuple[str, str, bytes]]:
+        """``(queue, channel, body)`` of the oldest copy waiting for one of ``queues``."""
+        if not self._waiting:
+            return None
+        now = self._clock()
+        with self._lock:
+            for queue in queues:
+                waiting = self._waiting.get(queue)
+                while waiting:
+                    channel, body, until = waiting.popleft()
+                    self._waiting_for[channel] -= 1
+                    if self._waiting_for[channel] <= 0:
+                        del self._waiting_for[channel]
+                    if until > now:
+                        if not waiting:
+                            del self._waiting[queue]
+                        return queue, channel, body
+                    self.dropped += 1
+                    logger.debug("group message copy for %s expired unread", channel)
+                if waiting is not None:
+                    self._waiting.pop(queue, None)
+        return None
+
+    def forget(self) -> None:
+        """``flush``: the members and copies of every queue go."""
+        with self._lock:
+            self._members.clear()
+            self._waiting.clear()
+            self._waiting_for.clear()

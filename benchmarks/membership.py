@@ -1,0 +1,384 @@
+"""The broker work of one group membership, as the layer does it, as data.
+
+``add_phases`` and ``discard_calls`` spell out, call by call, what
+``AMQPChannelLayer.group_add`` and ``group_discard`` ask of the broker
+(asgi_amqp.groups, with the names and arguments of
+``asgi_amqp.naming.Topology``); ``PipelinedChannel`` runs such calls on a
+pika ``BlockingChannel``, sent together and waited for together. The
+group-membership ceiling (``contestants.RawMembershipContestant``) and
+``broker_costs`` both use them, so that they do the layer's work, no less.
+
+What each call does besides its answer, and so how far it can be pipelined:
+
+* the **lease** message (persistent, into the lease queue, its expiration
+  the lease's end) is what ends the membership: it must be confirmed
+  before the binding is made, or a binding could outlive a lost lease;
+* a process-local member's **join notice** (into its process's queue) must
+  be confirmed before the binding is made too: the confirm, not the order
+  of frames on one channel, puts it ahead of every group message the
+  binding brings, on every node of a cluster. The two publishes do not
+  depend on each other: they go out together and are waited for together;
+* a queue's re-declare renews its ``x-expires`` lease only when it is
+  answered (a ``nowait`` one does not: measured on RabbitMQ 3.10.8 and
+  4.0.5), so it is always sent with a callback. pika holds back every
+  later RPC of the channel until that answer (and sends a publish at
+  once), so an answered call ends its phase;
+* declares of objects that exist and bindings made again change nothing
+  and need no answer of their own: they go with ``nowait`` and the phase's
+  last, answered, call vouches for them (the broker runs a channel's
+  methods in order and closes the channel at the first that fails);
+* ``group_discard``'s unbinds (``exchange.unbind``: every membership's
+  binding goes to a member exchange, a process-local channel's to its
+  process's ``m:foo!``) go with ``nowait``; the last one is answered, or a
+  process-local channel's leave notice, confirmed, ends them (the layer
+  waits for the unbinds' answer, then for the notice's confirm).
+
+So ``group_add`` is two round trips here: the confirmed publishes (and a
+normal channel's queue re-declare, answered), then the declares and
+bindings ending with an answered call; the layer takes three. A
+``group_discard`` is one round trip (the layer: one more for a
+process-local channel's notice).
+"""
+
+import collections
+import itertools
+import time
+
+import pika
+
+_IDS = itertools.count(1)
+
+
+class Call(collections.namedtuple("Call", "method kwargs answered remedy", defaults=(False, None))):
+    """One AMQP method on a pika ``Channel``: ``getattr(impl, method)(**kwargs)``.
+
+    ``basic_publish`` is a confirmed publish (``mandatory`` in ``kwargs``);
+    ``remedy``: the calls that make its queue when the broker returns it.
+    Any other method is an RPC, sent with ``nowait`` unless ``answered``.
+    """
+
+    def describe(self):
+        kwargs = self.kwargs
+        names = [
+            str(kwargs[key])
+            for key in ("queue", "exchange", "source", "destination", "routing_key")
+            if kwargs.get(key)
+        ]
+        return " ".join([self.method] + names)
+
+
+def message_id():
+    return "bench-membership.%d" % next(_IDS)
+
+
+def _expiration(ends):
+    return str(max(1, int(round((ends - time.time()) * 1000))))
+
+
+def lease_publish(topology, group, channel, stamp):
+    """The lease of ``stamp``: what ``Groups._send_lease`` publishes."""
+    from asgi_amqp import naming
+
+    properties = pika.BasicProperties(
+        delivery_mode=2,
+        message_id=message_id(),
+        expiration=_expiration(topology.lease_ends(stamp)),
+        headers={
+            naming.KIND_HEADER: naming.LEASE_KIND,
+            naming.GROUP_HEADER: group,
+            naming.MEMBER_HEADER: channel,
+            naming.LEASE_HEADER: str(stamp),
+        },
+    )
+    declare = queue_declare(topology.lease_queue, topology.lease_queue_arguments())
+    return _publish("", topology.lease_queue, properties, remedy=[declare])
+
+
+def notice_publish(topology, kind, group, channel, stamp=None):
+    """A join or leave notice into ``channel``'s process queue (``Groups._notify``)."""
+    from asgi_amqp import naming
+
+    headers = {
+        naming.KIND_HEADER: kind,
+        naming.GROUP_HEADER: group,
+        naming.MEMBER_HEADER: channel,
+    }
+    if stamp is not None:
+        headers[naming.LEASE_ENDS_HEADER] = int(topology.lease_ends(stamp) * 1000)
+    properties = pika.BasicProperties(
+        delivery_mode=1,
+        content_type="application/x-msgpack",
+        message_id=message_id(),
+        headers=headers,
+        timestamp=int(time.time()),
+    )
+    queue = topology.channel_queue(channel)
+    declare = queue_declare(queue, topology.channel_queue_arguments(channel))
+    return _publish("", queue, properties, remedy=[declare])
+
+
+def _publish(exchange, routing_key, properties, body=b"", mandatory=True, remedy=None):
+    kwargs = dict(
+        exchange=exchange,
+        routing_key=routing_key,
+        body=body,
+        properties=properties,
+        mandatory=mandatory,
+    )
+    return Call("basic_publish", kwargs, False, remedy)
+
+
+def queue_declare(queue, arguments):
+    """Always answered: only an answered re-declare renews ``x-expires``."""
+    return Call("queue_declare", dict(queue=queue, durable=True, arguments=arguments), True)
+
+
+def exchange_declare(exchange, exchange_type="fanout", auto_delete=True):
+    return Call(
+        "exchange_declare",
+        dict(exchange=exchange, exchange_type=exchange_type, durable=True, auto_delete=auto_delete),
+    )
+
+
+def add_phases(topology, group, channel, stamp, lease=True):
+    """``group_add(group, channel)`` with the lease of ``stamp``, in two phases.
+
+    Phase 1: the lease (``lease=False``: this process already sent one of
+    that stamp, and the layer sends no other), a process-local channel's
+    join notice, and a normal channel's queue re-declare, answered. Phase
+    2: the declares and bindings of ``Groups._membership_steps``, nowait,
+    and the last call answered: the binding of a normal channel, the
+    process queue's re-declare for a process-local one.
+    """
+    from asgi_amqp import naming
+
+    member, arguments = topology.membership_binding(channel, stamp)
+    group_exchange = topology.group_exchange(group)
+    queue = topology.channel_queue(channel)
+    local = "!" in channel
+    first = [lease_publish(topology, group, channel, stamp)] if lease else []
+    if local:
+        first.append(notice_publish(topology, naming.JOIN_KIND, group, channel, stamp))
+    else:
+        first.append(queue_declare(queue, topology.channel_queue_arguments(channel)))
+    second = [
+        exchange_declare(member),
+        Call("queue_bind", dict(queue=queue, exchange=member, routing_key="")),
+        exchange_declare(group_exchange),
+        Call(
+            "exchange_bind",
+            dict(destination=group_exchange, source=topology.group_router, routing_key=group),
+        ),
+        Call(
+            "exchange_bind",
+            dict(destination=member, source=group_exchange, routing_key="", arguments=arguments),
+            not local,
+        ),
+    ]
+    if local:
+        second.append(queue_declare(queue, topology.channel_queue_arguments(channel)))
+    return [first, second]
+
+
+def discard_calls(topology, group, channel):
+    """``group_discard(group, channel)``: an unbind of every live stamp's
+    binding and the legacy plain binding of the member exchange, nowait,
+    the last one answered; then a process-local channel's leave notice."""
+    group_exchange = topology.group_exchange(group)
+    calls = []
+    for stamp in topology.live_stamps():
+        member, arguments = topology.membership_binding(channel, stamp)
+        calls.append(
+            Call(
+                "exchange_unbind",
+                dict(
+                    destination=member, source=group_exchange, routing_key="", arguments=arguments
+                ),
+            )
+        )
+    legacy = dict(
+        destination=topology.member_exchange(channel), source=group_exchange, routing_key=""
+    )
+    if "!" not in channel:
+        calls.append(Call("exchange_unbind", legacy, True))
+        return calls
+    from asgi_amqp import naming
+
+    # The notice's confirm ends the phase: the broker ran the unbinds before it.
+    calls.append(Call("exchange_unbind", legacy))
+    calls.append(notice_publish(topology, naming.LEAVE_KIND, group, channel))
+    return calls
+
+
+class Refused(Exception):
+    """The broker nacked or returned a publish it had to take."""
+
+
+# AMQP 0-9-1 methods without a nowait field: always a synchronous request.
+NO_NOWAIT = ("queue_unbind",)
+
+
+class PipelinedChannel(object):
+    """A pika ``BlockingChannel`` whose calls go out together.
+
+    Publisher confirms are kept here, on the channel's ``_impl`` (a
+    ``BlockingChannel`` in confirm mode waits for each publish on its own):
+    ``run(calls)`` sends every call (publishes, RPCs with ``nowait`` unless
+    answered; a method without nowait, ``NO_NOWAIT``, on a side channel of
+    its own) and then waits for every confirm and every answer. A channel
+    error raises ``ChannelClosedByBroker`` (the channels are opened again
+    for the next call); a nacked publish raises ``Refused``, and a returned
+    one has its queue made (``Call.remedy``) and is sent again, once.
+    ``confirms=False``: publishes are not confirmed (``broker_costs``).
+    """
+
+    def __init__(self, connection, confirms=True):
+        self.connection = connection
+        self.confirms = confirms
+        self._side = []  # BlockingChannels for NO_NOWAIT methods, one per call of a phase
+        self._open()
+
+    def _open(self):
+        for side in self._side:
+            if side.is_open:
+                side.close()
+        self._side = []
+        self._side_used = 0
+        self.channel = self.connection.channel()
+        impl = self.channel._impl
+        self._next_tag = 0
+        self._unsettled = {}  # delivery tag -> message_id
+        self._nacked = []
+        self._returned = []  # message_ids
+        self._answers = 0  # answered RPCs not answered yet
+        impl.add_on_return_callback(self._on_return)
+        if self.confirms:
+            selected = []
+            impl.confirm_delivery(self._on_confirm, callback=selected.append)
+            self.channel._flush_output(lambda: bool(selected))
+
+    @property
+    def is_open(self):
+        return self.channel.is_open
+
+    def close(self):
+        for channel in self._side + [self.channel]:
+            if channel.is_open:
+                channel.close()
+
+    # -- callbacks (pika's I/O, inside _flush_output) ----------------------------------
+
+    def _on_confirm(self, frame):
+        method = frame.method
+        tags = [method.delivery_tag]
+        if method.multiple:
+            tags = [tag for tag in self._unsettled if tag <= method.delivery_tag]
+        for tag in tags:
+            mid = self._unsettled.pop(tag, None)
+            if isinstance(method, pika.spec.Basic.Nack):
+                self._nacked.append(mid)
+
+    def _on_return(self, _channel, _method, properties, _body):
+        self._returned.append(properties.message_id)
+
+    def _on_answer(self, _frame):
+        self._answers -= 1
+
+    # -- calls --------------------------------------------------------------------------
+
+    def send(self, call, answered=None):
+        """Send one call; ``answered`` overrides ``call.answered`` (an RPC)."""
+        impl = self.channel._impl
+        if call.method == "basic_publish":
+            impl.basic_publish(**call.kwargs)
+            if self.confirms:
+                self._next_tag += 1
+                self._unsettled[self._next_tag] = call.kwargs["properties"].message_id
+            return
+        answered = call.answered if answered is None else answered
+        if call.method in NO_NOWAIT and not answered:
+            # Synchronous anyway: on a channel of its own, so that it waits
+            # for nobody and nobody for it.
+            if self._side_used == len(self._side):
+                self._side.append(self.connection.channel())
+            impl = self._side[self._side_used]._impl
+            self._side_used += 1
+            answered = True
+        if answered:
+            self._answers += 1
+            getattr(impl, call.method)(callback=self._on_answer, **call.kwargs)
+        else:
+            getattr(impl, call.method)(callback=None, **call.kwargs)
+
+    def wait(self):
+        """Until every confirm and answer is in; raises as ``run`` says."""
+        channels = [self.channel] + self._side
+
+        def done():
+            if any(channel.is_closed for channel in channels):
+                return True
+            return not self._unsettled and not self._answers
+
+        self.connection._flush_output(done)
+        self._side_used = 0
+        closed = [channel for channel in channels if channel.is_closed]
+        if closed:
+            reason = getattr(closed[0], "_closing_reason", None)
+            self._open()
+            if isinstance(reason, Exception):
+                raise reason
+            raise pika.exceptions.ChannelClosed(None, "channel closed")
+        nacked, self._nacked = self._nacked, []
+        if nacked:
+            raise Refused("%d publishes nacked" % len(nacked))
+
+    def run(self, calls, one_by_one=False):
+        """Send ``calls`` together and wait for them (``one_by_one``: each
+        call waited for before the next, every RPC answered)."""
+        if one_by_one:
+            for call in calls:
+                self._run([call], True)
+        else:
+            self._run(calls, None)
+
+    def _run(self, calls, answered, again=True):
+        self._returned = []
+        after_answered = False
+        for call in calls:
+            if call.method == "basic_publish" and after_answered:
+                # pika would send it ahead of the RPCs it holds back.
+                raise ValueError("a publish after an answered call in one phase")
+            self.send(call, answered)
+            if call.method not in NO_NOWAIT:
+                after_answered = after_answered or bool(answered or call.answered)
+        self.wait()
+        if not self._returned:
+            return
+        returned = [
+            call
+            for call in calls
+            if call.method == "basic_publish"
+            and call.kwargs["properties"].message_id in self._returned
+        ]
+        mandatory = [call for call in returned if call.kwargs.get("mandatory")]
+        if not mandatory:
+            return
+        if not again:
+            raise Refused("returned: %s" % ", ".join(call.describe() for call in mandatory))
+        for call in mandatory:
+            # Its queue did not exist (new, expired or flushed): make it, send again.
+            if call.remedy:
+                self._run(call.remedy, None, again=False)
+            self._run([call], None, again=False)
+
+    def publish(self, exchange, routing_key, body, properties, mandatory=False):
+        """One confirmed publish, waited for."""
+        self.run([_publish(exchange, routing_key, properties, body, mandatory)])
+
+    def sync(self):
+        """One synchronous call (``basic.qos``) after every call sent so far."""
+        try:
+            self.channel.basic_qos(prefetch_count=0)
+        except pika.exceptions.ChannelClosed:
+            self._open()
+            raise

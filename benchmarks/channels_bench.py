@@ -376,6 +376,22 @@ def verdict(rows):
 # -- main -----------------------------------------------------------------------------------
 
 
+def redis_stack(run_id, python, redis_url, capacity, workers):
+    """The chat project's stack on asgi_redis: ``(stack, flusher)``."""
+    chatstack = _chatstack()
+    prefix = run_id + "-redis"
+    stack = chatstack.ChatStack(
+        "unused",
+        None,
+        prefix=prefix,
+        workers=workers,
+        python=python,
+        settings="chatproject.settings_redis",
+        env=dict(capacity, REDIS_URL=redis_url),
+    )
+    return stack, _redis_flusher(python, redis_url, prefix)
+
+
 def _redis_flusher(python, redis_url, prefix):
     def flush():
         code = (
@@ -430,22 +446,13 @@ def run(args, ctx):
                 notes.append("asgi_redis left out: %s" % reason)
                 say("channels: asgi_redis left out: %s" % reason)
             else:
-                prefix = run_id + "-redis"
-                stack = chatstack.ChatStack(
-                    "unused",
-                    None,
-                    prefix=prefix,
-                    workers=1,
-                    python=python,
-                    settings="chatproject.settings_redis",
-                    env=dict(capacity, REDIS_URL=redis_url),
-                )
+                stack, flusher = redis_stack(run_id, python, redis_url, capacity, workers=1)
                 contestants.append(
                     Contestant(
                         "asgi_redis",
                         stack,
                         "asgi_redis 1.4.3 on %s" % ctx.redis.describe(),
-                        _redis_flusher(python, redis_url, prefix),
+                        flusher,
                     )
                 )
 

@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # Leases this process remembers having sent (see ``_send_lease``).
 _LEASES_REMEMBERED = 100000
+# Seconds group_add waits for room for a join notice in a full queue.
+NOTICE_PATIENCE = 2.0
 
 
 class Groups(object):
@@ -173,10 +175,13 @@ class Groups(object):
         """Tell the process of ``channel`` (process-local) that it joined or left
         ``group``, through its own queue: a confirmed publish, like ``send``.
 
-        A full queue is waited for, within ``operation_timeout``: its process
-        (daphne) reads it all the time, and in a connect storm it fills with
-        accepts for a moment. Only then ``ChannelFull``: the process could not
-        learn of the membership. On daphne's reactor thread, which must never
+        A full queue is waited for, ``NOTICE_PATIENCE`` seconds at most (and
+        within ``operation_timeout``): its process (daphne) reads it all the
+        time, and in a connect storm it fills with accepts for a moment. The
+        same 2 s Channels 1.x gives a full channel in ``send``: longer, and
+        a runworker thread stuck here in a storm delays the welcome its
+        client waits for. Then ``ChannelFull``: the process could not learn
+        of the membership. On daphne's reactor thread, which must never
         wait, at once."""
         headers: Dict[str, Any] = {
             naming.KIND_HEADER: kind,
@@ -188,7 +193,7 @@ class Groups(object):
         queue = self.topology.channel_queue(channel)
         properties = self._properties(headers)
         what = "%s notice of %s in %s" % (kind, channel, group)
-        deadline = time.monotonic() + self.operation_timeout
+        deadline = time.monotonic() + min(NOTICE_PATIENCE, self.operation_timeout)
         pause = 0.01
         while True:
             outcome = self._publish("", queue, b"", properties, True, what)

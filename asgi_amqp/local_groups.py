@@ -92,7 +92,11 @@ class LocalGroups(object):
             self._apply(queue, kind, headers)
             return NOTICE
         group = _text(headers.get(naming.GROUP_HEADER))
-        if not group or naming.CHANNEL_HEADER in headers or headers.get("x-death"):
+        if (
+            not group
+            or naming.CHANNEL_HEADER in headers
+            or self._topology.came_through_member_queue(headers)
+        ):
             return None
         return self._current(queue, group)
 

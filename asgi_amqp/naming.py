@@ -283,6 +283,17 @@ class Topology(object):
                 return local
         return None
 
+    def came_through_member_queue(self, headers):
+        """Whether a message was dead-lettered out of a process-local member
+        queue (``l:``) of the design before leases: its ``x-death`` says so."""
+        for death in headers.get("x-death") or []:
+            queue = death.get("queue") if isinstance(death, dict) else None
+            if isinstance(queue, bytes):
+                queue = queue.decode("utf8", "replace")
+            if isinstance(queue, str) and self.channel_of_local_member_queue(queue):
+                return True
+        return False
+
     def channel_of_member_exchange(self, exchange):
         return self._strip("m", exchange)
 

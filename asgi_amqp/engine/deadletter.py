@@ -259,7 +259,7 @@ class DeadLetterWorker(object):
             for key, value in original.items()
             if not key.startswith("x-")  # the broker's own: x-death, x-delivery-count
         }
-        if channel.endswith("!") and not _is_for_the_process(original):
+        if channel.endswith("!") and not self._is_for_the_process(original):
             # A group message reached a process-local queue by dead-lettering,
             # and only its x-death history names its channel: name it plainly.
             local = self._topology.channel_of_delivery(queue, original)
@@ -318,6 +318,17 @@ class DeadLetterWorker(object):
         except (pika.exceptions.NackError, pika.exceptions.UnroutableError) as exc:
             # Full, or gone with its process: nobody will read it.
             logger.debug("an expired notice for %s was not renewed: %s", queue, exc)
+
+    def _is_for_the_process(self, headers):
+        """A message of a process-local queue that its process reads as a
+        whole: a notice, or a group message it copies to its members itself
+        (its x-death names no member queue of the design before leases; the
+        delivery limit just gave it one naming its own queue)."""
+        if _text(headers.get(naming.KIND_HEADER)) in naming.NOTICE_KINDS:
+            return True
+        if not headers.get(naming.GROUP_HEADER) or naming.CHANNEL_HEADER in headers:
+            return False
+        return not self._topology.came_through_member_queue(headers)
 
     def _confirming(self):
         """A channel of the worker's connection with publisher confirms on."""
@@ -434,14 +445,6 @@ class DeadLetterWorker(object):
         if channel and not channel.endswith("!"):
             return channel
         return None
-
-
-def _is_for_the_process(headers):
-    """A message of a process-local queue that its process reads as a whole:
-    a notice, or a group message it copies to its members itself."""
-    if _text(headers.get(naming.KIND_HEADER)) in naming.NOTICE_KINDS:
-        return True
-    return bool(headers.get(naming.GROUP_HEADER)) and not headers.get("x-death")
 
 
 def _describe_error(exc):

@@ -30,8 +30,6 @@ import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-import pika
-
 from . import engine, naming, pipeline
 from .channel_names import is_process_local
 from .engine import ACKED, RETURNED
@@ -142,19 +140,17 @@ class Groups(object):
             return
         topology = self.topology
         ends = topology.lease_ends(stamp)
-        properties = pika.BasicProperties(
-            delivery_mode=2,  # a lease lost is a binding nobody removes
-            message_id=self._properties().message_id,
-            expiration=str(max(1, int(round((ends - time.time()) * 1000)))),
-            headers={
-                naming.KIND_HEADER: naming.LEASE_KIND,
-                naming.GROUP_HEADER: group,
-                naming.MEMBER_HEADER: channel,
-                naming.LEASE_HEADER: str(stamp),
-            },
-        )
+        headers: Dict[str, Any] = {
+            naming.KIND_HEADER: naming.LEASE_KIND,
+            naming.GROUP_HEADER: group,
+            naming.MEMBER_HEADER: channel,
+            naming.LEASE_HEADER: str(stamp),
+        }
         if delete_unused_group:
-            properties.headers[naming.DELETE_UNUSED_HEADER] = 1
+            headers[naming.DELETE_UNUSED_HEADER] = 1
+        properties = self._properties(headers)
+        properties.delivery_mode = 2  # a lease lost is a binding nobody removes
+        properties.expiration = str(max(1, int(round((ends - time.time()) * 1000))))
         queue = topology.lease_queue
         what = "lease of %s in %s" % (channel, group)
         outcome = self._publish("", queue, b"", properties, True, what)

@@ -95,7 +95,7 @@ class LocalGroups(object):
         if (
             not group
             or naming.CHANNEL_HEADER in headers
-            or self._topology.came_through_member_queue(headers)
+            or self._topology.member_queue_channel(headers)
         ):
             return None
         return self._current(queue, group)

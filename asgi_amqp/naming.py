@@ -274,25 +274,23 @@ class Topology(object):
             channel = channel.decode("utf8", "replace")
         if isinstance(channel, str) and channel.startswith(prefix):
             return channel
-        for death in headers.get("x-death") or []:
-            dead_in = death.get("queue")
-            if isinstance(dead_in, bytes):
-                dead_in = dead_in.decode("utf8", "replace")
-            local = self.channel_of_local_member_queue(dead_in or "")
-            if local and local.startswith(prefix):
-                return local
+        local = self.member_queue_channel(headers)
+        if local and local.startswith(prefix):
+            return local
         return None
 
-    def came_through_member_queue(self, headers):
-        """Whether a message was dead-lettered out of a process-local member
-        queue (``l:``) of the design before leases: its ``x-death`` says so."""
+    def member_queue_channel(self, headers):
+        """The process-local channel whose member queue (``l:``, the design
+        before leases) a message was dead-lettered out of, from its
+        ``x-death``; None for a message that did not come that way."""
         for death in headers.get("x-death") or []:
             queue = death.get("queue") if isinstance(death, dict) else None
             if isinstance(queue, bytes):
                 queue = queue.decode("utf8", "replace")
-            if isinstance(queue, str) and self.channel_of_local_member_queue(queue):
-                return True
-        return False
+            local = self.channel_of_local_member_queue(queue) if isinstance(queue, str) else None
+            if local:
+                return local
+        return None
 
     def channel_of_member_exchange(self, exchange):
         return self._strip("m", exchange)

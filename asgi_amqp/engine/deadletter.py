@@ -328,7 +328,7 @@ class DeadLetterWorker(object):
             return True
         if not headers.get(naming.GROUP_HEADER) or naming.CHANNEL_HEADER in headers:
             return False
-        return not self._topology.came_through_member_queue(headers)
+        return not self._topology.member_queue_channel(headers)
 
     def _confirming(self):
         """A channel of the worker's connection with publisher confirms on."""
@@ -390,7 +390,9 @@ class DeadLetterWorker(object):
             self._actions = self._connection.channel()  # still in use
 
     def _drop_channel(self, headers, deaths):
-        channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(deaths)
+        channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(
+            headers, deaths
+        )
         if not channel:
             return
         logger.debug("message expired in %s: dropping it from its groups", channel)
@@ -433,14 +435,12 @@ class DeadLetterWorker(object):
         )
         self._actions.basic_publish("", queue, b"", notice)
 
-    def _channel_from_deaths(self, deaths):
+    def _channel_from_deaths(self, headers, deaths):
         """The channel a dead message belonged to, from its x-death history."""
         topology = self._topology
-        for death in deaths:
-            queue = _text(death.get("queue"))
-            local = topology.channel_of_local_member_queue(queue)
-            if local:
-                return local
+        local = topology.member_queue_channel(headers)
+        if local:
+            return local
         channel = topology.channel_of_queue(_text(deaths[0].get("queue")))
         if channel and not channel.endswith("!"):
             return channel

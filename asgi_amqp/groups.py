@@ -44,6 +44,55 @@ logger = logging.getLogger(__name__)
 _LEASES_REMEMBERED = 100000
 # Seconds group_add waits for room for a join notice in a full queue.
 NOTICE_PATIENCE = 2.0
+# Seconds after which group_add declares a member exchange again at most.
+REMADE_AFTER = 600.0
+
+
+class MemberExchanges(object):
+    """The member exchanges (``m:{channel}``, ``m:foo!``) this process declared
+    and bound to their queue lately, so that ``group_add`` binds a
+    membership to one without declaring and binding it again.
+
+    Skipping those two calls changes nothing at the broker: a declare of
+    an exchange that exists and a binding made again have no effect
+    besides their answer. What could go wrong is that the exchange went
+    meanwhile. It is auto-delete and bound only to its queue, so it goes
+    only with that queue: through ``flush``, a deletion by hand, or the
+    queue's ``x-expires`` (``2 * expiry`` unused). Every ``group_add``
+    declares the queue, answered, which renews that lease; so an entry is
+    trusted for less than ``2 * expiry`` (and ``REMADE_AFTER``) after it
+    was made. Past that, or after a 404 (a flush), everything is made
+    again.
+
+    Group exchanges are not remembered: one goes whenever its group
+    empties, through any process's ``group_discard`` or a lease's end, and
+    a binding to a group exchange that went is refused (404), closing a
+    channel and logged by pika: declaring it every time is cheaper.
+
+    Callers' threads; a dict's get, set and pop are atomic, and an entry
+    lost to a race costs a declare.
+    """
+
+    LIMIT = 100000
+
+    def __init__(self, expiry: float) -> None:
+        self._trusted_for = min(REMADE_AFTER, 1.5 * expiry)
+        self._made: Dict[str, float] = {}  # exchange -> monotonic time made
+
+    def made_lately(self, exchange: str) -> bool:
+        made = self._made.get(exchange)
+        return made is not None and time.monotonic() - made < self._trusted_for
+
+    def add(self, exchange: str) -> None:
+        if len(self._made) >= self.LIMIT:
+            self._made.clear()
+        self._made[exchange] = time.monotonic()
+
+    def forget(self, exchange: str) -> None:
+        self._made.pop(exchange, None)
+
+    def clear(self) -> None:
+        self._made.clear()
 
 
 class Groups(object):
@@ -57,6 +106,7 @@ class Groups(object):
     _serializer: Any
     _local_groups: LocalGroups
     _leases_sent: Dict[Tuple[str, str], int]
+    _member_exchanges: MemberExchanges
     _delivery_mode: int
     _check_group_name: Callable[..., bool]
     _check_channel_name: Callable[..., bool]
@@ -74,22 +124,23 @@ class Groups(object):
         self._check_channel_name(channel)
         self._ensure_infrastructure()
         stamp = self.topology.lease_stamp()
-        self._send_lease(group, channel, stamp)
-        if is_process_local(channel):
-            self._notify(naming.JOIN_KIND, group, channel, stamp)
+        self._send_lease_and_notice(group, channel, stamp)
         what = "group_add %s %s" % (group, channel)
         legacy: List[Any] = []  # the group exchange was made before it was auto-delete
+        member = self.topology.membership_binding(channel, stamp)[0]
         try:
             self._admin(self._membership_steps(group, channel, stamp, legacy), what)
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
             # An exchange or queue was deleted between two steps: the member
-            # exchange when its channel's message expired at that moment, the
-            # group's when its last member left elsewhere, a process-local
+            # exchange with its queue (expired, flushed: ``MemberExchanges``),
+            # the group's when its last member left elsewhere, a process-local
             # channel's queue when it expired. Building them again is correct.
+            self._member_exchanges.forget(member)
             self._ensure_infrastructure(again=True)
             self._admin(self._membership_steps(group, channel, stamp, legacy, again=True), what)
+        self._member_exchanges.add(member)
         if legacy:
             # Not auto-delete, it stays when its last binding goes: this lease
             # asks the dead-letter worker to delete it then, if unused.
@@ -100,8 +151,11 @@ class Groups(object):
 
         The group's exchange and its binding to the router are declared every
         time, although they usually exist: re-declaring costs the broker
-        almost nothing, while remembering them would be wrong once the group
-        empties (the exchange is auto-delete) and cost a refused chain.
+        little, while remembering them would be wrong once the group
+        empties (the exchange is auto-delete) and cost a refused chain. The
+        member exchange and its binding to its queue are left out when this
+        process made them lately (``MemberExchanges`` says why that is
+        safe); ``again``, after a 404, makes everything.
         """
         topology = self.topology
         group_exchange = topology.group_exchange(group)
@@ -110,9 +164,13 @@ class Groups(object):
         # with the queue it is bound to (auto-delete), so the queue must
         # exist; declaring it, answered, renews its x-expires lease.
         declare = self._declare_channel_queue(channel)
-        steps = [
-            engine.exchange_declare(member, auto_delete=True),
-            engine.queue_bind(topology.channel_queue(channel), member),
+        steps = []
+        if again or not self._member_exchanges.made_lately(member):
+            steps += [
+                engine.exchange_declare(member, auto_delete=True),
+                engine.queue_bind(topology.channel_queue(channel), member),
+            ]
+        steps += [
             engine.exchange_declare(
                 group_exchange,
                 auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
@@ -128,18 +186,68 @@ class Groups(object):
         # steps before it: one round trip (after a 404, declared first).
         return steps + [declare]
 
-    def _send_lease(self, group, channel, stamp, delete_unused_group=False):
-        """Put the lease of ``stamp`` in the lease queue, unless this process did.
+    def _send_lease_and_notice(self, group, channel, stamp):
+        """The lease (unless this process sent it) and, for a process-local
+        channel, the join notice: published together, their confirms waited
+        for together, so the two cost one round trip, not two.
 
-        Every lease message of a stamp ends when the stamp's leases end (its
-        expiration counts from now to then), so one is enough; another
-        process's copy ends the same binding at the same time, harmlessly.
-        """
-        key = (group, channel)
-        if self._leases_sent.get(key) == stamp and not delete_unused_group:
+        Nothing orders them: the binding, made after both are confirmed, is
+        what needs each. Either one not acked (a full process queue, a
+        lease queue gone, a resource alarm) goes again on its own, through
+        the path that knows what to do about it: ``_send_lease`` and
+        ``_notify``, each a publish of its own. A lease sent twice ends the
+        same binding twice, harmlessly; a notice is sent again only if the
+        broker did not take it."""
+        local = is_process_local(channel)
+        lease = self._lease_message(group, channel, stamp)
+        if lease is None or not local:
+            if lease is not None:
+                self._send_lease(group, channel, stamp)
+            if local:
+                self._notify(naming.JOIN_KIND, group, channel, stamp)
             return
-        topology = self.topology
-        ends = topology.lease_ends(stamp)
+        notice = self._notice_message(naming.JOIN_KIND, group, channel, stamp)
+        requests = [
+            (
+                "",
+                self.topology.lease_queue,
+                b"",
+                lease,
+                True,
+                "lease of %s in %s" % (channel, group),
+                False,
+            ),
+            notice + (False,),
+        ]
+        outcomes = self._publish_together(requests)
+        if outcomes[0] == ACKED:
+            self._remember_lease(group, channel, stamp)
+        else:
+            self._send_lease(group, channel, stamp)
+        if outcomes[1] != ACKED:
+            self._notify(naming.JOIN_KIND, group, channel, stamp)
+
+    def _publish_together(self, requests):
+        """Publish ``requests`` at once; each one's outcome, or None if a
+        resource alarm blocks publishing (the caller's own path waits for it)."""
+        return self._outcomes(self._engine.start_publishes(requests))
+
+    def _outcomes(self, in_flight):
+        """Each outcome of publishes handed over together (``_publish_together``)."""
+        deadline = time.monotonic() + self.operation_timeout
+        outcomes: List[Optional[str]] = []
+        for index in range(len(in_flight)):
+            try:
+                outcomes.append(in_flight.outcome(index, deadline))
+            except BrokerBlocked:
+                outcomes.append(None)
+        return outcomes
+
+    def _lease_message(self, group, channel, stamp, delete_unused_group=False):
+        """The properties of the lease message of ``stamp``, or None if this
+        process sent it already (see ``_send_lease``)."""
+        if self._leases_sent.get((group, channel)) == stamp and not delete_unused_group:
+            return None
         headers: Dict[str, Any] = {
             naming.KIND_HEADER: naming.LEASE_KIND,
             naming.GROUP_HEADER: group,
@@ -150,8 +258,26 @@ class Groups(object):
             headers[naming.DELETE_UNUSED_HEADER] = 1
         properties = self._properties(headers)
         properties.delivery_mode = 2  # a lease lost is a binding nobody removes
+        ends = self.topology.lease_ends(stamp)
         properties.expiration = str(max(1, int(round((ends - time.time()) * 1000))))
-        queue = topology.lease_queue
+        return properties
+
+    def _remember_lease(self, group, channel, stamp):
+        if len(self._leases_sent) >= _LEASES_REMEMBERED:
+            self._leases_sent.clear()
+        self._leases_sent[(group, channel)] = stamp
+
+    def _send_lease(self, group, channel, stamp, delete_unused_group=False):
+        """Put the lease of ``stamp`` in the lease queue, unless this process did.
+
+        Every lease message of a stamp ends when the stamp's leases end (its
+        expiration counts from now to then), so one is enough; another
+        process's copy ends the same binding at the same time, harmlessly.
+        """
+        properties = self._lease_message(group, channel, stamp, delete_unused_group)
+        if properties is None:
+            return
+        queue = self.topology.lease_queue
         what = "lease of %s in %s" % (channel, group)
         outcome = self._publish("", queue, b"", properties, True, what)
         if outcome == RETURNED:  # flushed, or deleted by hand
@@ -163,9 +289,20 @@ class Groups(object):
                 "the lease of %s in %s was not accepted (%s)" % (channel, group, outcome),
                 operation="publish to %r" % queue,
             )
-        if len(self._leases_sent) >= _LEASES_REMEMBERED:
-            self._leases_sent.clear()
-        self._leases_sent[key] = stamp
+        self._remember_lease(group, channel, stamp)
+
+    def _notice_message(self, kind, group, channel, stamp=None):
+        """A notice as a publish request, less its ``fans_out`` flag."""
+        headers: Dict[str, Any] = {
+            naming.KIND_HEADER: kind,
+            naming.GROUP_HEADER: group,
+            naming.MEMBER_HEADER: channel,
+        }
+        if stamp is not None:
+            headers[naming.LEASE_ENDS_HEADER] = int(self.topology.lease_ends(stamp) * 1000)
+        queue = self.topology.channel_queue(channel)
+        what = "%s notice of %s in %s" % (kind, channel, group)
+        return ("", queue, b"", self._properties(headers), True, what)
 
     def _notify(self, kind, group, channel, stamp=None):
         """Tell the process of ``channel`` (process-local) that it joined or left
@@ -179,16 +316,7 @@ class Groups(object):
         client waits for. Then ``ChannelFull``: the process could not learn
         of the membership. On daphne's reactor thread, which must never
         wait, at once."""
-        headers: Dict[str, Any] = {
-            naming.KIND_HEADER: kind,
-            naming.GROUP_HEADER: group,
-            naming.MEMBER_HEADER: channel,
-        }
-        if stamp is not None:
-            headers[naming.LEASE_ENDS_HEADER] = int(self.topology.lease_ends(stamp) * 1000)
-        queue = self.topology.channel_queue(channel)
-        properties = self._properties(headers)
-        what = "%s notice of %s in %s" % (kind, channel, group)
+        _, queue, _, properties, _, what = self._notice_message(kind, group, channel, stamp)
         deadline = time.monotonic() + min(NOTICE_PATIENCE, self.operation_timeout)
         pause = 0.01
         while True:
@@ -217,9 +345,17 @@ class Groups(object):
             steps.append(engine.exchange_unbind(member, group_exchange, arguments))
         # A membership made before leases: the member exchange's plain binding.
         steps.append(engine.exchange_unbind(topology.member_exchange(channel), group_exchange))
+        # The leave notice goes out with the unbinds, not after them: one
+        # round trip for both. The process may stop copying to the channel
+        # a moment before its bindings are gone; it is leaving.
+        local = is_process_local(channel)
+        in_flight = None
+        if local:
+            notice = self._notice_message(naming.LEAVE_KIND, group, channel)
+            in_flight = self._engine.start_publishes([notice + (False,)])
         self._admin(steps, "group_discard %s %s" % (group, channel))
         self._leases_sent.pop((group, channel), None)
-        if is_process_local(channel):
+        if in_flight is not None and self._outcomes(in_flight) != [ACKED]:
             try:
                 self._notify(naming.LEAVE_KIND, group, channel)
             except ChannelFull as exc:
@@ -304,6 +440,7 @@ class Groups(object):
         self._admin(steps, "flush")
         self._engine.forget_queues()
         self._leases_sent.clear()
+        self._member_exchanges.clear()
         self._local_groups.forget()
         self._infrastructure_pid = None  # the lease queue went
 

@@ -36,7 +36,7 @@ from .errors import (
     MessageTooLarge,
     settings_mismatch,
 )
-from .groups import Groups
+from .groups import Groups, MemberExchanges
 from .local_groups import LocalGroups
 from .management import ManagementClient
 from .receiving import ReceiveTargets, Receiving
@@ -210,6 +210,8 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         # (group, channel) -> the lease stamp this process last put in the
         # lease queue (callers' threads; a dict's get and set are atomic).
         self._leases_sent: Dict[Any, int] = {}
+        # Member exchanges group_add made lately (callers' threads).
+        self._member_exchanges = MemberExchanges(expiry)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()

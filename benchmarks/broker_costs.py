@@ -29,13 +29,16 @@ bindings; one per ``group_discard``); and all memberships pipelined with a
 single wait at the end (publishes unconfirmed: the broker's own limit on
 one channel). The rows:
 
-* **first membership**: a normal channel's member exchange and its binding
-  to the channel's queue, the group exchange and its binding from the
-  router declared again, the stamped binding and the lease message (and
-  the channel queue's answered re-declare); a process-local channel's
-  stamped binding to its process's queue, the group exchange and router
-  binding again, the join notice, the lease message and the process
-  queue's answered re-declare;
+* **first membership**: as one process makes ``--count`` of them in 4
+  rooms: the group exchange and its binding from the router declared
+  again, the stamped binding and the lease message; a normal channel's
+  member exchange and its binding to the channel's queue (and the queue's
+  answered re-declare); for a process-local channel, the join notice and
+  the process queue's answered re-declare, its process's member exchange
+  ``m:foo!`` being made once (the layer declares a member exchange only
+  when it has not made it lately: ``asgi_amqp.groups.MemberExchanges``);
+* **first membership, nothing made lately**: every declare and binding
+  of the membership's chain again, as after ``REMADE_AFTER``;
 * **renewal**: ``group_add`` again in a later lease stamp: the same calls,
   of which only the stamped binding and the lease message are new; and
   the **renewal's own work** alone: the next stamp's binding and lease
@@ -519,13 +522,22 @@ class Costs(object):
             queue, members = self.fresh_local("v")
             return [queue], members
 
-        def joins(members, stamp):
+        def joins(members, stamp, made):
+            """As one process makes them: a member exchange made once (the
+            layer's ``MemberExchanges``, here ``made``)."""
+            return [
+                membership.add_phases(topology, rooms[i % len(rooms)], member, stamp, made=made)
+                for i, member in enumerate(members)
+            ]
+
+        def joins_unmade(members, stamp, _made):
+            """Each as if its process had made nothing lately: every declare again."""
             return [
                 membership.add_phases(topology, rooms[i % len(rooms)], member, stamp)
                 for i, member in enumerate(members)
             ]
 
-        def leases_only(members, stamp):
+        def leases_only(members, stamp, _made):
             """The renewal's own calls: the next stamp's binding and lease (and
             a process-local channel's join notice), without the re-declares."""
             made = []
@@ -537,7 +549,7 @@ class Costs(object):
                 made.append([publishes, [binding]])
             return made
 
-        def discards(members, _stamp):
+        def discards(members, _stamp, _made):
             return [
                 [membership.discard_calls(topology, rooms[i % len(rooms)], member)]
                 for i, member in enumerate(members)
@@ -547,6 +559,7 @@ class Costs(object):
         for kind, make in (("normal", normal_members), ("process-local", local_members)):
             for what, build, before in (
                 ("first membership", joins, None),
+                ("first membership, nothing made lately", joins_unmade, None),
                 ("renewal (a later stamp)", joins, stamp - 1),
                 ("renewal's new binding and lease", leases_only, stamp - 1),
                 ("group_discard", discards, stamp),
@@ -557,11 +570,12 @@ class Costs(object):
                     ("all", "all pipelined, one wait"),
                 ):
                     queues, members = make()
+                    made = set()  # what the process made lately
                     if before is not None:  # the memberships exist: made untimed
-                        for phases in joins(members, before):
+                        for phases in joins(members, before, made):
                             for phase in phases:
                                 self.confirmed.run(phase)
-                    operations = build(members, stamp)
+                    operations = build(members, stamp, made)
                     label = "%s, %s: %s" % (what, kind, how)
                     self.whole(label, mode, operations)
                     self.delete(queues, [topology.member_exchange(m) for m in members])

@@ -851,6 +851,7 @@ class RawMembershipContestant(Contestant):
         self.connections = []
         self.channels = []
         self.leases_sent = {}  # (group, channel) -> stamp, as the layer's _leases_sent
+        self.made = set()  # member exchanges made lately, as the layer's MemberExchanges
         for _ in range(SEND_THREADS):
             connection = pika.BlockingConnection(connection_parameters(env.url))
             self.connections.append(connection)
@@ -884,8 +885,19 @@ class RawMembershipContestant(Contestant):
         stamp = self.topology.lease_stamp()
         key = (group, member)
         lease = self.leases_sent.get(key) != stamp
-        for phase in membership.add_phases(self.topology, group, member, stamp, lease=lease):
-            channel.run(phase)
+        phases = membership.add_phases(
+            self.topology, group, member, stamp, lease=lease, made=self.made
+        )
+        try:
+            for phase in phases:
+                channel.run(phase)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:
+                raise
+            # Made lately, gone since (flushed): all again, as the layer.
+            self.made.discard(self.topology.membership_binding(member, stamp)[0])
+            for phase in membership.add_phases(self.topology, group, member, stamp)[1:]:
+                channel.run(phase)
         self.leases_sent[key] = stamp
 
     def discard(self, channel, group, member):

@@ -27,17 +27,20 @@ What each call does besides its answer, and so how far it can be pipelined:
   and need no answer of their own: they go with ``nowait`` and the phase's
   last, answered, call vouches for them (the broker runs a channel's
   methods in order and closes the channel at the first that fails);
+* a member exchange and its binding to its queue, made by this process
+  lately, are not declared again (``made``; the layer's
+  ``MemberExchanges`` says why that is safe);
 * ``group_discard``'s unbinds (``exchange.unbind``: every membership's
   binding goes to a member exchange, a process-local channel's to its
   process's ``m:foo!``) go with ``nowait``; the last one is answered, or a
   process-local channel's leave notice, confirmed, ends them (the layer
-  waits for the unbinds' answer, then for the notice's confirm).
+  sends the notice on its publishing connection at the same time as the
+  unbinds on its main one, and waits for both).
 
 So ``group_add`` is two round trips here: the confirmed publishes (and a
 normal channel's queue re-declare, answered), then the declares and
-bindings ending with an answered call; the layer takes three. A
-``group_discard`` is one round trip (the layer: one more for a
-process-local channel's notice).
+bindings ending with an answered call; the layer's too. A
+``group_discard`` is one round trip, in the layer as here.
 """
 
 import collections
@@ -140,7 +143,7 @@ def exchange_declare(exchange, exchange_type="fanout", auto_delete=True):
     )
 
 
-def add_phases(topology, group, channel, stamp, lease=True):
+def add_phases(topology, group, channel, stamp, lease=True, made=None):
     """``group_add(group, channel)`` with the lease of ``stamp``, in two phases.
 
     Phase 1: the lease (``lease=False``: this process already sent one of
@@ -149,6 +152,10 @@ def add_phases(topology, group, channel, stamp, lease=True):
     2: the declares and bindings of ``Groups._membership_steps``, nowait,
     and the last call answered: the binding of a normal channel, the
     process queue's re-declare for a process-local one.
+
+    ``made``: a set of the member exchanges this process made lately, as
+    the layer's ``MemberExchanges``: the member exchange and its binding
+    to its queue are left out when it is in it; it is added to it.
     """
     from asgi_amqp import naming
 
@@ -161,9 +168,15 @@ def add_phases(topology, group, channel, stamp, lease=True):
         first.append(notice_publish(topology, naming.JOIN_KIND, group, channel, stamp))
     else:
         first.append(queue_declare(queue, topology.channel_queue_arguments(channel)))
-    second = [
-        exchange_declare(member),
-        Call("queue_bind", dict(queue=queue, exchange=member, routing_key="")),
+    made = set() if made is None else made
+    second = []
+    if member not in made:
+        second += [
+            exchange_declare(member),
+            Call("queue_bind", dict(queue=queue, exchange=member, routing_key="")),
+        ]
+    made.add(member)
+    second += [
         exchange_declare(group_exchange),
         Call(
             "exchange_bind",

@@ -15,8 +15,10 @@ node's beam process after each step:
   the shape of a daphne reply channel) each joined to one of 10 groups
   (``group_add``), then as many more memberships of the same channels in
   a second set of 10 groups. A membership makes no queue: it is a binding
-  from the group's exchange to the process's queue, a lease message in
-  the lease queue and a join notice in the process's queue;
+  from the group's exchange to the process's member exchange and a lease
+  message in the lease queue; the join notices are read from the
+  process's queue, as daphne reads them. Once with classic queues, once
+  with ``queue_type="quorum"`` (a quorum lease queue and process queue);
 * **quorum**: 0, then more channel queues with ``queue_type="quorum"``;
 * **cpu**: the beam's CPU time (``/proc/PID/stat``) for confirmed sends,
   blocking and non-blocking receives, ``send_many`` and group fan-out
@@ -133,12 +135,26 @@ def _channel_maker(layer: AMQPChannelLayer) -> Callable[[int], None]:
 
 
 def _member_maker(layer: AMQPChannelLayer, groups: str) -> Callable[[int], None]:
-    """make(i): the process-local channel i joins one of 10 groups named ``groups``N."""
+    """make(i): the process-local channel i joins one of 10 groups named ``groups``N.
+
+    Every 50 memberships the process's queue is read, as daphne reads it all
+    the time: the join notices are the process's, not the broker's, to keep.
+    """
 
     def make(i: int) -> None:
         layer.group_add("%s%d" % (groups, i % 10), "daphne.response.x!%d" % i)
+        if i % 50 == 49:
+            _read_notices(layer)
 
     return make
+
+
+def _read_notices(layer: AMQPChannelLayer) -> None:
+    """Read the process queue ``daphne.response.x!`` until it is empty (join notices)."""
+    deadline = time.monotonic() + 30
+    while layer.receive(["daphne.response.x!0"], block=False) != (None, None):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the process queue did not empty within 30 s")
 
 
 def _mem_total() -> int:
@@ -358,13 +374,16 @@ class Sizing(object):
         self.close_layers()
         return _family(samples)
 
-    def family_members(self, probe: NodeProbe) -> Dict[str, Any]:
+    def family_members(self, probe: NodeProbe, quorum: bool = False) -> Dict[str, Any]:
         steps = self.args.members
-        self.say("members: %s, then as many again in other groups" % steps)
-        layer = self.layer(probe.node, "sz-g")
+        name = "members (quorum)" if quorum else "members"
+        self.say("%s: %s, then as many again in other groups" % (name, steps))
+        config: Dict[str, Any] = {"queue_type": "quorum"} if quorum else {}
+        layer = self.layer(probe.node, "sz-gq" if quorum else "sz-g", **config)
         # The process's queue and the lease queue are in the baseline too.
         layer.group_add("warm", "daphne.response.x!warm")
-        (samples,) = self._grow([probe], "members", steps, _member_maker(layer, "room"))
+        _read_notices(layer)
+        (samples,) = self._grow([probe], name, steps, _member_maker(layer, "room"))
         second = [dict(samples[-1], label="second group", count=0)]
         (again,) = self._grow(
             [probe], "second group", steps, _member_maker(layer, "hall"), [second]
@@ -529,6 +548,7 @@ class Sizing(object):
                 self.results["channels"] = self.family_channels(probe)
             if len(self.args.members) > 1:
                 self.results["members"] = self.family_members(probe)
+                self.results["members_quorum"] = self.family_members(probe, quorum=True)
             if len(self.args.quorum) > 1:
                 self.results["quorum"] = self.family_channels(probe, quorum=True)
             self.results["idle_at_end"] = {
@@ -694,17 +714,14 @@ def markdown(results: Dict[str, Any]) -> str:
         family_table(
             "Channels (classic queues, one small message each)", results["channels"], "channel"
         )
-    if "members" in results:
-        family_table(
-            "Group members (process-local channels, first group)",
-            results["members"]["first_group"],
-            "membership",
-        )
-        family_table(
-            "Group members (the same channels, a second group)",
-            results["members"]["second_group"],
-            "membership",
-        )
+    for key, queues in (("members", "classic queues"), ("members_quorum", "quorum queues")):
+        if key in results:
+            for part, title in (("first_group", "first group"), ("second_group", "a second group")):
+                family_table(
+                    "Group members (process-local channels, %s, %s)" % (queues, title),
+                    results[key][part],
+                    "membership",
+                )
     if "quorum" in results:
         family_table(
             "Channels with queue_type=quorum (one small message each)",

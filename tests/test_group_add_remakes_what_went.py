@@ -1,0 +1,88 @@
+"""``group_add`` skips the declares of the member exchanges its process made
+lately, and makes again whatever went.
+
+A process remembers the member exchanges it declared and bound to their
+queue (``asgi_amqp.groups.MemberExchanges``), and a later ``group_add``
+binds the membership without declaring them again. What those skipped
+calls did besides their answer: nothing. What can go wrong: the exchange
+went meanwhile, with its queue. Each test removes an object behind the
+process's back (a member exchange's queue, a group exchange, everything
+by a flush) and checks that the next ``group_add`` still makes a
+membership that a group message reaches.
+"""
+
+import pika
+import pytest
+
+from helpers import Management
+
+pytestmark = pytest.mark.slow
+
+
+def _delete(broker, exchange=None, queue=None):
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    try:
+        channel = connection.channel()
+        if exchange:
+            channel.exchange_delete(exchange)
+        if queue:
+            channel.queue_delete(queue)
+    finally:
+        connection.close()
+
+
+def _reaches(layer, group, reader, expected_channel):
+    layer.send_group(group, {"to": group})
+    assert layer.receive([reader], block=True) == (expected_channel, {"to": group})
+
+
+@pytest.mark.parametrize("channel, reader", [("made.normal", "made.normal"), ("made!x", "made!")])
+def test_a_second_group_add_skips_the_declares_it_made(broker, new_layer, channel, reader):
+    layer = new_layer(broker, flush=True, group_expiry=60)
+    layer.group_add("made", channel)
+    member = layer.topology.membership_binding(channel, layer.topology.lease_stamp())[0]
+    assert layer._member_exchanges.made_lately(member)
+    layer.group_add("made", channel)
+    _reaches(layer, "made", reader, channel)
+
+
+@pytest.mark.parametrize("channel, reader", [("gone.normal", "gone.normal"), ("gone!x", "gone!")])
+def test_a_group_exchange_deleted_elsewhere_is_made_again(broker, new_layer, channel, reader):
+    """Another process's discard of the last member, or a lease's end, deletes
+    the (auto-delete) group exchange: this process's next group_add is
+    refused (404) and makes it, and its binding from the router, again."""
+    layer = new_layer(broker, flush=True, group_expiry=60)
+    other = new_layer(broker, prefix=layer.topology.prefix, group_expiry=60)
+    layer.group_add("went", "gone.keeper")
+    other.group_discard("went", "gone.keeper")  # the last member: the exchange goes
+    exchanges = Management(broker).exchange_names(layer.topology.prefix + ":")
+    assert layer.topology.group_exchange("went") not in exchanges
+    layer.group_add("went", channel)
+    _reaches(layer, "went", reader, channel)
+    assert layer.group_channels("went") == [channel]
+
+
+def test_a_member_exchange_gone_with_its_queue_is_made_again(broker, new_layer):
+    """A normal channel's member exchange is auto-delete and bound only to its
+    queue: when the queue goes (expired, deleted), so does the exchange."""
+    layer = new_layer(broker, flush=True, group_expiry=60)
+    layer.group_add("first", "queue.went")
+    topology = layer.topology
+    _delete(broker, queue=topology.channel_queue("queue.went"))
+    layer.group_add("second", "queue.went")
+    _reaches(layer, "second", "queue.went", "queue.went")
+
+
+def test_a_flush_elsewhere_forgets_nothing_that_matters(broker, new_layer):
+    """Everything under the prefix deleted by another process's flush: the
+    process's memory of what it made is wrong for all of it at once."""
+    layer = new_layer(broker, flush=True, group_expiry=60)
+    other = new_layer(broker, prefix=layer.topology.prefix, group_expiry=60)
+    layer.group_add("flushed", "fl!a")
+    layer.group_add("flushed", "fl.b")
+    other.flush()
+    layer.group_add("flushed", "fl!a")
+    layer.group_add("flushed", "fl.b")
+    layer.send_group("flushed", {"to": "flushed"})
+    assert layer.receive(["fl!"], block=True) == ("fl!a", {"to": "flushed"})
+    assert layer.receive(["fl.b"], block=True) == ("fl.b", {"to": "flushed"})

@@ -190,7 +190,7 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         )
         if not self._management_url.startswith(("http://", "https://")):
             raise ValueError("management_url must be an http:// or https:// URL")
-        self._management = None
+        self._management: Optional[ManagementClient] = None
         self._engine = Engine(
             self._parameters,
             self.topology,
@@ -200,7 +200,7 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
             ),
             settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker,
-            bindings_to=lambda exchange: self._management_client().exchange_bindings_to(exchange),
+            bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
         )
         self._infrastructure_pid = None
         self._queues_for_receive = ReceiveTargets(self.topology)
@@ -353,12 +353,17 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
             self.topology.channel_queue(channel), self.topology.channel_queue_arguments(channel)
         )
 
-    def _management_client(self):
+    def management_client(self) -> ManagementClient:
+        """The client of the broker's management API for this layer's vhost, made on
+        first use: the statistics extension's source, and the tools' (``asgi-amqp top``)."""
         if self._management is None:
             self._management = ManagementClient(
                 self._management_url, vhost_of(self._urls[0]), timeout=self.operation_timeout
             )
         return self._management
+
+    # The name the groups mixin (groups.py) declares and calls.
+    _management_client = management_client
 
     # The base class's checks use loose regexes, and assert in valid_
     def valid_channel_name(self, name: str, receive: bool = False) -> bool:

@@ -256,7 +256,7 @@ def _check_channel(layer, channel):
 def missing_channels(layer, channels):
     """Those of ``channels`` that have no queue on the broker (never used,
     expired, or flushed): their figures are all 0."""
-    client = layer._management_client()
+    client = layer.management_client()
     missing = []
     for channel in channels:
         _check_channel(layer, channel)
@@ -268,7 +268,7 @@ def missing_channels(layer, channels):
 def channel_statistics(layer, channel):
     """The statistics of one channel (of its queue, for ``foo!bar``)."""
     _check_channel(layer, channel)
-    record = layer._management_client().queue(layer.topology.channel_queue(channel))
+    record = layer.management_client().queue(layer.topology.channel_queue(channel))
     figures = _from_queue(record, time.time())
     return _add_full(figures, _counters(layer), channel)
 
@@ -283,7 +283,7 @@ def all_channel_statistics(layer):
     now = time.time()
     counters = _counters(layer)
     found = {}
-    for record in layer._management_client().queues(topology.channel_queue("")):
+    for record in layer.management_client().queues(topology.channel_queue("")):
         channel = topology.channel_of_queue(record.get("name", ""))
         if channel:
             found[channel] = _add_full(_from_queue(record, now), counters, channel)
@@ -326,7 +326,7 @@ def is_available(layer):
     if cached is not None and cached[1] > now:
         return cached[0]
     try:
-        layer._management_client().ping()
+        layer.management_client().ping()
         answer = True
     except (ManagementAPIError, ValueError):
         answer = False

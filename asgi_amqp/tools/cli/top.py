@@ -264,7 +264,7 @@ def top(settings, sort, pattern, interval, iterations, once, as_json_output):
     if as_json_output and not once:
         raise click.UsageError("--json needs --once")
     layer = settings.layer()
-    collector = Collector(layer._management_client(), layer.topology)
+    collector = Collector(layer.management_client(), layer.topology)
 
     def collect() -> Snapshot:
         return collector(pattern)

@@ -61,10 +61,11 @@ redis-deps: venv ## a Redis for the benchmarks' asgi_redis (optional)
 test: venv broker-deps e2e-deps lint docs ## lint, docs and every test on every broker version (PYTEST_ARGS='-k foo')
 	$(VPY) -m devtools.test_brokers $(PYTEST_ARGS)
 
-lint: venv ## ruff check, ruff format --check, mypy
+lint: venv ## ruff check, ruff format --check, mypy, import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy asgi_amqp
+	$(VENV)/bin/lint-imports
 
 docs: venv $(VENV)/.docs-installed ## the Sphinx docs, warnings as errors (docs/_build/html)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html

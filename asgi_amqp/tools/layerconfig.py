@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sys
+import tomllib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 logger = logging.getLogger(__name__)
@@ -184,16 +185,6 @@ def from_file(path: str) -> Dict[str, Any]:
 
 
 def _parse_toml(path: str, data: bytes) -> Any:
-    try:
-        import tomllib  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # Python < 3.11
-        try:
-            import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
-        except ImportError:
-            raise ConfigError(
-                "reading the TOML file %s needs Python 3.11 or the tomli package "
-                "(pip install tomli); or write it as JSON" % path
-            ) from None
     try:
         return tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:

@@ -23,8 +23,8 @@ LINT_PATHS := asgi_amqp tests conformance devtools examples benchmarks conftest.
 BENCH = $(VPY) -m benchmarks --redis-python $(REDIS_VENV)/bin/python
 
 .DEFAULT_GOAL := help
-.PHONY: help venv broker-deps e2e-deps redis-deps redis-venv test lint docs demo demo-basic \
-        bench bench-report bench-channels bench-echo faults faults-stack leaks soak clean distclean
+.PHONY: help venv broker-deps e2e-deps redis-deps redis-venv check test lint docs demo \
+        demo-basic bench bench-report bench-channels bench-echo faults faults-stack leaks soak clean distclean
 
 help: ## this list
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -60,6 +60,14 @@ redis-deps: venv ## a Redis for the benchmarks' asgi_redis (optional)
 # ASGI_AMQP_RABBITMQ_SERVER_DIR and ASGI_AMQP_ERLANG_ROOT (see devtools/rabbitmq.py).
 test: venv broker-deps e2e-deps lint docs ## lint, docs and every test on every broker version (PYTEST_ARGS='-k foo')
 	$(VPY) -m devtools.test_brokers $(PYTEST_ARGS)
+
+# The tests that need no broker: not marked `broker` (conftest.py marks every
+# test that uses the session broker or a private node). No AMQP_URL reaches
+# them, and ASGI_AMQP_NO_BROKER makes a broker start-up an error that names
+# the marker, so an unmarked broker test fails here instead of starting one.
+check: lint ## lint, types, import contracts and the broker-free tests (< 1 min)
+	env -u AMQP_URL -u AMQP_MANAGEMENT_URL ASGI_AMQP_NO_BROKER=1 \
+	    $(VPY) -m pytest -m 'not broker' -q $(PYTEST_ARGS)
 
 lint: venv ## ruff check, ruff format --check, mypy, import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check $(LINT_PATHS)

@@ -12,6 +12,13 @@ are marked ``faults`` and start a private :class:`devtools.rabbitmq.RabbitNode`
 of their own, never the session broker (``tests/conftest.py``'s ``node``
 fixture, next to its layer and fake-broker fixtures; ``tests/helpers.py`` has
 the rest the tests share).
+
+Tests that need a broker are marked ``broker``: here, every test that uses
+the ``broker`` or ``node`` fixture or is marked ``faults``; by hand, the few
+that start a node another way. ``make check`` runs the rest (``-m 'not
+broker'``) with ``ASGI_AMQP_NO_BROKER`` set, under which a node that starts
+is an error (devtools.rabbitmq.refuse_if_no_broker): a broker test that is
+not marked fails there rather than starting one.
 """
 
 import contextlib
@@ -31,6 +38,10 @@ def pytest_configure(config):
         "markers",
         "faults: injects broker faults (kill, stop_app, close connections); needs a private node",
     )
+    config.addinivalue_line(
+        "markers",
+        "broker: needs a RabbitMQ broker (make check runs the tests without this marker)",
+    )
     # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture
     # teardown and leave the private broker node behind.  Turn it into a
     # KeyboardInterrupt, which pytest unwinds cleanly.
@@ -43,6 +54,19 @@ def pytest_configure(config):
 
 def _sigterm_to_interrupt(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
+
+
+#: Fixtures that start or connect to a broker.
+_BROKER_FIXTURES = frozenset(["broker", "node"])
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers
+def pytest_collection_modifyitems(config, items):
+    """Mark ``broker`` every test that uses a broker fixture or is marked ``faults``."""
+    for item in items:
+        uses = _BROKER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses or item.get_closest_marker("faults"):
+            item.add_marker(pytest.mark.broker)
 
 
 @pytest.fixture(scope="session")

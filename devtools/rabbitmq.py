@@ -151,6 +151,9 @@ DOCKER_IMAGE = "rabbitmq:3-management"
 DOCKER_IMAGE_VARIABLE = "ASGI_AMQP_DOCKER_IMAGE"
 SERVER_DIR_VARIABLE = "ASGI_AMQP_RABBITMQ_SERVER_DIR"
 ERLANG_ROOT_VARIABLE = "ASGI_AMQP_ERLANG_ROOT"
+#: Set by ``make check``, whose tests need no broker: starting a node is then
+#: an error, and no Docker engine is asked (:func:`refuse_if_no_broker`).
+NO_BROKER_VARIABLE = "ASGI_AMQP_NO_BROKER"
 #: What ``unpack`` leaves in each directory it unpacked (which file, its sha256).
 UNPACKED_MARKER = ".devtools-rabbitmq-unpacked.json"
 MANAGEMENT_PLUGIN = "rabbitmq_management"
@@ -194,6 +197,20 @@ class RabbitNodeError(RuntimeError):
 
 class RabbitMQNotInstalled(RabbitNodeError):
     """``rabbitmq-server`` is not installed on this machine."""
+
+
+def no_broker_wanted() -> bool:
+    """Whether this run forbids brokers (``$ASGI_AMQP_NO_BROKER``, set by ``make check``)."""
+    return os.environ.get(NO_BROKER_VARIABLE, "") not in ("", "0")
+
+
+def refuse_if_no_broker(what: str) -> None:
+    """Raise RabbitNodeError, naming the ``broker`` test marker, if this run forbids brokers."""
+    if no_broker_wanted():
+        raise RabbitNodeError(
+            "%s: this run needs no broker (%s is set, as make check sets it); "
+            "a test that needs one is marked broker (conftest.py)" % (what, NO_BROKER_VARIABLE)
+        )
 
 
 # --------------------------------------------------------------------------
@@ -1009,6 +1026,7 @@ class RabbitNode:
         """
         if self.is_running():
             return self
+        refuse_if_no_broker("a private RabbitMQ node was to start")
         # A node started before keeps its ports: its clients hold URLs with
         # them. Right after a kill -9, epmd may still hold its name for a
         # moment (duplicate_name), which a retry on the same ports outlives.
@@ -1271,6 +1289,8 @@ class Broker:
 
 def _docker_client(timeout: float = 2.0) -> Any:
     """A docker client if a Docker engine answers within *timeout*, else None."""
+    if no_broker_wanted():
+        return None
     try:
         import docker  # noqa: PLC0415
     except Exception:

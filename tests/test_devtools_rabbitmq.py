@@ -67,6 +67,7 @@ def _api_get(node, path):
         return json.loads(resp.read().decode())
 
 
+@pytest.mark.broker
 @pytest.mark.slow
 @needs_rabbitmq
 def test_private_node_lifecycle():
@@ -132,6 +133,7 @@ def test_private_node_lifecycle():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.broker
 @pytest.mark.slow
 @needs_rabbitmq
 def test_private_node_ignores_the_unprefixed_settings_of_the_callers_shell(monkeypatch):
@@ -157,6 +159,7 @@ def test_private_node_ignores_the_unprefixed_settings_of_the_callers_shell(monke
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.broker
 @pytest.mark.slow
 @needs_rabbitmq
 def test_a_node_without_the_management_plugin_stops_its_app_without_the_agents_wait():
@@ -189,6 +192,7 @@ def test_a_node_without_the_management_plugin_stops_its_app_without_the_agents_w
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.broker
 @needs_rabbitmq
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the node to another user")
 def test_node_dir_must_be_reachable_by_the_rabbitmq_user(tmp_path):
@@ -202,6 +206,7 @@ def test_node_dir_must_be_reachable_by_the_rabbitmq_user(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.broker
 @pytest.mark.slow
 @needs_rabbitmq
 def test_run_command_gets_a_broker_and_its_exit_code(tmp_path):
@@ -740,6 +745,7 @@ def _server_dir_and_erlang_for_a_4x_node():
     return GIVEN_SERVER_DIR, GIVEN_ERLANG_ROOT
 
 
+@pytest.mark.broker
 @pytest.mark.slow
 def test_server_dir_node_runs_rabbitmq_4(shared_dir, no_broker_variables):
     server_dir, erlang_root = _server_dir_and_erlang_for_a_4x_node()

@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID  # noqa: E402
 from asgi_amqp import BrokerConnectionError
 from helpers import Management, free_port, make_layer, private_node, wait_until
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.broker]  # nodes of its own, with TLS
 
 OPERATION_TIMEOUT = 3.0
 

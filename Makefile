@@ -23,7 +23,7 @@ LINT_PATHS := asgi_amqp tests conformance devtools examples benchmarks conftest.
 BENCH = $(VPY) -m benchmarks --redis-python $(REDIS_VENV)/bin/python
 
 .DEFAULT_GOAL := help
-.PHONY: help venv broker-deps e2e-deps redis-deps redis-venv check test lint docs demo \
+.PHONY: help venv broker-deps e2e-deps redis-deps redis-venv check quick test lint docs demo \
         demo-basic bench bench-report bench-channels bench-echo faults faults-stack leaks soak clean distclean
 
 help: ## this list
@@ -46,7 +46,14 @@ $(VENV)/.%-installed: $(STAMP)
 	$(VPY) -m pip install -e '.[$*]'
 	touch $@
 
-broker-deps: venv ## rabbitmq-server for private nodes (unless AMQP_URL or Docker)
+# The demos need the package and the channels extra only (no test, Spark or
+# browser set-up): a stamp of their own, not the development install's.
+DEMO_STAMP := $(VENV)/.demo-installed
+$(DEMO_STAMP): setup.py | $(VPY)
+	$(VPY) -m pip install -e '.[channels]'
+	touch $@
+
+broker-deps: | $(VPY) ## rabbitmq-server for private nodes (unless AMQP_URL or Docker)
 	$(VPY) -m devtools.install broker
 
 e2e-deps: venv ## chromium and chromedriver for the browser test
@@ -69,6 +76,11 @@ check: lint ## lint, types, import contracts and the broker-free tests (< 1 min)
 	env -u AMQP_URL -u AMQP_MANAGEMENT_URL ASGI_AMQP_NO_BROKER=1 \
 	    $(VPY) -m pytest -m 'not broker' -q $(PYTEST_ARGS)
 
+# The developer's loop: pytest once, on AMQP_URL if set (else on a private
+# node for the run), with no installs, lint or docs first.
+quick: ## just the tests, on AMQP_URL or a private node, no set-up (PYTEST_ARGS='-k groups')
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
 lint: venv ## ruff check, ruff format --check, mypy, import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -78,10 +90,10 @@ lint: venv ## ruff check, ruff format --check, mypy, import contracts (pyproject
 docs: venv $(VENV)/.docs-installed ## the Sphinx docs, warnings as errors (docs/_build/html)
 	$(VENV)/bin/sphinx-build -W --keep-going -b html docs docs/_build/html
 
-demo: broker-deps ## the chat example on a real broker (DEMO_ARGS=--once)
+demo: $(DEMO_STAMP) broker-deps ## the chat example on a real broker (DEMO_ARGS=--once)
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) examples/chat_demo.py $(DEMO_ARGS)
 
-demo-basic: broker-deps ## examples/demo.py: two processes, no Django
+demo-basic: $(DEMO_STAMP) broker-deps ## examples/demo.py: two processes, no Django
 	$(VPY) -m devtools.rabbitmq run -- $(VPY) examples/demo.py
 
 $(REDIS_VENV)/.installed: benchmarks/requirements-redis.txt
@@ -92,20 +104,20 @@ $(REDIS_VENV)/.installed: benchmarks/requirements-redis.txt
 
 redis-venv: $(REDIS_VENV)/.installed ## asgi_redis 1.4.3 in its own virtualenv
 
-bench: broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## every benchmark (BENCH_ARGS='--only echo')
+bench: venv broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## every benchmark (BENCH_ARGS='--only echo')
 	$(VPY) -m devtools.install --optional java
 	$(BENCH) $(BENCH_ARGS)
 
 bench-report: $(VENV)/.bench-installed ## re-aggregate the latest run (REPORT_ARGS)
 	$(VPY) benchmarks/report_spark.py $(REPORT_ARGS)
 
-bench-channels: broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## = bench --only channels
+bench-channels: venv broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## = bench --only channels
 	$(BENCH) --only channels $(CHANNELS_BENCH_ARGS)
 
-bench-echo: broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## = bench --only echo
+bench-echo: venv broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## = bench --only echo
 	$(BENCH) --only echo $(ECHO_ARGS)
 
-faults-stack: broker-deps ## the Channels stack through broker faults (FAULTS_ARGS)
+faults-stack: venv broker-deps ## the Channels stack through broker faults (FAULTS_ARGS)
 	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
 
 # Every fault kind for 180 s each: kills, restart and alarm for both queue
@@ -113,17 +125,17 @@ faults-stack: broker-deps ## the Channels stack through broker faults (FAULTS_AR
 # when given, comes last and overrides (e.g. FAULTS_ARGS='--duration 60').
 # Then a restart whose 15 s pause outlasts the processes' operation_timeout
 # (5 s), and a connect storm of 800 WebSockets, for both queue types.
-faults: broker-deps ## every fault kind, 3 minutes each (about 36 min in all; FAULTS_ARGS overrides)
+faults: venv broker-deps ## every fault kind, 3 minutes each (about 36 min in all; FAULTS_ARGS overrides)
 	$(VPY) tests/project/stackfaults.py --scenario all --duration 180 \
 	    $(if $(filter command line environment,$(origin FAULTS_ARGS)),$(FAULTS_ARGS))
 	$(VPY) tests/project/stackfaults.py --scenario restart --duration 90 --rate 3 \
 	    --restart-pause 15 --operation-timeout 5 --websocket-worker always
 	ASGI_AMQP_STORM_SOCKETS=800 $(VPY) -m pytest -s tests/e2e/test_connect_storm.py
 
-leaks: broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)
+leaks: venv broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)
 	ASGI_AMQP_LEAK_SIZES=full $(VPY) -m pytest -s tests/test_no_broker_leaks.py $(PYTEST_ARGS)
 
-soak: broker-deps $(VENV)/.soak-installed ## mixed traffic and connection kills, bounds on growth (SOAK_ARGS)
+soak: venv broker-deps $(VENV)/.soak-installed ## mixed traffic and connection kills, bounds on growth (SOAK_ARGS)
 	$(VPY) -m devtools.soak $(SOAK_ARGS)
 
 clean: ## caches and build output
@@ -138,5 +150,5 @@ distclean: clean ## clean, and the virtualenvs
 
 SIZING_ARGS ?= --cluster
 .PHONY: sizing
-sizing: broker-deps ## broker memory, fds and CPU per layer object (SIZING_ARGS; minutes)
+sizing: venv broker-deps ## broker memory, fds and CPU per layer object (SIZING_ARGS; minutes)
 	$(VPY) -m devtools.sizing $(SIZING_ARGS)

@@ -61,6 +61,7 @@ setup(
             "Django==2.2.28",
             "twisted",
             "autobahn",
+            "websocket-client>=1.0",  # the chat demo's scripted users (make demo)
         ],
         "soak": ["matplotlib"],  # make soak's chart
         "bench": ["tqdm", "pyarrow", "matplotlib", "pyspark>=3.5"],

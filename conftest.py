@@ -27,6 +27,7 @@ import threading
 
 import pytest
 
+from asgi_amqp.urls import redact
 from devtools.rabbitmq import provide_broker
 
 
@@ -73,7 +74,8 @@ def pytest_collection_modifyitems(config, items):
 def broker(request):
     """The session's broker (a devtools.rabbitmq.Broker: amqp_url, management_url, owner)."""
     with provide_broker() as found:
-        _announce(request.config, "broker: %s -> %s" % (found.description, found.amqp_url))
+        where = redact(found.amqp_url)  # no password in the test log
+        _announce(request.config, "broker: %s -> %s" % (found.description, where))
         yield found
 
 

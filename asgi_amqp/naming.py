@@ -99,8 +99,13 @@ NOTICE_KINDS = (JOIN_KIND, LEAVE_KIND, DROP_KIND)
 # A lease's stamps are its group_expiry cut into this many slices: a
 # membership lasts from group_expiry to (1 + 1/LEASE_SLICES) times it after
 # its last group_add, and holds at most LEASE_SLICES + 1 bindings, which
-# group_discard unbinds one by one (LEASE_SLICES + 3 unbinds).
+# group_discard unbinds one by one (LEASE_SLICES + 1 unbinds, one or two
+# more within CLOCK_SKEW of a slice's edge, or when a slice is shorter).
 LEASE_SLICES = 4
+# Seconds by which the clocks of two processes may differ (at most a slice
+# counts): group_discard unbinds the stamps a process with such a clock may
+# have bound. Stamps are taken from each process's own clock.
+CLOCK_SKEW = 300.0
 # On a copy of a message sent again after the connection dropped before its
 # confirm (see ``publisher``): the receiving process drops it if it already
 # handed out the original. Not an ``x-`` name: RabbitMQ 3.13+ strips those.
@@ -210,13 +215,17 @@ class Topology(object):
         return (stamp + 1) * self.lease_slice + self.group_expiry
 
     def live_stamps(self, now=None):
-        """Every stamp whose lease has not ended at ``now``, with a slice of
-        margin either side for clocks that differ between processes. (A
-        binding whose lease ended but that a late dead-letter worker has not
-        removed yet is left to that worker.)"""
+        """Every stamp whose lease has not ended at ``now`` by the clock of a
+        process whose clock differs from this one's by ``CLOCK_SKEW`` (at
+        most a slice): the stamps of ``now - skew - group_expiry`` to those
+        of ``now + skew``. Usually ``LEASE_SLICES + 1`` stamps, one more
+        within ``CLOCK_SKEW`` of a slice's edge. (A binding whose lease
+        ended but that a late dead-letter worker has not removed yet is left
+        to that worker.)"""
         now = time.time() if now is None else now
-        last = self.lease_stamp(now) + 1
-        first = self.lease_stamp(now - self.group_expiry) - 1
+        skew = min(CLOCK_SKEW, self.lease_slice)
+        first = self.lease_stamp(now - skew - self.group_expiry)
+        last = self.lease_stamp(now + skew)
         return range(first, last + 1)
 
     def membership_binding(self, channel, stamp):

@@ -152,7 +152,7 @@ def _member_maker(layer: AMQPChannelLayer, groups: str) -> Callable[[int], None]
 def _read_notices(layer: AMQPChannelLayer) -> None:
     """Read the process queue ``daphne.response.x!`` until it is empty (join notices)."""
     deadline = time.monotonic() + 30
-    while layer.receive(["daphne.response.x!0"], block=False) != (None, None):
+    while layer.receive(["daphne.response.x!"], block=False) != (None, None):
         if time.monotonic() > deadline:
             raise RuntimeError("the process queue did not empty within 30 s")
 

@@ -157,15 +157,19 @@ def test_a_membership_made_before_leases_is_reached_and_discarded(broker, new_la
     assert layer.group_channels("mixed") == ["new.member"]
 
 
-def test_the_lease_stamps_cover_every_live_binding():
+@pytest.mark.parametrize("group_expiry", [80, 86400])
+def test_the_lease_stamps_cover_every_live_binding(group_expiry):
     """group_discard unbinds live_stamps(): every stamp whose lease has not
-    ended, with a slice of margin either side for other clocks."""
-    topology = naming.Topology("p", 60, 80, lambda channel: 10)
-    now = 1_000_000.0
-    stamps = topology.live_stamps(now)
-    for age in (0.0, 5.0, 40.0, 79.0, 80.0, 99.9, 150.0):  # seconds since a group_add
-        stamp = topology.lease_stamp(now - age)
-        assert (stamp in stamps) or topology.lease_ends(stamp) <= now, age
-    assert topology.lease_stamp(now + topology.lease_slice) in stamps  # a clock ahead
-    assert topology.lease_stamp(now - topology.group_expiry - topology.lease_slice) in stamps
-    assert len(stamps) == naming.LEASE_SLICES + 3
+    ended, by the clock of a process whose clock is up to CLOCK_SKEW (at
+    most a slice) ahead or behind."""
+    topology = naming.Topology("p", 60, group_expiry, lambda channel: 10)
+    skew = min(naming.CLOCK_SKEW, topology.lease_slice)
+    for now in [1_000_000.0 + k * topology.lease_slice / 7 for k in range(15)]:
+        stamps = topology.live_stamps(now)
+        for clock in (now - skew, now, now + skew):  # this process's, others'
+            for age in [group_expiry * k / 16 for k in range(21)]:  # since a group_add
+                stamp = topology.lease_stamp(clock - age)
+                alive = topology.lease_ends(stamp) - (clock - now) > now
+                assert stamp in stamps or not alive, (now, clock, age)
+        extra = 2 if skew == topology.lease_slice else 1
+        assert naming.LEASE_SLICES + 1 <= len(stamps) <= naming.LEASE_SLICES + 1 + extra

@@ -11,17 +11,14 @@ terminal (a pty), and point it at an HTTP server that is not RabbitMQ.
 
 import json
 import os
-import pty
-import select
 import signal
-import subprocess
-import sys
 import time
 import uuid
 
 import pika
 import pytest
 from click.testing import CliRunner
+from pty_terminal import Terminal
 
 from asgi_amqp.tools import cli
 from helpers import NotRabbitMQ, wait_until
@@ -243,59 +240,6 @@ def test_not_rabbitmq_exits_2_with_one_line(env, prefix, answer):
             assert result.stderr.count("\n") == 1
             assert "is not a RabbitMQ management API" in result.stderr
             assert "pw-s3cret" not in result.stderr
-
-
-class Terminal(object):
-    """``python -m asgi_amqp ARGS`` with a pty as its terminal (160 columns)."""
-
-    def __init__(self, args, env):
-        self._master, slave = pty.openpty()
-        full_env = dict(os.environ, COLUMNS="160", LINES="60", TERM="xterm-256color", **env)
-        full_env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, full_env.get("PYTHONPATH")] if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "asgi_amqp"] + list(args),
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=full_env,
-            close_fds=True,
-        )
-        os.close(slave)
-        self.output = ""
-
-    def read_until(self, predicate, timeout):
-        """Read the output until ``predicate(output)`` or the process ended; the output."""
-        deadline = time.monotonic() + timeout
-        while not predicate(self.output) and time.monotonic() < deadline:
-            readable, _, _ = select.select([self._master], [], [], 0.1)
-            if readable:
-                try:
-                    chunk = os.read(self._master, 65536)
-                except OSError:  # the child closed the terminal
-                    chunk = b""
-                if not chunk:
-                    break
-                self.output += chunk.decode("utf8", "replace")
-            elif self.process.poll() is not None:
-                break
-        return self.output
-
-    def wait(self, timeout):
-        """The exit status, once the output is read to the end."""
-        self.read_until(lambda output: False, timeout)
-        return self.process.wait(timeout=timeout)
-
-    def close(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        os.close(self._master)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def test_live_view_refreshes_and_stops(traffic, env, prefix):

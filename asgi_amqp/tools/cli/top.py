@@ -310,12 +310,17 @@ def _header(snapshot: Snapshot, sort: str, width: int) -> Text:
     return header
 
 
-def _part(section: Section, width: int, shown: int, plain: bool = False) -> RenderableType:
-    """A section's title and table with its first ``shown`` rows; an empty one is its title."""
+def _part(
+    section: Section, width: int, shown: int, plain: bool = False, keys: bool = False
+) -> RenderableType:
+    """A section's title and table with its first ``shown`` rows; an empty one is its title.
+
+    With ``keys`` the title of a section cut short names the key that shows it all.
+    """
     title = section.title
     if shown < len(section.rows):
-        key = SECTION_NAMES.index(section.name) + 1
-        title += " (%d more: key %d)" % (len(section.rows) - shown, key)
+        title += " (%d more" % (len(section.rows) - shown)
+        title += ": key %d)" % (SECTION_NAMES.index(section.name) + 1) if keys else ")"
     if not section.rows and not plain:
         return Text(title, no_wrap=True, overflow="ellipsis")
     return _table(title, section.layout(width, plain), section.rows[:shown], plain)
@@ -390,7 +395,7 @@ def _dead_letter_summary(dead: DeadLetterView) -> Text:
     )
 
 
-def _share(tables: List[Section], lines: int) -> List[RenderableType]:
+def _share(tables: List[Section], lines: int, keys: bool) -> List[RenderableType]:
     """The sections in ``lines`` lines (or their titles): the rows shared out evenly."""
     spare = lines - sum(TABLE_LINES if s.rows else 1 for s in tables)
     shown = [0] * len(tables)
@@ -399,11 +404,14 @@ def _share(tables: List[Section], lines: int) -> List[RenderableType]:
             if spare > 0 and shown[index] < len(section.rows):
                 shown[index] += 1
                 spare -= 1
-    return [_part(section, section.width, n) for section, n in zip(tables, shown)]
+    return [_part(section, section.width, n, keys=keys) for section, n in zip(tables, shown)]
 
 
-def overview(snapshot: Snapshot, sort: str, console: Console, lines: int) -> List[RenderableType]:
-    """Every section in ``lines`` lines, each showing its first rows.
+def overview(
+    snapshot: Snapshot, sort: str, console: Console, lines: int, keys: bool = True
+) -> List[RenderableType]:
+    """Every section in ``lines`` lines, each showing its first rows (``keys``: and
+    the key that shows the rest).
 
     From :data:`WIDE` columns on, the groups and the dead letters go to the
     right of the channels, a third of the width; on a narrower terminal
@@ -413,7 +421,7 @@ def overview(snapshot: Snapshot, sort: str, console: Console, lines: int) -> Lis
     if width < WIDE:
         tables = sections(snapshot, sort, width)[:-1]
         summary = _dead_letter_summary(snapshot.dead_letters)
-        return _share(tables, lines - len(summary.wrap(console, width))) + [summary]
+        return _share(tables, lines - len(summary.wrap(console, width)), keys) + [summary]
     right = width // 3
     left = width - right - SPLIT
     found = sections(snapshot, sort, left)
@@ -424,8 +432,8 @@ def overview(snapshot: Snapshot, sort: str, console: Console, lines: int) -> Lis
     grid.add_column(width=left, no_wrap=True)
     grid.add_column(width=right + SPLIT, no_wrap=True)  # the padding is in the width
     grid.add_row(
-        Group(*_share(found[:3], lines)),
-        Group(*(_share([groups], lines - dead_lines) + [_part(dead, right, len(dead.rows))])),
+        Group(*_share(found[:3], lines, keys)),
+        Group(*(_share([groups], lines - dead_lines, keys) + [_part(dead, right, len(dead.rows))])),
     )
     return [grid]
 
@@ -564,9 +572,18 @@ class LiveView(object):
         self._keys = keys
 
     def _draw(self, snapshot: Snapshot, note: str) -> RenderableType:
+        """The full screen with keys; else on a terminal the overview in its height
+        (a line spare, so that the terminal does not scroll); else everything."""
+        console, sort = self._console, self._screen.sort
         if self._keys:
-            return self._screen.draw(snapshot, note, self._console)
-        return render(snapshot, self._screen.sort, note, width=self._console.width)
+            return self._screen.draw(snapshot, note, console)
+        if not console.is_terminal:
+            return render(snapshot, sort, note, width=console.width)
+        parts: List[RenderableType] = [_header(snapshot, sort, console.width)]
+        if note:
+            parts.append(Text(note, style="bold red", no_wrap=True, overflow="ellipsis"))
+        lines = console.height - len(parts) - 1
+        return Group(*(parts + overview(snapshot, sort, console, lines, keys=False)))
 
     def run(self, first: Snapshot) -> None:
         screen = self._keys is not None

@@ -16,10 +16,10 @@ import uuid
 
 import pytest
 from click.testing import CliRunner
-from pty_terminal import Terminal
 
 from asgi_amqp.tools import cli
 from helpers import wait_until
+from pty_terminal import Terminal
 
 pytestmark = pytest.mark.slow
 

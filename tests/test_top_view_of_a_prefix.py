@@ -18,10 +18,10 @@ import uuid
 import pika
 import pytest
 from click.testing import CliRunner
-from pty_terminal import Terminal
 
 from asgi_amqp.tools import cli
 from helpers import NotRabbitMQ, wait_until
+from pty_terminal import Terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAPACITY = 50

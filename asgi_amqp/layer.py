@@ -51,8 +51,8 @@ _NAME_ALPHABET = string.ascii_letters + string.digits
 
 
 # How long group sends wait after the broker refused connections (a restart)
-# with quorum queues; ``connection`` says why. Measured: 0.4-0.5 s needed.
-RESTART_SETTLE_SECONDS = 2.0
+# with quorum queues; ``engine.io.restart_hold`` says why. Measured: 0.4-0.5 s needed.
+RESTART_HOLD_SECONDS = 2.0
 
 
 class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
@@ -198,7 +198,7 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
             consumers=engine.ConsumerSettings(
                 linger, consumer_idle_timeout, consumer_prefetch, max_consumers
             ),
-            settle_after_outage=RESTART_SETTLE_SECONDS if queue_type == "quorum" else 0.0,
+            restart_hold=RESTART_HOLD_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker,
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
         )

@@ -50,7 +50,7 @@ def _parameters(url, client_name):
         parameters.heartbeat = DEFAULT_HEARTBEAT
     if "blocked_connection_timeout" not in given:
         # Off: during a resource alarm sends wait or fail with BrokerBlocked
-        # and receives go on (engine.alarms); closing a blocked
+        # and receives go on (engine.io.alarms); closing a blocked
         # connection would not end the alarm, only interrupt the receives.
         parameters.blocked_connection_timeout = DEFAULT_BLOCKED_CONNECTION_TIMEOUT
     if "socket_timeout" not in given:

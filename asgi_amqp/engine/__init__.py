@@ -8,8 +8,10 @@ answer with a timeout. The layer never touches pika, a thread or a
 
 Inside, by module:
 
-``connection``
-    the I/O thread: connect, reconnect, hand unfinished work on, close;
+``io``
+    the I/O thread (``io.thread``): connect, reconnect, hand unfinished
+    work on, close; and the objects it owns (inbox, carry-over, alarm
+    gate, restart hold);
 ``session``
     the work the I/O thread does on one connection, one method each;
 ``futures``
@@ -35,7 +37,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import pika
 
 from ..errors import LayerClosed, OperationTimeout
-from .connection import IOThread
 from .consumers import THREADS_WINDOW, ConsumerSettings
 from .deadletter import DeadLetterWorker
 from .declares import (
@@ -51,6 +52,7 @@ from .declares import (
 )
 from .deliveries import Delivery, HandedOff
 from .futures import Pending
+from .io import IOThread
 from .outages import OutageNotice, WorkerThread
 from .publisher import ACKED, NACKED, RETURNED, Publish
 from .session import Work
@@ -114,7 +116,7 @@ class Engine(object):
         *,
         operation_timeout: float,
         consumers: ConsumerSettings,
-        settle_after_outage: float = 0.0,
+        restart_hold: float = 0.0,
         dead_letter_worker: bool = True,
         bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
     ) -> None:
@@ -125,7 +127,7 @@ class Engine(object):
         self._topology = topology
         self.operation_timeout = operation_timeout
         self._consumers = consumers
-        self._settle_after_outage = settle_after_outage
+        self._restart_hold = restart_hold  # seconds group fan-out waits after a refused outage
         self._run_worker = dead_letter_worker
         self._start_lock = threading.Lock()
         self._lock_pid = os.getpid()  # the process whose threads can hold _start_lock
@@ -195,7 +197,7 @@ class Engine(object):
             self._parameters,
             consumer_settings=self._consumers,
             handed_off=self._handed_off,
-            settle_after_outage=self._settle_after_outage,
+            restart_hold=self._restart_hold,
         )
         io.start()
         return io
@@ -334,7 +336,7 @@ class Engine(object):
         """Wait until the broker no longer blocks publishing (a resource alarm),
         at most until ``deadline`` (``time.monotonic()``); True once it does not."""
         io = self._running_io()
-        return io.unblocked.wait(max(0.0, deadline - time.monotonic()))
+        return io.alarms.unblocked.wait(max(0.0, deadline - time.monotonic()))
 
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A delivery already pushed to this process for one of ``queues``, or None.
@@ -428,8 +430,8 @@ class Engine(object):
             "retried_operations": io.retried,
             "republished": io.republished,
             "last_error": io.last_error,
-            "blocked": io.blocked is not None,
-            "blocked_reason": io.blocked,
+            "blocked": io.alarms.blocked is not None,
+            "blocked_reason": io.alarms.blocked,
         }
 
 

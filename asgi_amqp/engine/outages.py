@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Optional
 
-from .connection import IOThread
+from .io import IOThread
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The I/O thread: the only thread that ever touches the pika connection.
 
 Callers hand work to it with ``submit`` and wait on a ``Pending`` with a
-timeout. ``submit`` puts it in the ``Inbox`` (``inbox.py``), the one place
+timeout. ``submit`` puts it in the ``Inbox`` (``io/inbox.py``), the one place
 where threads meet.
 
 The thread runs one pika ``IOLoop`` for its whole life and opens two
@@ -25,18 +25,23 @@ of both is handed to the next pair as below, so a session never has half a
 connection.
 
 While the broker blocks the publishing connection for a resource alarm,
-publishes fail at once (``alarms.py`` says why and how).
+publishes fail at once (``io/alarms.py`` says why and how).
 
 Heartbeats are serviced by the loop whatever callers do. A connection that
 has never opened fails waiting work at once with the reason, so a typo in
 the URL is an error in the caller within seconds, not a hang.
 
 A lost connection fails nobody: the work in flight on it runs again on the
-next one (``carry_over.py`` says why and how), and work submitted while
+next one (``io/carry_over.py`` says why and how), and work submitted while
 there is no connection waits for the next one.
 
 After an outage in which the broker refused new connections, group
-fan-out waits a moment before it goes out (``settling.py`` says why).
+fan-out waits a moment before it goes out (``io/restart_hold.py`` says why).
+
+``IOThread`` owns an ``Inbox``, a ``Dispatched`` (the carry-over), an
+``AlarmGate`` and a ``RestartHold``; each says on which threads it is
+used. Everything else of the thread's state is the I/O thread's alone,
+except the figures callers read, marked where they are declared.
 """
 
 import collections
@@ -48,23 +53,23 @@ import time
 import pika
 from pika.adapters.select_connection import IOLoop
 
-from ..errors import AuthenticationError, BrokerConnectionError, LayerClosed
-from ..urls import describe_parameters
-from .acks import TakenAcks
-from .alarms import ResourceAlarms
+from ...errors import AuthenticationError, BrokerConnectionError, LayerClosed
+from ...urls import describe_parameters
+from ..acks import TakenAcks
+from ..consumers import ConsumerSettings
+from ..deliveries import HandedOff, HeldMessages, Liveness
+from ..futures import Pending
+from ..session import Session, Work
+from .alarms import AlarmGate
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason
-from .consumers import ConsumerSettings
-from .deliveries import HandedOff, HeldMessages, Liveness
-from .futures import Pending
 from .inbox import Inbox
-from .session import Session, Work
-from .settling import SettlingAfterOutage
+from .restart_hold import RestartHold
 
 logger = logging.getLogger(__name__)
 
 
-class IOThread(ResourceAlarms, SettlingAfterOutage):
+class IOThread(object):
     """The I/O thread and its connection pair (see the module docstring)."""
 
     def __init__(
@@ -74,14 +79,13 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         consumer_settings=None,
         reconnect_max_delay=0.5,
         handed_off=None,
-        settle_after_outage=0.0,
+        restart_hold=0.0,
     ):
         self._parameters = list(parameters)
         self._name = name
         self._consumer_settings = consumer_settings or ConsumerSettings(0.25, 30.0, 16)
         self._reconnect_max_delay = reconnect_max_delay
-        self._settle_after_outage = settle_after_outage
-        self._inbox = Inbox()
+        self._inbox = Inbox()  # any thread: callers put, the I/O thread takes
         self._ioloop = None
         self._thread = None
         self._started = threading.Event()
@@ -93,7 +97,8 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self._session = None
         self._waiting = collections.deque()  # work that needs a session
         self._dispatched = Dispatched()  # what a loss hands to the next connection
-        self._settling = collections.deque()  # see SettlingAfterOutage
+        # Group fan-out held back after a refused outage (I/O thread only).
+        self._restart_hold = RestartHold(restart_hold, self._call_later, self._run_or_wait)
         self._refused = False  # a connection attempt failed since the last loss
         self._attempt = 0
         self._ever_connected = False
@@ -111,10 +116,8 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self.disconnected_since = None
         self.last_error = None
         self.connection_losses = 0
-        self.blocked = None  # see ResourceAlarms
-        self.blocked_since = None
-        self.unblocked = threading.Event()
-        self.unblocked.set()
+        # Set by the I/O thread, read and waited on by callers (io/alarms.py).
+        self.alarms = AlarmGate()
 
     # -- any thread ----------------------------------------------------------
 
@@ -231,7 +234,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
                 self._waiting.append(work)
 
     def _dispatch(self, work):
-        if self._held_to_settle(work):
+        if self._restart_hold.holds_back(work):
             return
         if work.retry:
             self._dispatched.add(work)
@@ -287,7 +290,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         self._ever_connected = True
         self._last_error = None
         if self._refused:
-            self._begin_settling()
+            self._restart_hold.begin()
         self._refused = False
         self.disconnected_since = None
         self.connected = True
@@ -342,12 +345,11 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
         # is ignored (the work is handed on, the broker requeues deliveries).
         other = self._publishing if connection is self._connection else self._connection
         self._connection = self._publishing = None
-        self._set_unblocked()
+        self.alarms.clear(self._publisher())
         session, self._session = self._session, None
         self.connected = False
         dispatched = self._dispatched.take()
-        dispatched.extend(self._settling)  # never sent, so first after the carried work
-        self._settling = collections.deque()
+        dispatched.extend(self._restart_hold.take_all())  # never sent: after the carried work
         if self._stopping:
             closed = LayerClosed("the layer is closed")
             if session is not None:
@@ -375,6 +377,31 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
     def _hand_on(self, dispatched):
         """Queue the lost connection's unfinished work first for the next one."""
         self._waiting.extendleft(reversed(self._dispatched.carry(dispatched)))
+
+    def _on_blocked(self, connection, frame):
+        if connection is not self._publishing:
+            return
+        reason = getattr(frame.method, "reason", None) or "a resource alarm"
+        self.alarms.block(reason, connection.params, self._publisher())
+
+    def _on_unblocked(self, connection, _frame):
+        if connection is not self._publishing:
+            return
+        self.alarms.lift(connection.params, self._publisher())
+
+    def _publisher(self):
+        """The session's publisher, which an alarm blocks; None without a session."""
+        return self._session.publisher if self._session is not None else None
+
+    def _call_later(self, delay, callback):
+        return self._ioloop.call_later(delay, callback)
+
+    def _run_or_wait(self, work):
+        """Run ``work`` on the session, or keep it for the next one."""
+        if self._session is not None:
+            self._dispatch(work)
+        else:
+            self._waiting.append(work)
 
     def _drop(self, connection):
         """Close the other half of a pair that is going; its close is then ignored."""
@@ -407,8 +434,7 @@ class IOThread(ResourceAlarms, SettlingAfterOutage):
 
     def _fail_waiting(self, error):
         waiting, self._waiting = self._waiting, collections.deque()
-        waiting.extend(self._settling)
-        self._settling = collections.deque()
+        waiting.extend(self._restart_hold.take_all())
         for work in waiting:
             work.pending.fail(error)
 

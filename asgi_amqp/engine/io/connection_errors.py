@@ -9,8 +9,8 @@ the connection) and the node, without its credentials.
 
 import pika
 
-from ..errors import AuthenticationError, BrokerConnectionError
-from ..urls import describe_parameters
+from ...errors import AuthenticationError, BrokerConnectionError
+from ...urls import describe_parameters
 
 
 def root_cause(error):

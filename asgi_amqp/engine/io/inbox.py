@@ -10,7 +10,7 @@ import collections
 import threading
 from typing import Any, Iterable, List
 
-from ..errors import LayerClosed
+from ...errors import LayerClosed
 
 
 class Inbox(object):

@@ -112,7 +112,7 @@ def test_a_blocking_receive_queued_before_the_consumers_channel_opened_is_answer
             ConsumerSettings(0.25, 30.0, 16),
         )
         pending = Pending("blocking receive")
-        pool.wait(pending, [("q", None)], time.monotonic() + 30, threads=1)
+        pool.add_waiter(pending, [("q", None)], time.monotonic() + 30, threads=1)
         assert not pending.arrived(0)
         pool.fail_all(LayerClosed("the layer is closed"))
         assert pending.wait(0) is None

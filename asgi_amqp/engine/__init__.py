@@ -13,7 +13,9 @@ Inside, by module:
     work on, close; and the objects it owns (inbox, carry-over, alarm
     gate, restart hold);
 ``session``
-    the work the I/O thread does on one connection, one method each;
+    the parts of one connection pair: a channel for each kind of work;
+``work``
+    what callers hand the I/O thread, one small class per kind;
 ``futures``
     ``Pending``, the one wait protocol between a caller and the I/O thread;
 ``publisher``, ``declares``, ``consumers``, ``getter``
@@ -55,7 +57,7 @@ from .futures import Pending
 from .io import IOThread
 from .outages import OutageNotice, WorkerThread
 from .publisher import ACKED, NACKED, RETURNED, Publish
-from .session import Work
+from .work import BlockingReceive, Declare, ForgetQueues, Poll, Queues, Work
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +97,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fork_guard.renew)
 
 
-Queues = Sequence[Tuple[str, Optional[Dict[str, Any]]]]
 # exchange, routing key, body, properties, mandatory, what (for errors), fans out
 PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str, bool]
 
@@ -276,7 +277,7 @@ class Engine(object):
 
     def declare(self, steps: Sequence[Step], what: str) -> Any:
         """Run topology steps in order; the result is the last step's frame."""
-        return self._submit_and_wait(Work(Pending(what), "declare", (steps,)))
+        return self._submit_and_wait(Declare(Pending(what), steps))
 
     def get(self, queues: Queues) -> Optional[Delivery]:
         """A delivery from one of ``queues`` at once, or None: never waits for one.
@@ -288,7 +289,7 @@ class Engine(object):
         io = self._running_io()
         if io.outage():
             return None
-        return self._submit_and_wait(Work(Pending("receive"), "get", (queues,)))
+        return self._submit_and_wait(Poll(Pending("receive"), queues))
 
     def wait(self, queues: Queues, receive_timeout: float) -> Optional[Delivery]:
         """A delivery from one of ``queues``, or None after ``receive_timeout``.
@@ -308,7 +309,7 @@ class Engine(object):
         deadline = time.monotonic() + receive_timeout
         pending = Pending("blocking receive")
         io = self._running_io()
-        io.submit(Work(pending, "wait", (queues, deadline, self._receiving_threads())))
+        io.submit(BlockingReceive(pending, queues, deadline, self._receiving_threads()))
         if not pending.arrived(receive_timeout + 0.05) and io.outage() and pending.abandon():
             delivery = None
         else:
@@ -347,9 +348,9 @@ class Engine(object):
 
     def forget_queues(self) -> None:
         """Forget which queues are known to exist (they were just deleted)."""
-        self._submit_and_wait(Work(Pending("flush caches"), "forget_queues"))
+        self._submit_and_wait(ForgetQueues(Pending("flush caches")))
 
-    def _submit_and_wait(self, work: Any) -> Any:
+    def _submit_and_wait(self, work: Work) -> Any:
         """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``.
 
         A connection lost meanwhile is not an error: the I/O thread runs

@@ -134,7 +134,7 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
         self._consumers = {}  # queue -> _Consumer
         self._by_tag = {}
         self._waiters = []
-        self._backlog = collections.deque()  # wait() calls made before the channel opened
+        self._backlog = collections.deque()  # add_waiter calls made before the channel opened
         self._housekeeping = None
         self._housekeeping_at = 0.0
         self._settling = []  # callbacks waiting for a basic.qos round trip
@@ -150,13 +150,15 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
 
     def on_ready(self):
         while self._backlog:
-            self.wait(*self._backlog.popleft())
+            self.add_waiter(*self._backlog.popleft())
         self._schedule_housekeeping()
 
     # -- serving callers ----------------------------------------------------
 
-    def wait(self, pending, queues, deadline, threads=1):
+    def add_waiter(self, pending, queues, deadline, threads=1):
         """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``deadline``.
+
+        It registers the waiter and returns at once; nothing here blocks.
 
         ``deadline`` is a ``time.monotonic()`` time, so a wait handed to the
         next connection after an outage keeps its caller's limit.

@@ -33,8 +33,8 @@ deleting or unbinding something already gone, a 406 for an exchange that
 exists with other flags (made by an older version); anything else fails the
 operation, with an error that names the step and its object.
 
-Why lanes. Operations run strictly one after another on a channel, so
-``DeclareLanes`` keeps a few channels and gives each operation to the least
+Why several admin channels. Operations run strictly one after another on
+a channel, so ``AdminChannels`` keeps a few channels and gives each operation to the least
 busy one: ``group_add`` calls from several threads overlap instead of
 queueing behind each other. The broker, not the client, is then the limit:
 creating a queue costs it a few milliseconds.
@@ -50,8 +50,8 @@ from .channel_user import ChannelUser
 
 logger = logging.getLogger(__name__)
 
-# Admin channels per connection at most (see ``DeclareLanes``).
-ADMIN_LANES = 4
+# Admin channels per connection at most (see ``AdminChannels``).
+ADMIN_CHANNELS = 4
 NOT_FOUND = 404
 PRECONDITION_FAILED = 406
 STATE_ERRORS = (
@@ -297,38 +297,37 @@ class DeclareExecutor(ChannelUser):
         return len(self._queue) + (self._current is not None)
 
 
-class DeclareLanes(object):
-    """Up to ``lanes`` admin channels; each operation goes to the least busy.
+class AdminChannels(object):
+    """Up to ``most`` admin channels; each operation goes to the least busy.
 
-    A lane (its channel) opens only when every open lane is busy, so a
+    An executor (its channel) opens only when every open one is busy, so a
     process that never declares from two threads at once keeps one admin
     channel. The session treats this like one part of its own.
     """
 
-    def __init__(self, connection, lanes=ADMIN_LANES):
+    def __init__(self, connection, most=ADMIN_CHANNELS):
         self._connection = connection
-        self._most = max(1, lanes)
-        self._lanes = [DeclareExecutor(connection)]
+        self._most = max(1, most)
+        self._executors = [DeclareExecutor(connection)]
 
     def run(self, pending, steps):
-        """Run ``steps`` in order on one lane (see ``DeclareExecutor.run``)."""
-        lane = min(self._lanes, key=DeclareExecutor.busy)
-        if lane.busy() and len(self._lanes) < self._most:
-            lane = DeclareExecutor(self._connection)
-            self._lanes.append(lane)
-        lane.run(pending, steps)
+        """Run ``steps`` in order on one channel (see ``DeclareExecutor.run``)."""
+        executor = min(self._executors, key=DeclareExecutor.busy)
+        if executor.busy() and len(self._executors) < self._most:
+            executor = DeclareExecutor(self._connection)
+            self._executors.append(executor)
+        executor.run(pending, steps)
 
-    # The session's part protocol, passed to every lane.
+    # The session's part protocol, passed to every channel's executor.
 
     def shutdown(self):
-        self._each("shutdown")
+        for executor in self._executors:
+            executor.shutdown()
 
     def forget(self):
-        self._each("forget")
+        for executor in self._executors:
+            executor.forget()
 
     def fail_all(self, error):
-        self._each("fail_all", error)
-
-    def _each(self, method, *args):
-        for lane in self._lanes:
-            getattr(lane, method)(*args)
+        for executor in self._executors:
+            executor.fail_all(error)

@@ -56,13 +56,14 @@ from ..errors import (
 )
 from ..naming import REPUBLISHED_HEADER
 from .channel_user import ChannelUser
+from .work import Work
 
 logger = logging.getLogger(__name__)
 
 ACKED, NACKED, RETURNED = "acked", "nacked", "returned"
 
 
-class Publish(object):
+class Publish(Work):
     """One publish a caller waits for: the I/O thread runs it with ``publish(session)``.
 
     It outlives a connection: ``maybe_delivered`` is set when a connection
@@ -71,7 +72,6 @@ class Publish(object):
     """
 
     __slots__ = (
-        "pending",
         "exchange",
         "routing_key",
         "body",
@@ -80,10 +80,9 @@ class Publish(object):
         "maybe_delivered",
         "fans_out",
     )
-    retry = True  # the I/O thread runs it again on the next connection
 
     def __init__(self, pending, exchange, routing_key, body, properties, mandatory, fans_out=False):
-        self.pending = pending
+        super().__init__(pending)
         self.exchange = exchange
         self.routing_key = routing_key
         self.body = body
@@ -95,7 +94,7 @@ class Publish(object):
         self.fans_out = fans_out
 
     def __call__(self, session):
-        session.publish(self)
+        session.publisher.publish(self)
 
     def marked_properties(self):
         """The properties of a copy: the same message id, plus the republished mark."""

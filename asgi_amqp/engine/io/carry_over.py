@@ -52,7 +52,7 @@ class Dispatched(object):
         carried = [work for work in works if work.pending.wanted]
         if not carried:
             return carried
-        uncertain = sum(1 for work in carried if getattr(work, "maybe_delivered", False))
+        uncertain = sum(1 for work in carried if work.maybe_delivered)
         self.retried += len(carried)
         self.republished += uncertain
         if uncertain:

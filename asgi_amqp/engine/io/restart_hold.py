@@ -50,7 +50,7 @@ class RestartHold(object):
 
     def holds_back(self, work: Any) -> bool:
         """Hold ``work`` back if it fans out while the hold lasts; True if it did."""
-        if not getattr(work, "fans_out", False) or time.monotonic() >= self._until:
+        if not work.fans_out or time.monotonic() >= self._until:
             return False
         if not self._held_back:
             self._call_later(self._until - time.monotonic(), self._end)

@@ -59,7 +59,8 @@ from ..acks import TakenAcks
 from ..consumers import ConsumerSettings
 from ..deliveries import HandedOff, HeldMessages, Liveness
 from ..futures import Pending
-from ..session import Session, Work
+from ..session import Session
+from ..work import SendTakenAcks
 from .alarms import AlarmGate
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason
@@ -180,7 +181,7 @@ class IOThread(object):
             try:
                 # Nobody waits for it; the lost connection's deliveries are
                 # back in their queues, so it is never run on the next one.
-                self.submit(Work(Pending("acknowledgements"), "send_taken_acks", retry=False))
+                self.submit(SendTakenAcks(Pending("acknowledgements")))
             except LayerClosed:
                 pass  # the connection closes with the layer: the broker requeues them
         return held.delivery

@@ -1,4 +1,4 @@
-"""Acks of held messages taken in a caller's thread go in batches (engine/acks.py).
+"""Acks of held messages taken in a caller's thread go in batches (engine/consumers/acks.py).
 
 What a batch must never do: ack a message nobody took (one ``multiple`` ack
 covers every unsettled delivery up to its tag on the channel), or leave a
@@ -10,7 +10,7 @@ them against a real broker, with a new layer reading what the first left.
 import pika
 import pytest
 
-from asgi_amqp.engine.acks import ACK_BATCH, TakenAcks, Unsettled
+from asgi_amqp.engine.consumers.acks import ACK_BATCH, TakenAcks, Unsettled
 from helpers import drain, queue_counts, wait_until
 
 

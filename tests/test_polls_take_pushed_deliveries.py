@@ -2,7 +2,7 @@
 
 A channel that only this process reads (a process-local ``foo!`` queue)
 and that is polled often gets a consumer
-(asgi_amqp.engine.consumers.ConsumerPool.keep): the next polls take what it
+(asgi_amqp.engine.consumers.polls.Polls.keep): the next polls take what it
 was pushed, without a ``basic.get`` each. These tests hold what that must
 never cost: order, a message, a duplicate, expiry, or a bound on consumers.
 The consumer counts come from the broker itself (a passive declare).

@@ -344,7 +344,7 @@ class Engine(object):
 
         Runs in the caller's thread, with no trip through the I/O thread.
         """
-        return self._running_io().take_held(queues)
+        return self._running_io().take_pushed(queues)
 
     def forget_queues(self) -> None:
         """Forget which queues are known to exist (they were just deleted)."""

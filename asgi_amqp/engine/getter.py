@@ -40,7 +40,7 @@ class _GetRequest(object):
         "fresh",
         "outstanding",
         "results",
-        "settled",
+        "round_trips",
     )
 
     def __init__(self, pending, queues, fresh):
@@ -53,7 +53,7 @@ class _GetRequest(object):
         self.index = 0  # queues before this one have been asked
         self.outstanding = 0
         self.results = []  # (position in queues, result) of the current wave
-        self.settled = 0  # settle round trips made for it
+        self.round_trips = 0  # basic.qos round trips made for it (Polls.let_pushes_land)
 
     def leave_out(self, consumed):
         """Ask with ``basic.get`` only the queues for which ``consumed(queue)`` is False."""
@@ -89,19 +89,20 @@ class Getter(object):
     returns None only after every queue was asked, and a message arriving
     in a quiet queue waits at most ``RECHECK_EMPTY`` longer while another
     queue of the same call stays busy. Once every queue has answered
-    empty, consumers this process keeps are settled (see
-    ``ConsumerPool.settle``) before the answer is None.
+    empty, pushes already on their way to consumers this process keeps are
+    let land (see ``Polls.let_pushes_land``) before the answer is None.
     """
 
     def __init__(self, connection, liveness, handed_off, consumers, lanes=LANES):
         self._consumers = consumers
+        self._polls = consumers.polls
         self._handed_off = handed_off
         self._requests = collections.deque()
         self._current = None
         self._barriers = 0  # lanes still putting messages back; no new wave until 0
         self._empty_at = {}  # queue -> monotonic time it last answered empty
         self._lanes = [
-            Lane(connection, liveness, handed_off, self._on_lane_ready, consumers.drop_adopted)
+            Lane(connection, liveness, handed_off, self._on_lane_ready, self._polls.drop_adopted)
             for _ in range(lanes)
         ]
 
@@ -127,28 +128,28 @@ class Getter(object):
 
     def _next(self):
         while self._current is None and not self._barriers and self._requests:
-            if self._consumers.requeued:
+            if self._consumers.acks.requeued:
                 # Messages a consumer gave back must be in their queues first.
                 self._barriers += 1
-                self._consumers.barrier(self._barrier_passed)
+                self._polls.barrier(self._barrier_passed)
                 return
             request = self._requests.popleft()
             if not request.pending.wanted:
                 continue
             # A consumer of an earlier receive may hold one already.
-            if self._consumers.take_held(request.pending, request.queue_names):
+            if self._consumers.hand_over_held(request.pending, request.queue_names):
                 continue
             # No basic.get is out now: the queues this process consumes, and
             # those it may start consuming, are served by their consumers.
-            self._consumers.keep(request.queues)
-            request.leave_out(self._consumers.consumes)
+            self._polls.keep(request.queues)
+            request.leave_out(self._polls.consumes)
             self._current = request
             self._ask_next_wave()
 
     def _ask_next_wave(self):
         request = self._current
         if request.index >= len(request.queues):
-            self._settle(request)
+            self._let_pushes_land(request)
             return
         lanes = [lane for lane in self._lanes if lane.idle]
         if not lanes:
@@ -216,7 +217,7 @@ class Getter(object):
         consumer was pushed meanwhile (those came after it): nacked back to
         its queue it would be pushed behind them, out of order.
         """
-        if self._consumers.adopt(
+        if self._polls.adopt(
             loser.delivery.queue, loser.channel, loser.delivery_tag, loser.delivery
         ):
             return False
@@ -231,29 +232,27 @@ class Getter(object):
         if not self._barriers:
             self._next()
 
-    def _settle(self, request):
-        request.settled += 1
-        self._consumers.settle(request.queue_names, lambda: self._after_settle(request))
+    def _let_pushes_land(self, request):
+        request.round_trips += 1
+        self._polls.let_pushes_land(request.queue_names, lambda: self._after_landing(request))
 
-    def _after_settle(self, request):
+    def _after_landing(self, request):
         """Nothing was in the queues; a consumer may have been pushed one meanwhile."""
         if request is not self._current:
             return  # the connection went: the I/O thread asks again on the next one
         names = request.queue_names
-        if self._consumers.take_held(request.pending, names):
+        if self._consumers.hand_over_held(request.pending, names):
             pass
-        elif request.settled == 1 and self._consumers.behind(names):
-            behind = self._consumers.behind_queues(names)
-            self._consumers.count_ready(
-                behind, lambda ready: self._after_count(request, behind, ready)
-            )
+        elif request.round_trips == 1 and self._polls.behind(names):
+            behind = self._polls.behind_queues(names)
+            self._polls.count_ready(behind, lambda ready: self._after_count(request, behind, ready))
             return
         else:
-            missed = request.unasked(self._consumers.consumes)
+            missed = request.unasked(self._polls.consumes)
             if missed:
                 self._ask_again(request, missed)
                 return
-            self._consumers.checked(names)
+            self._polls.checked(names)
             request.pending.resolve(None)
         self._current = None
         self._next()
@@ -265,9 +264,9 @@ class Getter(object):
         that the get cannot overtake it.
         """
         request.ask(missed)
-        if self._consumers.requeued:
+        if self._consumers.acks.requeued:
             self._barriers += 1
-            self._consumers.barrier(lambda: self._resume(request))
+            self._polls.barrier(lambda: self._resume(request))
         else:
             self._ask_next_wave()
 
@@ -282,21 +281,21 @@ class Getter(object):
         """A consumer's window filled (or it just started) and nothing came.
 
         Our acks (or the consume) may have reached the broker after the
-        settling round trip, so its next pushes may still be on their way:
-        when the broker says messages wait in those queues, the receive
-        waits for the push, at most ``PUSH_WAIT``; otherwise one more
-        settling round trip lets whatever was already pushed arrive.
+        ``basic.qos`` round trip, so its next pushes may still be on their
+        way: when the broker says messages wait in those queues, the receive
+        waits for the push, at most ``PUSH_WAIT``; otherwise one more round
+        trip lets whatever was already pushed arrive.
         """
         if request is not self._current:
             return
-        if ready and request.pending.wanted and all(map(self._consumers.consumes, behind)):
+        if ready and request.pending.wanted and all(map(self._polls.consumes, behind)):
             self._current = None
             self._consumers.await_push(
                 request.pending, request.queue_names, time.monotonic() + PUSH_WAIT
             )
             self._next()
         else:
-            self._settle(request)
+            self._let_pushes_land(request)
 
     def shutdown(self):
         for lane in self._lanes:

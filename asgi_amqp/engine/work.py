@@ -89,7 +89,7 @@ class BlockingReceive(Work):
 
 
 class SendTakenAcks(Work):
-    """Ack the held messages callers took in their own threads (``acks``).
+    """Ack the held messages callers took in their own threads (``consumers.acks``).
 
     The I/O thread already sends them when it drains its inbox; this work
     is what wakes it for them, and finds nothing left as a rule. Nobody
@@ -101,7 +101,7 @@ class SendTakenAcks(Work):
     retry = False
 
     def __call__(self, session: "Session") -> None:
-        session.consumers.send_taken_acks()
+        session.consumers.acks.send_taken()
         self.pending.resolve(None)
 
 

@@ -55,8 +55,8 @@ from pika.adapters.select_connection import IOLoop
 
 from ...errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ...urls import describe_parameters
-from ..acks import TakenAcks
 from ..consumers import ConsumerSettings
+from ..consumers.acks import TakenAcks
 from ..deliveries import HandedOff, HeldMessages, Liveness
 from ..futures import Pending
 from ..session import Session
@@ -108,8 +108,8 @@ class IOThread(object):
         # Shared with a replacement I/O thread, so a restart cannot hand a
         # redelivered message over twice.
         self._handed_off = handed_off if handed_off is not None else HandedOff()
-        self._held = HeldMessages()  # shared with callers: see take_held
-        self._taken = TakenAcks()  # what they took, until the acks go (acks.py)
+        self._held = HeldMessages()  # shared with callers: see take_pushed
+        self._taken = TakenAcks()  # what they took, until the acks go (consumers/acks.py)
         self._handed_off.held = self._held  # a copy of a held message is a copy too
         # Read by callers: when the connection was lost (None while connected
         # or before the first one) and why; and how often it was lost.
@@ -166,7 +166,7 @@ class IOThread(object):
         if self._inbox.put(works):
             self._ioloop.add_callback_threadsafe(self._drain_inbox)
 
-    def take_held(self, queues):
+    def take_pushed(self, queues):
         """A Delivery already pushed to this process for one of ``queues``, or None.
 
         Runs in the caller's thread: taking it needs no trip through the I/O
@@ -176,7 +176,7 @@ class IOThread(object):
         if taken is None:
             return None
         queue, held = taken
-        # The ack may wait for the next take (see ``acks``).
+        # The ack may wait for the next take (see ``consumers.acks``).
         if self._taken.add(queue, held, self._held.holds(queue)):
             try:
                 # Nobody waits for it; the lost connection's deliveries are
@@ -223,7 +223,7 @@ class IOThread(object):
 
     def _drain_inbox(self):
         if self._session is not None and len(self._taken):
-            self._session.consumers.send_taken_acks()  # first: they may have waited
+            self._session.consumers.acks.send_taken()  # first: they may have waited
         for work in self._inbox.take_all():
             if not work.pending.wanted:
                 continue
@@ -441,7 +441,7 @@ class IOThread(object):
 
     def _shutdown(self):
         if self._session is not None:
-            self._session.consumers.send_taken_acks()  # what callers took is theirs
+            self._session.consumers.acks.send_taken()  # what callers took is theirs
         self._fail_waiting(LayerClosed("the layer is closed"))
         closing = False
         for connection in (self._connection, self._publishing):

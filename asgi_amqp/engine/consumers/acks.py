@@ -18,26 +18,33 @@ connection loss comes back to this process, whose hand-off log drops it,
 ``deliveries.HandedOff``), more of it is held, and fewer than ``ACK_BATCH``
 acks wait. Otherwise the take asks the I/O thread to send every waiting ack
 now. The I/O thread also sends them before anything else it is woken for,
-and before a housekeeping sweep gives held messages back, so an ack never
+and before a sweep (``Sweep``) gives held messages back, so an ack never
 waits longer than the held messages behind it, which ``linger`` bounds.
 
-``Acknowledging.send_taken_acks`` sends them: one ``basic.ack`` with
+``Acks.send_taken`` sends them: one ``basic.ack`` with
 ``multiple=True`` for the run of waiting acks that starts at the oldest
 unsettled delivery of the consumers' channel, and a single ack for each of
 the others. ``Unsettled`` is what makes ``multiple`` safe: it knows every
 delivery tag the channel was pushed and not yet acked or nacked, so a
 multiple ack never covers a message nobody took.
 
-``Acknowledging`` is a mixin of ``consumers.ConsumerPool``: every ack and
-nack of the consumers' channel goes through it, which is what keeps
-``Unsettled`` exact. It uses the pool's state (``channel``, ``_consumers``,
-``_taken``, ``_unsettled``); everything in it runs on the I/O thread.
+``Acks`` is owned by ``consumers.pool.ConsumerPool``: every ack and nack
+of the consumers' channel goes through it, which is what keeps
+``Unsettled`` exact. It owns that ``Unsettled`` and the ``requeued`` flag
+(I/O thread only); the ``TakenAcks`` it sends from is shared with the
+I/O thread's callers (``io.thread.IOThread.take_pushed`` adds to it). It
+reads the pool's channel and consumers through the pool's public names.
 """
 
 import threading
 import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from ..naming import is_process_local_queue
+from ...naming import is_process_local_queue
+from ..deliveries import Held
+
+if TYPE_CHECKING:
+    from .pool import ConsumerPool
 
 # Acks that may wait together; half the default consumer_prefetch of 16, so
 # that the broker still has room to push while they wait.
@@ -50,11 +57,11 @@ class TakenAcks(object):
     Callers' threads add; the I/O thread takes them all when it sends.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._taken = []
+        self._taken: List[Tuple[str, Held]] = []
 
-    def add(self, queue, held, more_held):
+    def add(self, queue: str, held: Held, more_held: bool) -> bool:
         """Record that a caller took ``held`` from ``queue``.
 
         True if the acks should go now: see the module docstring for when
@@ -65,13 +72,13 @@ class TakenAcks(object):
             waiting = len(self._taken)
         return waiting >= ACK_BATCH or not more_held or not is_process_local_queue(queue)
 
-    def take_all(self):
+    def take_all(self) -> List[Tuple[str, Held]]:
         """Every ``(queue, held)`` recorded so far, oldest first."""
         with self._lock:
             taken, self._taken = self._taken, []
         return taken
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._taken)
 
 
@@ -82,19 +89,19 @@ class Unsettled(object):
     order, so the first key is the oldest unsettled delivery. I/O thread only.
     """
 
-    def __init__(self):
-        self._tags = {}
+    def __init__(self) -> None:
+        self._tags: Dict[int, None] = {}
 
-    def pushed(self, tag):
+    def pushed(self, tag: int) -> None:
         self._tags[tag] = None
 
-    def settled(self, tag):
+    def settled(self, tag: int) -> None:
         self._tags.pop(tag, None)
 
-    def clear(self):
+    def clear(self) -> None:
         self._tags = {}
 
-    def multiple_upto(self, tags):
+    def multiple_upto(self, tags: List[int]) -> Optional[int]:
         """The highest of ``tags`` that one ``multiple`` ack may cover, or None.
 
         That is the end of the run of ``tags`` starting at the oldest
@@ -102,7 +109,7 @@ class Unsettled(object):
         that run is shorter than two.
         """
         wanted = set(tags)
-        upto = None
+        upto: Optional[int] = None
         covered = 0
         for tag in self._tags:
             if tag not in wanted:
@@ -111,7 +118,7 @@ class Unsettled(object):
             covered += 1
         return upto if covered > 1 else None
 
-    def settled_upto(self, upto):
+    def settled_upto(self, upto: int) -> None:
         """Forget every tag up to ``upto`` (a multiple ack covered them)."""
         covered = []
         for tag in self._tags:  # oldest first
@@ -122,19 +129,37 @@ class Unsettled(object):
             del self._tags[tag]
 
 
-class Acknowledging(object):
-    """Acks and nacks on the consumers' channel, single or batched."""
+class Acks(object):
+    """Acks and nacks on the consumers' channel, single or batched (I/O thread only)."""
 
-    def acknowledge(self, queue, held):
+    def __init__(self, pool: "ConsumerPool", taken: TakenAcks) -> None:
+        self._pool = pool
+        self._taken = taken  # shared with callers' threads: see TakenAcks
+        self._unsettled = Unsettled()  # this channel's deliveries not yet acked or nacked
+        self.requeued = False  # a nack was sent since the last barrier (``Polls.barrier``)
+
+    def new_channel(self) -> None:
+        """Delivery tags start again on a new channel."""
+        self._unsettled.clear()
+
+    def pushed(self, tag: int) -> None:
+        """The channel was pushed ``tag``: it is unsettled until acked or nacked."""
+        self._unsettled.pushed(tag)
+
+    def gone(self, tag: int) -> None:
+        """``tag`` needs no ack any more (its queue was deleted with it)."""
+        self._unsettled.settled(tag)
+
+    def acknowledge(self, queue: str, held: Held) -> None:
         """Ack a held message a caller has taken on the I/O thread."""
-        consumer = self._consumers.get(queue)
+        consumer = self._pool.consumer(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
-        if self._settle_held(held, ack=True) and held.owner is not None:
+        if self.settle_held(held, ack=True) and held.owner is not None:
             held.owner.unacked -= 1
 
-    def send_taken_acks(self):
-        """Ack what callers took in their own threads (``acks.TakenAcks``).
+    def send_taken(self) -> None:
+        """Ack what callers took in their own threads (``TakenAcks``).
 
         One ``multiple`` ack covers the run that starts at the oldest
         unsettled delivery of this channel, where every message was taken;
@@ -146,7 +171,7 @@ class Acknowledging(object):
         if not taken:
             return
         now = time.monotonic()
-        channel = self.channel
+        channel = self._pool.channel
         if channel is not None and not channel.is_open:
             channel = None  # closing: the broker puts back what it carried
         ours = []
@@ -154,11 +179,11 @@ class Acknowledging(object):
             if held.owner is None or channel is None or held.channel is not channel:
                 self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
                 continue
-            consumer = self._consumers.get(queue)
+            consumer = self._pool.consumer(queue)
             if consumer is not None:
                 consumer.wanted_at = now
             ours.append(held)
-        if not ours:
+        if not ours or channel is None:
             return
         upto = self._unsettled.multiple_upto([held.delivery_tag for held in ours])
         if upto is not None:
@@ -166,27 +191,32 @@ class Acknowledging(object):
             self._unsettled.settled_upto(upto)
         for held in ours:
             if upto is None or held.delivery_tag > upto:
-                self._ack_tag(held.delivery_tag)
-            held.owner.unacked -= 1
+                self.ack_tag(held.delivery_tag)
+            if held.owner is not None:
+                held.owner.unacked -= 1
 
-    def _ack_tag(self, tag):
-        self.channel.basic_ack(tag)
+    def ack_tag(self, tag: int) -> None:
+        channel = self._pool.channel
+        assert channel is not None  # only called while the channel is ours
+        channel.basic_ack(tag)
         self._unsettled.settled(tag)
 
-    def _nack_tag(self, tag):
-        self.channel.basic_nack(tag, requeue=True)
+    def nack_tag(self, tag: int) -> None:
+        channel = self._pool.channel
+        assert channel is not None  # only called while the channel is ours
+        channel.basic_nack(tag, requeue=True)
         self._unsettled.settled(tag)
 
-    def _settle_held(self, held, ack):
+    def settle_held(self, held: Held, ack: bool) -> bool:
         """Ack or nack a held message on the channel it came by, if that is still open.
 
         That is the consumers' channel, or for a message adopted from a
-        ``basic.get`` (see ``adopt``) a getter's lane. Once its channel
+        ``basic.get`` (see ``Polls.adopt``) a getter's lane. Once its channel
         closed the broker has put it back already. True if it was sent.
         """
         channel = held.channel
         if held.owner is not None:
-            if channel is not self.channel or channel is None:
+            if channel is not self._pool.channel or channel is None:
                 return False
         elif channel is None or not channel.is_open:
             return False
@@ -196,7 +226,7 @@ class Acknowledging(object):
             else:
                 channel.basic_nack(held.delivery_tag, requeue=True)
         else:
-            (self._ack_tag if ack else self._nack_tag)(held.delivery_tag)
+            (self.ack_tag if ack else self.nack_tag)(held.delivery_tag)
         if not ack:
             self.requeued = True
         return True

@@ -1,4 +1,4 @@
-"""The consumers' timers: held messages go back after ``linger``, unwanted consumers are cancelled.
+"""The consumers' timer: held messages go back after ``linger``, unwanted consumers are cancelled.
 
 A message held for a caller who never comes would wait in a busy process
 while another process is idle, so it is nacked back once it has waited
@@ -10,62 +10,79 @@ is cancelled to free the broker's resources. One timer on the I/O loop
 serves every consumer, due when the oldest held message reaches its
 limit rather than a whole interval later.
 
-``Housekeeping`` is a mixin of ``consumers.ConsumerPool`` and uses its state
-(``_consumers``, ``_held``, ``_waiters``, ``_cancel``); everything here runs
-on the I/O thread.
+``Sweep`` is owned by ``consumers.pool.ConsumerPool`` and runs on the I/O
+thread only. It owns the timer and when it is due; it reads the pool's
+consumers and waiters, and cancels consumers, through the pool's public
+methods.
 """
 
 import time
+from typing import TYPE_CHECKING, Any, Optional
 
-from ..naming import is_process_local_queue
+from ...naming import is_process_local_queue
+from ..deliveries import HeldMessages
+
+if TYPE_CHECKING:
+    from .pool import ConsumerPool
 
 
-class Housekeeping(object):
+class Sweep(object):
     """The sweep that gives back what lingered and cancels what nobody wants."""
 
-    _housekeeping = None  # the I/O loop's timer handle, while one is scheduled
-    _housekeeping_at = 0.0
+    def __init__(
+        self, pool: "ConsumerPool", held: HeldMessages, linger: float, idle_timeout: float
+    ) -> None:
+        self._pool = pool
+        self._held = held
+        self._linger = linger
+        self._idle_timeout = idle_timeout
+        self._timer: Any = None  # the I/O loop's timer handle, while one is scheduled
+        self._due_at = 0.0  # monotonic time the scheduled sweep runs at
 
-    def _schedule_housekeeping(self, due=None):
-        if self._housekeeping is None and self.ready:
+    def schedule(self, due: Optional[float] = None) -> None:
+        """Sweep in half the shorter limit, or in ``due`` seconds if sooner."""
+        if self._timer is None and self._pool.ready:
             interval = max(0.01, min(self._linger, self._idle_timeout) / 2.0)
             if due is not None:
                 interval = max(0.005, min(interval, due))
-            self._housekeeping_at = time.monotonic() + interval
-            self._housekeeping = self._connection.ioloop.call_later(interval, self._sweep)
+            self._due_at = time.monotonic() + interval
+            self._timer = self._pool.ioloop.call_later(interval, self._sweep)
 
-    def _sweep_by(self, when):
+    def due_by(self, when: float) -> None:
         """Make the next sweep happen by ``when`` (monotonic) at the latest."""
-        if self._housekeeping is not None and self._housekeeping_at <= when:
+        if self._timer is not None and self._due_at <= when:
             return
-        if self._housekeeping is not None:
-            self._connection.ioloop.remove_timeout(self._housekeeping)
-            self._housekeeping = None
-        self._schedule_housekeeping(max(0.0, when - time.monotonic()))
+        self.stop()
+        self.schedule(max(0.0, when - time.monotonic()))
 
-    def _allowed_wait(self, queue, count):
+    def stop(self) -> None:
+        """Cancel the timer: the channel or the connection is gone."""
+        if self._timer is not None:
+            self._pool.ioloop.remove_timeout(self._timer)
+            self._timer = None
+
+    def allowed_wait(self, queue: str, count: int) -> float:
         """How long the oldest of ``count`` messages held from ``queue`` may wait."""
         if is_process_local_queue(queue):
             return self._linger
         return self._linger / max(count, 1)
 
-    def _sweep(self):
+    def _sweep(self) -> None:
         """Give back what lingered and cancel what nobody wants.
 
         The next sweep is due when the oldest held message reaches
         ``linger``, not a whole interval later: a held message is handed back
         within a few ms of ``linger``.
         """
-        self._housekeeping = None
-        if not self.ready:
+        self._timer = None
+        pool = self._pool
+        if not pool.ready:
             return
-        self.send_taken_acks()  # before held messages behind them go back
+        pool.acks.send_taken()  # before held messages behind them go back
         now = time.monotonic()
-        wanted = set()
-        for waiter in self._waiters:
-            wanted |= waiter.queues
-        due = None
-        for consumer in list(self._consumers.values()):
+        wanted = pool.waited_for()
+        due: Optional[float] = None
+        for consumer in pool.consumers():
             if consumer.queue in wanted or not consumer.active:
                 continue
             if consumer.polled and now - consumer.wanted_at <= self._linger:
@@ -73,13 +90,13 @@ class Housekeeping(object):
                 due = self._linger if due is None else min(due, self._linger)
                 continue
             since, count = self._held.held_since(consumer.queue)
-            allowed = self._allowed_wait(consumer.queue, count)
+            allowed = self.allowed_wait(consumer.queue, count)
             lingered = since is not None and now - since > allowed
             unused_for = self._linger if consumer.polled else self._idle_timeout
             idle = since is None and now - consumer.wanted_at > unused_for
             if lingered or idle:
-                self._cancel(consumer)
+                pool.cancel(consumer)
             elif since is not None:
                 left = since + allowed - now + 0.002
                 due = left if due is None else min(due, left)
-        self._schedule_housekeeping(due)
+        self.schedule(due)

@@ -30,38 +30,54 @@ Held messages are unacked: if this process dies they go back to the queue,
 so nothing it had not handed to a caller is lost.
 
 Non-blocking receives use the same consumers on process-local queues they
-poll often; ``polled.py`` says how and why.
+poll often; ``polls.py`` says how and why.
 
 Held messages live in ``HeldMessages``, the one structure here that callers'
 threads touch: a caller takes a held message under its lock without a trip
 through the I/O thread, and the ack follows through the inbox without
 anyone waiting for it. A worker that finds its next message already pushed
 (the usual case under load) saves two thread wake-ups per message.
+
+``ConsumerPool`` owns three objects, each in its own module: ``Acks``
+(``acks.py``: every ack and nack of the channel), ``Polls`` (``polls.py``:
+what non-blocking receives ask of the consumers) and ``Sweep``
+(``sweep.py``: the linger and idle timer). The pool and all three run on
+the I/O thread; only ``HeldMessages`` and ``TakenAcks`` are shared with
+callers' threads, each under its own lock.
 """
 
 import collections
 import logging
 import time
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from ..errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
-from ..naming import is_process_local_queue
-from . import declares
-from .acks import Acknowledging, TakenAcks, Unsettled
-from .channel_user import ChannelUser
-from .deliveries import Delivery, Held
-from .futures import Pending
-from .housekeeping import Housekeeping
-from .polled import PolledQueues
+import pika
+import pika.channel
+import pika.spec
+from pika.adapters.select_connection import IOLoop
+
+from ...errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
+from ...naming import is_process_local_queue
+from .. import declares
+from ..channel_user import ChannelUser
+from ..declares import AdminChannels
+from ..deliveries import Delivery, HandedOff, Held, HeldMessages, Liveness
+from ..futures import Pending
+from ..work import Queues
+from .acks import Acks, TakenAcks
+from .polls import Polls
+from .sweep import Sweep
 
 logger = logging.getLogger(__name__)
 
 
-class ConsumerSettings(
-    collections.namedtuple(
-        "ConsumerSettings", "linger idle_timeout prefetch max_consumers", defaults=(1000,)
-    )
-):
+class ConsumerSettings(NamedTuple):
     """How consumers keep messages: see the module docstring."""
+
+    linger: float
+    idle_timeout: float
+    prefetch: int
+    max_consumers: int = 1000
 
 
 # A thread counts towards the prefetch window for this long after its last
@@ -70,7 +86,9 @@ THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
 
 
-class _Consumer(object):
+class Consumer(object):
+    """One consumer of one queue on the consumers' channel (I/O thread only)."""
+
     __slots__ = (
         "polled",
         "queue",
@@ -85,9 +103,9 @@ class _Consumer(object):
         "checked",
     )
 
-    def __init__(self, queue, window):
+    def __init__(self, queue: str, window: int) -> None:
         self.queue = queue
-        self.tag = None
+        self.tag: Optional[str] = None
         self.active = False
         self.wanted_at = time.monotonic()
         self.window = window  # the window it is to be started with
@@ -95,71 +113,116 @@ class _Consumer(object):
         self.confirmed = False  # the broker answered basic.consume
         self.unacked = 0  # pushed to it, held, and not yet acked or nacked
         self.fills = 0  # how often its window filled (the broker then keeps messages back)
-        self.checked = -1  # ``fills`` when a poll last found nothing after settling
-        self.polled = False  # started for non-blocking receives: see _sweep
+        self.checked = -1  # ``fills`` when a poll last found nothing (``Polls.checked``)
+        self.polled = False  # started for non-blocking receives: see ``Sweep``
 
 
 class _Waiter(object):
     __slots__ = ("pending", "queues", "timer")
 
-    def __init__(self, pending, queues):
+    def __init__(self, pending: Pending, queues: Set[str]) -> None:
         self.pending = pending
         self.queues = queues
-        self.timer = None
+        self.timer: Any = None
 
 
-class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
-    """The consumers' channel: blocking receives here, polls in ``PolledQueues``,
-    the linger and idle timers in ``Housekeeping``, acks and nacks in
-    ``Acknowledging``."""
+# An add_waiter call made before the channel opened: pending, queues, deadline, threads.
+_Backlogged = Tuple[Pending, Queues, float, int]
+
+
+class ConsumerPool(ChannelUser):
+    """The consumers' channel: blocking receives here, polls in ``polls``,
+    the linger and idle timer in ``_sweep``, acks and nacks in ``acks``."""
 
     name = "consume"
 
     def __init__(
-        self, connection, declare_executor, liveness, handed_off, held, settings, taken=None
-    ):
+        self,
+        connection: pika.SelectConnection,
+        declare_executor: AdminChannels,
+        liveness: Liveness,
+        handed_off: HandedOff,
+        held: HeldMessages,
+        settings: ConsumerSettings,
+        taken: Optional[TakenAcks] = None,
+    ) -> None:
         self._declares = declare_executor
-        self._held = held
-        self._taken = taken if taken is not None else TakenAcks()  # see acks.py
-        self._unsettled = Unsettled()  # this channel's deliveries not yet acked or nacked
-        self._unavailable = {}  # queue -> monotonic time before which it is not retried
+        self._held = held  # shared with callers' threads, who take from it
+        self._unavailable: Dict[str, float] = {}  # queue -> time before which it is not retried
         self._liveness = liveness
         self._handed_off = handed_off
-        self._linger = settings.linger
-        self._idle_timeout = settings.idle_timeout
         self._prefetch = settings.prefetch
         self._max_consumers = settings.max_consumers
         self._window = 1  # the prefetch window new consumers get
         self._qos = 1  # the channel's basic.qos, which new consumers take
-        self._consumers = {}  # queue -> _Consumer
-        self._by_tag = {}
-        self._waiters = []
-        self._backlog = collections.deque()  # add_waiter calls made before the channel opened
-        self._housekeeping = None
-        self._housekeeping_at = 0.0
-        self._settling = []  # callbacks waiting for a basic.qos round trip
-        self._polls = {}  # queue -> (polls counted, since when): see keep()
-        self.requeued = False  # a nack was sent since the last barrier
+        self._consumers: Dict[str, Consumer] = {}
+        self._by_tag: Dict[str, Consumer] = {}
+        self._waiters: List[_Waiter] = []
+        self._backlog: Deque[_Backlogged] = collections.deque()
+        # What the pool owns (see the module docstring).
+        self.acks = Acks(self, taken if taken is not None else TakenAcks())
+        self.polls = Polls(self, held, declare_executor, settings.linger, settings.prefetch)
+        self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
         super(ConsumerPool, self).__init__(connection)
 
-    def setup(self, channel, done):
-        self._unsettled.clear()  # delivery tags start again on a new channel
+    def setup(self, channel: pika.channel.Channel, done: Callable[..., None]) -> None:
+        self.acks.new_channel()
         channel.add_on_cancel_callback(self._on_broker_cancel)
         self._qos = 1
         channel.basic_qos(prefetch_count=self._qos, callback=done)
 
-    def on_ready(self):
+    def on_ready(self) -> None:
         while self._backlog:
             self.add_waiter(*self._backlog.popleft())
-        self._schedule_housekeeping()
+        self._sweep.schedule()
+
+    # -- what the owned objects read and do ------------------------------------
+
+    @property
+    def ioloop(self) -> IOLoop:
+        """The I/O loop, which outlives the connection (its timers must be removed)."""
+        return self._connection.ioloop
+
+    def consumer(self, queue: str) -> Optional[Consumer]:
+        """The consumer of ``queue``, started or being started, or None."""
+        return self._consumers.get(queue)
+
+    def consumers(self) -> List[Consumer]:
+        """Every consumer, as a list (the caller may cancel some)."""
+        return list(self._consumers.values())
+
+    def waited_for(self) -> Set[str]:
+        """The queues a blocking receive waits on now."""
+        wanted: Set[str] = set()
+        for waiter in self._waiters:
+            wanted |= waiter.queues
+        return wanted
+
+    def may_start(self, queue: str, now: float) -> bool:
+        """Whether a consumer of ``queue`` may start at once: it is known to
+        exist and did not just fail to declare."""
+        return self._liveness.alive(queue) and self._unavailable.get(queue, 0) <= now
+
+    def start_polled(self, queue: str, arguments: Any, window: int) -> None:
+        """Start a consumer for non-blocking receives of ``queue`` (see ``Polls.keep``)."""
+        consumer = self._add_consumer(queue, window)
+        consumer.polled = True
+        self._start(consumer, arguments)
+
+    def same_qos(self, callback: Callable[[Any], None]) -> None:
+        """A ``basic.qos`` that changes nothing: ``callback`` gets its answer."""
+        channel = self.channel
+        assert channel is not None  # callers check ``ready`` first
+        channel.basic_qos(prefetch_count=self._qos, callback=callback)
 
     # -- serving callers ----------------------------------------------------
 
-    def add_waiter(self, pending, queues, deadline, threads=1):
+    def add_waiter(
+        self, pending: Pending, queues: Queues, deadline: float, threads: int = 1
+    ) -> None:
         """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``deadline``.
 
         It registers the waiter and returns at once; nothing here blocks.
-
         ``deadline`` is a ``time.monotonic()`` time, so a wait handed to the
         next connection after an outage keeps its caller's limit.
         """
@@ -173,7 +236,7 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
             for queue, arguments in queues:
                 self._ensure_consumer(queue, arguments, self._window_for(queue))
 
-    def _window_for(self, queue):
+    def _window_for(self, queue: str) -> int:
         """The prefetch window a new consumer of ``queue`` gets.
 
         A normal channel's window follows the threads that receive, so that
@@ -189,20 +252,20 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
         """
         return self._prefetch if is_process_local_queue(queue) else self._window
 
-    def await_push(self, pending, names, deadline):
+    def await_push(self, pending: Pending, names: List[str], deadline: float) -> bool:
         """Hand ``pending`` what is held or next pushed for ``names``, or None at ``deadline``.
 
         True if it now waits (nothing was held).
         """
-        if self.take_held(pending, names):
+        if self.hand_over_held(pending, names):
             return False
         waiter = _Waiter(pending, set(names))
         timeout = max(0.0, deadline - time.monotonic())
-        waiter.timer = self._connection.ioloop.call_later(timeout, lambda: self._expire(waiter))
+        waiter.timer = self.ioloop.call_later(timeout, lambda: self._expire(waiter))
         self._waiters.append(waiter)
         return True
 
-    def take_held(self, pending, queues):
+    def hand_over_held(self, pending: Pending, queues: List[str]) -> bool:
         """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
         if self.channel is None or not self.ready:
             return False  # the channel is gone; the broker requeues what it held
@@ -214,30 +277,30 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
             self._held.put_back(queue, held)  # the caller left: keep it for someone else
             return True
         self._handed_off.add(held.delivery)
-        self.acknowledge(queue, held)
+        self.acks.acknowledge(queue, held)
         return True
 
-    def _fail_waiters(self, queue, error):
+    def _fail_waiters(self, queue: str, error: BaseException) -> None:
         for waiter in [w for w in self._waiters if queue in w.queues]:
             self._waiters.remove(waiter)
-            self._connection.ioloop.remove_timeout(waiter.timer)
+            self.ioloop.remove_timeout(waiter.timer)
             waiter.pending.fail(error)
 
-    def _expire(self, waiter):
+    def _expire(self, waiter: _Waiter) -> None:
         if waiter in self._waiters:
             self._waiters.remove(waiter)
         waiter.pending.resolve(None)
 
     # -- consumers ----------------------------------------------------------
 
-    def _ensure_consumer(self, queue, arguments, window):
+    def _ensure_consumer(self, queue: str, arguments: Any, window: int) -> None:
         consumer = self._consumers.get(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
             consumer.polled = False  # a blocking receive wants it: kept for idle_timeout
             if not (consumer.active and consumer.prefetch < window):
                 return
-            self._cancel(consumer)  # more threads now: start it again with a wider window
+            self.cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
         consumer = self._add_consumer(queue, window)
@@ -252,15 +315,15 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
             [declares.queue_declare(queue, arguments)],
         )
 
-    def _add_consumer(self, queue, window):
+    def _add_consumer(self, queue: str, window: int) -> Consumer:
         """A new consumer of ``queue``, not yet started; room is made under
         ``max_consumers`` first by cancelling the one wanted longest ago."""
         if len(self._consumers) >= self._max_consumers:
             self._evict_one()
-        consumer = self._consumers[queue] = _Consumer(queue, window)
+        consumer = self._consumers[queue] = Consumer(queue, window)
         return consumer
 
-    def _declared(self, consumer, arguments, error):
+    def _declared(self, consumer: Consumer, arguments: Any, error: Optional[BaseException]) -> None:
         if self._consumers.get(consumer.queue) is not consumer:
             return
         if error is not None and getattr(error, "reply_code", None) in (
@@ -283,13 +346,15 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
             return
         self._start(consumer, arguments)
 
-    def _start(self, consumer, arguments):
+    def _start(self, consumer: Consumer, arguments: Any) -> None:
+        channel = self.channel
+        assert channel is not None  # callers check ``ready`` first
         self._liveness.touch(consumer.queue, arguments)
         if self._qos != consumer.window:  # applies to the consumers started after it
-            self.channel.basic_qos(prefetch_count=consumer.window)
+            channel.basic_qos(prefetch_count=consumer.window)
             self._qos = consumer.window
         consumer.prefetch = consumer.window
-        consumer.tag = self.channel.basic_consume(
+        consumer.tag = channel.basic_consume(
             consumer.queue,
             self._on_message,
             auto_ack=False,
@@ -298,19 +363,17 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
         consumer.active = True
         self._by_tag[consumer.tag] = consumer
 
-    def _confirmed(self, consumer):
+    def _confirmed(self, consumer: Consumer) -> None:
         consumer.confirmed = True
 
-    def _evict_one(self):
+    def _evict_one(self) -> None:
         """Cancel the consumer wanted longest ago that no blocking receive waits on."""
-        wanted = set()
-        for waiter in self._waiters:
-            wanted |= waiter.queues
+        wanted = self.waited_for()
         idle = [c for c in self._consumers.values() if c.queue not in wanted]
         if idle:
-            self._cancel(min(idle, key=lambda consumer: consumer.wanted_at))
+            self.cancel(min(idle, key=lambda consumer: consumer.wanted_at))
 
-    def _cancel(self, consumer):
+    def cancel(self, consumer: Consumer) -> None:
         """Stop a consumer and give back what it holds."""
         self._consumers.pop(consumer.queue, None)
         if consumer.tag is not None:
@@ -319,21 +382,27 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
                 self.channel.basic_cancel(consumer.tag)
         self._requeue(consumer)
 
-    def _requeue(self, consumer):
+    def _requeue(self, consumer: Consumer) -> None:
         for held in self._held.withdraw(consumer.queue):
-            self._settle_held(held, ack=False)
+            self.acks.settle_held(held, ack=False)
 
-    def _on_message(self, channel, method, properties, body):
+    def _on_message(
+        self,
+        channel: pika.channel.Channel,
+        method: Any,  # a Basic.Deliver, whose fields types-pika makes Optional
+        properties: pika.spec.BasicProperties,
+        body: bytes,
+    ) -> None:
         if self.closing:
             return  # unacked: the broker requeues it when the channel closes
-        self._unsettled.pushed(method.delivery_tag)
+        self.acks.pushed(method.delivery_tag)
         consumer = self._by_tag.get(method.consumer_tag)
         if consumer is None:
             # Sent before our basic.cancel reached the broker.
-            self._nack_tag(method.delivery_tag)
+            self.acks.nack_tag(method.delivery_tag)
             return
         if self._handed_off.is_duplicate(consumer.queue, method, properties):
-            self._ack_tag(method.delivery_tag)
+            self.acks.ack_tag(method.delivery_tag)
             return
         delivery = Delivery(
             consumer.queue,
@@ -344,31 +413,31 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
         )
         for waiter in [w for w in self._waiters if consumer.queue in w.queues]:
             self._waiters.remove(waiter)
-            self._connection.ioloop.remove_timeout(waiter.timer)
+            self.ioloop.remove_timeout(waiter.timer)
             if waiter.pending.resolve(delivery):
                 self._handed_off.add(delivery)
                 consumer.wanted_at = time.monotonic()
-                self._ack_tag(method.delivery_tag)
+                self.acks.ack_tag(method.delivery_tag)
                 return
         consumer.unacked += 1
         if consumer.unacked >= consumer.prefetch:
             consumer.fills += 1  # the broker keeps what comes next until we ack
         self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery, consumer))
         since, count = self._held.held_since(consumer.queue)
-        if count > 1:  # its allowed wait may just have shrunk: sweep in time for it
-            self._sweep_by(since + self._allowed_wait(consumer.queue, count) + 0.002)
+        if since is not None and count > 1:  # its allowed wait may just have shrunk
+            self._sweep.due_by(since + self._sweep.allowed_wait(consumer.queue, count) + 0.002)
 
-    def _on_broker_cancel(self, frame):
+    def _on_broker_cancel(self, frame: Any) -> None:
         # The queue was deleted (flush, or expiry); waiters re-declare on their next call.
         consumer = self._by_tag.pop(frame.method.consumer_tag, None)
         if consumer is not None:
             self._consumers.pop(consumer.queue, None)
             for held in self._held.withdraw(consumer.queue):
                 # Gone with their queue; a multiple ack may cover them harmlessly.
-                self._unsettled.settled(held.delivery_tag)
+                self.acks.gone(held.delivery_tag)
             self._liveness.forget(consumer.queue)
 
-    def on_lost(self, reply_code, reply_text):
+    def on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
         # The broker requeues every unacked delivery of a closed channel, so
         # what was held is forgotten before anyone can be handed it; what
         # was adopted from a lane that is still open goes back from there.
@@ -376,21 +445,17 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
             self._fail_refused(reply_text)
         for held in self._held.clear():
             if held.owner is None:
-                self._settle_held(held, ack=False)
+                self.acks.settle_held(held, ack=False)
         self._consumers.clear()
         self._by_tag.clear()
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
-            self._connection.ioloop.remove_timeout(waiter.timer)
+            self.ioloop.remove_timeout(waiter.timer)
             waiter.pending.resolve(None)
-        if self._housekeeping is not None:
-            self._connection.ioloop.remove_timeout(self._housekeeping)
-            self._housekeeping = None
-        settling, self._settling = self._settling, []
-        for callback in settling:  # nothing more will arrive on this channel
-            callback()
+        self._sweep.stop()
+        self.polls.channel_gone()  # nothing more will arrive on this channel
 
-    def _fail_refused(self, reply_text):
+    def _fail_refused(self, reply_text: Optional[str]) -> None:
         """A basic.consume the user may not make (no read permission) closed
         the channel: its waiters fail now, naming the queue, instead of
         waiting out their timeout for a consumer that can never start."""
@@ -400,24 +465,22 @@ class ConsumerPool(PolledQueues, Housekeeping, Acknowledging, ChannelUser):
                 queue, BrokerOperationError(ACCESS_REFUSED, text, "basic_consume '%s'" % queue)
             )
 
-    def forget(self):
+    def forget(self) -> None:
         """The connection is gone: cancel our timers on the I/O loop, which
         outlives it, and drop the waiters without resolving them; the I/O
         thread hands their receives to the next connection."""
-        ioloop = self._connection.ioloop
+        ioloop = self.ioloop
         for waiter in self._waiters:
             ioloop.remove_timeout(waiter.timer)
         self._waiters = []
-        if self._housekeeping is not None:
-            ioloop.remove_timeout(self._housekeeping)
-            self._housekeeping = None
+        self._sweep.stop()
         self._held.clear()
         self._consumers.clear()
         self._by_tag.clear()
-        self._settling = []
+        self.polls.forget()
         self._backlog.clear()
 
-    def fail_all(self, error):
+    def fail_all(self, error: BaseException) -> None:
         self.on_lost(None, None)
         for pending, *_ in self._backlog:
             pending.resolve(None)

@@ -1,0 +1,19 @@
+"""The consumers' channel and what it owns: blocking receives, and polls served by pushes.
+
+``pool.ConsumerPool`` keeps consumers between calls (``pool.py`` says why)
+and owns, each in its own module:
+
+``acks.Acks``
+    every ack and nack of the channel, and the taken acks sent in batches
+    (``acks.TakenAcks``, shared with callers' threads);
+``polls.Polls``
+    what non-blocking receives ask of the consumers;
+``sweep.Sweep``
+    the timer that gives back what lingered and cancels what nobody wants.
+
+All of it runs on the I/O thread, except where a docstring says otherwise.
+"""
+
+from .pool import THREADS_WINDOW, ConsumerPool, ConsumerSettings
+
+__all__ = ["THREADS_WINDOW", "ConsumerPool", "ConsumerSettings"]

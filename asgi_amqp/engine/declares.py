@@ -42,11 +42,14 @@ creating a queue costs it a few milliseconds.
 
 import collections
 import logging
+from typing import Any, Callable, Deque, Dict, NamedTuple, Optional, Sequence, Union
 
+import pika
 import pika.exceptions
 
 from ..errors import BrokerConnectionError, BrokerOperationError
-from .channel_user import ChannelUser
+from .futures import Pending
+from .reopening_channel import ReopeningChannel
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +66,23 @@ STATE_ERRORS = (
 )
 
 
-class Step(
-    collections.namedtuple(
-        "Step", "method kwargs not_found_ok inequivalent_ok answered", defaults=(False, False)
-    )
-):
+class Step(NamedTuple):
     """One RPC on a pika channel: ``getattr(channel, method)(callback=..., **kwargs)``.
 
-    ``answered``: never sent with ``nowait``; the broker does what the step
-    is for only when it answers it (a re-declare renews a queue's lease).
+    A step is data the layer states (``groups.py`` builds lists of them),
+    so it names its RPC rather than holding a bound method of a channel
+    that does not exist yet. ``answered``: never sent with ``nowait``; the
+    broker does what the step is for only when it answers it (a re-declare
+    renews a queue's lease).
     """
 
-    def describe(self):
+    method: str
+    kwargs: Dict[str, Any]
+    not_found_ok: bool
+    inequivalent_ok: Union[bool, Callable[["Step"], None]] = False
+    answered: bool = False
+
+    def describe(self) -> str:
         """``queue_declare p:q:foo``: the RPC and the objects it names, for errors."""
         kwargs = self.kwargs
         names = [
@@ -85,7 +93,12 @@ class Step(
         return " ".join([self.method] + ["'%s'" % name for name in names])
 
 
-def queue_declare(queue, arguments, passive=False, not_found_ok=False):
+def queue_declare(
+    queue: str,
+    arguments: Optional[Dict[str, Any]],
+    passive: bool = False,
+    not_found_ok: bool = False,
+) -> Step:
     """Always answered: a ``nowait`` re-declare leaves the queue's ``x-expires``
     lease where it was, and the layer renews queues by re-declaring them."""
     return Step(
@@ -97,19 +110,24 @@ def queue_declare(queue, arguments, passive=False, not_found_ok=False):
     )
 
 
-def queue_delete(queue):
+def queue_delete(queue: str) -> Step:
     return Step("queue_delete", dict(queue=queue), True)
 
 
-def queue_purge(queue):
+def queue_purge(queue: str) -> Step:
     return Step("queue_purge", dict(queue=queue), True)
 
 
-def queue_bind(queue, exchange, not_found_ok=False):
+def queue_bind(queue: str, exchange: str, not_found_ok: bool = False) -> Step:
     return Step("queue_bind", dict(queue=queue, exchange=exchange, routing_key=""), not_found_ok)
 
 
-def exchange_declare(exchange, auto_delete=False, exchange_type="fanout", inequivalent_ok=False):
+def exchange_declare(
+    exchange: str,
+    auto_delete: bool = False,
+    exchange_type: str = "fanout",
+    inequivalent_ok: Union[bool, Callable[[Step], None]] = False,
+) -> Step:
     """``inequivalent_ok``: an exchange of that name with other flags (406) is
     used as it is; a callable is also called with the step when that happens
     (on the I/O thread: it must only take note)."""
@@ -121,11 +139,16 @@ def exchange_declare(exchange, auto_delete=False, exchange_type="fanout", inequi
     )
 
 
-def exchange_delete(exchange):
+def exchange_delete(exchange: str) -> Step:
     return Step("exchange_delete", dict(exchange=exchange), True)
 
 
-def exchange_bind(destination, source, routing_key="", arguments=None):
+def exchange_bind(
+    destination: str,
+    source: str,
+    routing_key: str = "",
+    arguments: Optional[Dict[str, Any]] = None,
+) -> Step:
     return Step(
         "exchange_bind",
         dict(destination=destination, source=source, routing_key=routing_key, arguments=arguments),
@@ -133,7 +156,9 @@ def exchange_bind(destination, source, routing_key="", arguments=None):
     )
 
 
-def exchange_unbind(destination, source, arguments=None):
+def exchange_unbind(
+    destination: str, source: str, arguments: Optional[Dict[str, Any]] = None
+) -> Step:
     return Step(
         "exchange_unbind",
         dict(destination=destination, source=source, routing_key="", arguments=arguments),
@@ -141,7 +166,7 @@ def exchange_unbind(destination, source, arguments=None):
     )
 
 
-def broker_call_error(exc, what):
+def broker_call_error(exc: BaseException, what: str) -> Exception:
     """The error a caller sees when a pika call on the I/O thread raised."""
     if isinstance(exc, STATE_ERRORS):
         return BrokerConnectionError("connection lost during %s (%s)" % (what, type(exc).__name__))
@@ -156,15 +181,15 @@ class _Operation(object):
 
     __slots__ = ("pending", "steps", "index", "result", "careful", "sent_ahead")
 
-    def __init__(self, pending, steps):
+    def __init__(self, pending: Pending, steps: Sequence[Step]) -> None:
         self.pending = pending
         self.steps = list(steps)
         self.index = 0
-        self.result = None
+        self.result: Any = None
         self.careful = False
         self.sent_ahead = False  # its steps went out together: a refusal names none
 
-    def run_end(self):
+    def run_end(self) -> int:
         """The index of the step whose answer ends the run that starts at
         ``index``: the next step that must be answered, or the last step.
         Every step before it goes out with ``nowait``. A careful pass sends
@@ -176,7 +201,7 @@ class _Operation(object):
             end += 1
         return end
 
-    def run_carefully(self):
+    def run_carefully(self) -> None:
         """Start again from the first step, waiting for each one's answer."""
         self.careful = True
         self.sent_ahead = False
@@ -184,24 +209,24 @@ class _Operation(object):
         self.result = None
 
 
-class DeclareExecutor(ChannelUser):
-    name = "admin"
+class DeclareExecutor(object):
+    """One admin channel: operations run on it one after another (I/O thread only)."""
 
-    def __init__(self, connection):
-        self._queue = collections.deque()
-        self._current = None
-        super(DeclareExecutor, self).__init__(connection)
+    def __init__(self, connection: pika.SelectConnection) -> None:
+        self._queue: Deque[_Operation] = collections.deque()
+        self._current: Optional[_Operation] = None
+        self._channel = ReopeningChannel(
+            connection, "admin", on_ready=self._next, on_lost=self._on_lost
+        )
+        self._channel.open()
 
-    def run(self, pending, steps):
+    def run(self, pending: Pending, steps: Sequence[Step]) -> None:
         """Run ``steps`` in order; ``pending`` gets the last step's method frame."""
         self._queue.append(_Operation(pending, steps))
         self._next()
 
-    def on_ready(self):
-        self._next()
-
-    def _next(self):
-        if self._current is not None or not self.ready:
+    def _next(self) -> None:
+        if self._current is not None or not self._channel.ready:
             return
         while self._queue:
             operation = self._queue.popleft()
@@ -210,8 +235,9 @@ class DeclareExecutor(ChannelUser):
                 self._issue()
                 return
 
-    def _issue(self):
+    def _issue(self) -> None:
         operation = self._current
+        assert operation is not None  # called with an operation in flight
         if operation.index >= len(operation.steps):
             self._current = None
             operation.pending.resolve(operation.result)
@@ -220,7 +246,7 @@ class DeclareExecutor(ChannelUser):
         try:
             self._send_ahead(operation, operation.run_end())
             step = operation.steps[operation.index]
-            getattr(self.channel, step.method)(callback=self._on_step_done, **step.kwargs)
+            getattr(self._channel.current, step.method)(callback=self._on_step_done, **step.kwargs)
         except Exception as exc:  # connection gone, or a name pika cannot encode
             step = operation.steps[operation.index]
             logger.debug("%s failed", step.method, exc_info=True)
@@ -228,25 +254,25 @@ class DeclareExecutor(ChannelUser):
             operation.pending.fail(broker_call_error(exc, step.method))
             self._next()
 
-    def _send_ahead(self, operation, end):
+    def _send_ahead(self, operation: _Operation, end: int) -> None:
         """Send the steps before ``end`` with ``nowait``; the answer of the
         step at ``end`` then vouches for them all."""
-        channel = self.channel
+        channel = self._channel.current
         operation.sent_ahead = operation.index < end
         while operation.index < end:
             step = operation.steps[operation.index]
             getattr(channel, step.method)(callback=None, **step.kwargs)
             operation.index += 1
 
-    def _on_step_done(self, frame):
+    def _on_step_done(self, frame: Any) -> None:
         operation = self._current
-        if operation is None or self._closing:
+        if operation is None or self._channel.closing:
             return  # an answer on a channel closing with its session
         operation.result = frame.method
         operation.index += 1
         self._issue()
 
-    def on_lost(self, reply_code, reply_text):
+    def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
         operation, self._current = self._current, None
         if operation is None:
             return
@@ -279,12 +305,16 @@ class DeclareExecutor(ChannelUser):
                 BrokerOperationError(reply_code, reply_text, operation=step.describe())
             )
 
-    def forget(self):
+    def shutdown(self) -> None:
+        """The session is going away: stop reopening the channel and listening on it."""
+        self._channel.shutdown()
+
+    def forget(self) -> None:
         """The connection is gone: the I/O thread hands the operations on."""
         self._current = None
         self._queue.clear()
 
-    def fail_all(self, error):
+    def fail_all(self, error: BaseException) -> None:
         if self._current is not None:
             self._current.pending.fail(error)
             self._current = None
@@ -292,7 +322,7 @@ class DeclareExecutor(ChannelUser):
             operation.pending.fail(error)
         self._queue.clear()
 
-    def busy(self):
+    def busy(self) -> int:
         """Operations waiting here, the one in flight included."""
         return len(self._queue) + (self._current is not None)
 
@@ -305,12 +335,12 @@ class AdminChannels(object):
     channel. The session treats this like one part of its own.
     """
 
-    def __init__(self, connection, most=ADMIN_CHANNELS):
+    def __init__(self, connection: pika.SelectConnection, most: int = ADMIN_CHANNELS) -> None:
         self._connection = connection
         self._most = max(1, most)
         self._executors = [DeclareExecutor(connection)]
 
-    def run(self, pending, steps):
+    def run(self, pending: Pending, steps: Sequence[Step]) -> None:
         """Run ``steps`` in order on one channel (see ``DeclareExecutor.run``)."""
         executor = min(self._executors, key=DeclareExecutor.busy)
         if executor.busy() and len(self._executors) < self._most:
@@ -320,14 +350,14 @@ class AdminChannels(object):
 
     # The session's part protocol, passed to every channel's executor.
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         for executor in self._executors:
             executor.shutdown()
 
-    def forget(self):
+    def forget(self) -> None:
         for executor in self._executors:
             executor.forget()
 
-    def fail_all(self, error):
+    def fail_all(self, error: BaseException) -> None:
         for executor in self._executors:
             executor.fail_all(error)

@@ -10,13 +10,16 @@ I/O thread.
 """
 
 import logging
+from typing import Any, Callable, Optional, Tuple, Union
 
+import pika
+import pika.channel
 from pika import spec
 
 from ..errors import BrokerConnectionError, BrokerOperationError
-from .channel_user import ChannelUser
 from .declares import broker_call_error
-from .deliveries import Delivery
+from .deliveries import Delivery, HandedOff, Liveness
+from .reopening_channel import ReopeningChannel
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +32,20 @@ class Taken(object):
 
     __slots__ = ("lane", "channel", "delivery_tag", "delivery")
 
-    def __init__(self, lane, channel, delivery_tag, delivery):
+    def __init__(
+        self, lane: "Lane", channel: pika.channel.Channel, delivery_tag: int, delivery: Delivery
+    ) -> None:
         self.lane = lane
         self.channel = channel
         self.delivery_tag = delivery_tag
         self.delivery = delivery
 
     @property
-    def still_held(self):
+    def still_held(self) -> bool:
         """False once its channel closed: the broker has put the message back."""
         return self.lane.channel is self.channel
 
-    def settle(self, handed):
+    def settle(self, handed: bool) -> bool:
         """Ack it, or put it back; True if it was put back."""
         if not self.still_held:
             return False
@@ -51,7 +56,11 @@ class Taken(object):
         return True
 
 
-class Lane(ChannelUser):
+# What a lane reports for one fetch: a Taken, EMPTY, or the error.
+Answer = Union[Taken, str, Exception]
+
+
+class Lane(object):
     """One channel that takes the head of one queue at a time.
 
     A channel carries one synchronous method at a time, so asking ten queues
@@ -60,23 +69,34 @@ class Lane(ChannelUser):
     this lane's channel and counts as empty.
     """
 
-    name = "get"
-
-    def __init__(self, connection, liveness, handed_off, on_ready, on_closed):
+    def __init__(
+        self,
+        connection: pika.SelectConnection,
+        liveness: Liveness,
+        handed_off: HandedOff,
+        on_ready: Callable[[], None],
+        on_closed: Callable[[Optional[pika.channel.Channel]], None],
+    ) -> None:
         self._liveness = liveness
         self._handed_off = handed_off
-        self._notify_ready = on_ready
         self._notify_closed = on_closed  # called with the channel that closed
-        self._opened = None
-        self._job = None  # (queue, arguments, report)
-        self._barrier = None  # called once earlier nacks have reached their queues
-        super(Lane, self).__init__(connection)
+        self._opened: Optional[pika.channel.Channel] = None
+        self._job: Optional[Tuple[str, Any, Callable[[Answer], None]]] = None
+        # Called once earlier nacks have reached their queues.
+        self._barrier: Optional[Callable[[], None]] = None
+        self._channel = ReopeningChannel(connection, "get", self._setup, on_ready, self._on_lost)
+        self._channel.open()
 
     @property
-    def idle(self):
-        return self.ready and self._job is None and self._barrier is None
+    def channel(self) -> Optional[pika.channel.Channel]:
+        """This lane's channel while it is open, else None."""
+        return self._channel.current
 
-    def barrier(self, done):
+    @property
+    def idle(self) -> bool:
+        return self._channel.ready and self._job is None and self._barrier is None
+
+    def barrier(self, done: Callable[[], None]) -> None:
         """Call ``done`` once the messages this lane put back are in their queues again.
 
         A nack is only sent, never answered, and the next ``basic.get`` of
@@ -87,40 +107,39 @@ class Lane(ChannelUser):
         nothing) comes after the broker forwarded the nacks to the queues.
         """
         self._barrier = done
+        channel: Any = self._channel.current  # None raises below: the channel is going
         try:
-            self.channel.basic_qos(prefetch_count=0, callback=self._pass_barrier)
+            channel.basic_qos(prefetch_count=0, callback=self._pass_barrier)
         except Exception:  # the channel is going: the broker puts them back anyway
             logger.debug("barrier on the get channel failed", exc_info=True)
             self._pass_barrier()
 
-    def _pass_barrier(self, _frame=None):
+    def _pass_barrier(self, _frame: Any = None) -> None:
         done, self._barrier = self._barrier, None
         if done is not None:
             done()
 
-    def setup(self, channel, done):
+    def _setup(self, channel: pika.channel.Channel, done: Callable[[], None]) -> None:
         self._opened = channel
         channel.add_callback(self._on_empty, [spec.Basic.GetEmpty], one_shot=False)
         done()
 
-    def on_ready(self):
-        self._notify_ready()
-
-    def fetch(self, queue, arguments, report):
+    def fetch(self, queue: str, arguments: Any, report: Callable[[Answer], None]) -> None:
         """Take the head of ``queue``; ``report`` gets a _Taken, EMPTY or an exception."""
         self._job = (queue, arguments, report)
+        channel: Any = self._channel.current  # None raises below, as a lost connection
         try:
             if self._liveness.alive(queue):
-                self.channel.basic_get(queue, self._on_message, auto_ack=False)
+                channel.basic_get(queue, self._on_message, auto_ack=False)
             else:
-                self.channel.queue_declare(
+                channel.queue_declare(
                     queue, durable=True, arguments=arguments, callback=self._on_declared
                 )
         except Exception as exc:  # connection gone, or a name pika cannot encode
             logger.debug("receive from %s failed", queue, exc_info=True)
             self._finish(broker_call_error(exc, "receive"))
 
-    def _on_declared(self, frame):
+    def _on_declared(self, frame: Any) -> None:
         if self._job is None:
             return  # forgotten: the channel closes with its session
         queue, arguments, _ = self._job
@@ -128,16 +147,24 @@ class Lane(ChannelUser):
         if frame.method.message_count == 0:
             self._finish(EMPTY)
         else:
-            self.channel.basic_get(queue, self._on_message, auto_ack=False)
+            channel = self._channel.current
+            assert channel is not None  # it answered the declare
+            channel.basic_get(queue, self._on_message, auto_ack=False)
 
-    def _on_empty(self, _frame):
+    def _on_empty(self, _frame: Any) -> None:
         if self._job is None:
             return
         queue, arguments, _ = self._job
         self._liveness.touch(queue, arguments)
         self._finish(EMPTY)
 
-    def _on_message(self, channel, method, properties, body):
+    def _on_message(
+        self,
+        channel: pika.channel.Channel,
+        method: Any,  # a Basic.GetOk, whose fields types-pika makes Optional
+        properties: pika.spec.BasicProperties,
+        body: bytes,
+    ) -> None:
         if self._job is None:
             return  # unacked: the broker requeues it when the channel closes
         queue, arguments, _ = self._job
@@ -152,11 +179,15 @@ class Lane(ChannelUser):
         self._handed_off.taking(delivery)
         self._finish(Taken(self, channel, method.delivery_tag, delivery))
 
-    def forget(self):
+    def shutdown(self) -> None:
+        """The session is going away: stop reopening the channel and listening on it."""
+        self._channel.shutdown()
+
+    def forget(self) -> None:
         self._job = None
         self._barrier = None
 
-    def on_lost(self, reply_code, reply_text):
+    def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
         self._notify_closed(self._opened)
         self._pass_barrier()
         if self._job is None:
@@ -175,6 +206,7 @@ class Lane(ChannelUser):
             # e.g. 406: the queue exists with other arguments (another expiry).
             self._finish(BrokerOperationError(reply_code, reply_text))
 
-    def _finish(self, result):
+    def _finish(self, result: Answer) -> None:
         job, self._job = self._job, None
-        job[2](result)
+        if job is not None:
+            job[2](result)

@@ -44,8 +44,10 @@ ends that.
 import collections
 import logging
 import re
+from typing import TYPE_CHECKING, Any, Deque, List, Optional, Set
 
 import pika
+import pika.channel
 
 from ..errors import (
     ACCESS_REFUSED,
@@ -55,8 +57,12 @@ from ..errors import (
     MessageTooLarge,
 )
 from ..naming import REPUBLISHED_HEADER
-from .channel_user import ChannelUser
+from .futures import Pending
+from .reopening_channel import ReopeningChannel
 from .work import Work
+
+if TYPE_CHECKING:
+    from .session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +87,16 @@ class Publish(Work):
         "fans_out",
     )
 
-    def __init__(self, pending, exchange, routing_key, body, properties, mandatory, fans_out=False):
+    def __init__(
+        self,
+        pending: Pending,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        mandatory: bool,
+        fans_out: bool = False,
+    ) -> None:
         super().__init__(pending)
         self.exchange = exchange
         self.routing_key = routing_key
@@ -89,14 +104,14 @@ class Publish(Work):
         self.properties = properties
         self.mandatory = mandatory
         self.maybe_delivered = False
-        # A group send: the I/O thread holds it while the broker settles
-        # after a restart (see ``connection``).
+        # A group send: the I/O thread holds it back for a while after a
+        # restart (see ``io.restart_hold``).
         self.fans_out = fans_out
 
-    def __call__(self, session):
+    def __call__(self, session: "Session") -> None:
         session.publisher.publish(self)
 
-    def marked_properties(self):
+    def marked_properties(self) -> pika.BasicProperties:
         """The properties of a copy: the same message id, plus the republished mark."""
         original = self.properties
         headers = dict(original.headers or {})
@@ -111,27 +126,31 @@ class Publish(Work):
         )
 
 
-class Publisher(ChannelUser):
-    name = "publish"
+class Publisher(object):
+    """The publishing connection's one channel, in confirm mode (I/O thread only)."""
 
-    def __init__(self, connection):
-        self._queue = collections.deque()
-        self._outstanding = collections.OrderedDict()  # delivery tag -> Publish
-        self._returned_ids = set()
+    def __init__(self, connection: pika.SelectConnection) -> None:
+        self._queue: Deque[Publish] = collections.deque()  # waiting for the channel
+        # delivery tag -> Publish, in tag order
+        self._outstanding: "collections.OrderedDict[int, Publish]" = collections.OrderedDict()
+        self._returned_ids: Set[str] = set()
         self._next_tag = 1
-        self._blocked = None  # the broker's reason while it blocks publishing
-        super(Publisher, self).__init__(connection)
+        self._blocked: Optional[str] = None  # the broker's reason while it blocks publishing
+        self._channel = ReopeningChannel(
+            connection, "publish", self._setup, self._on_ready, self._on_lost
+        )
+        self._channel.open()
 
-    def setup(self, channel, done):
+    def _setup(self, channel: pika.channel.Channel, done: Any) -> None:
         self._next_tag = 1
         channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(self._on_confirm, callback=done)
 
-    def on_ready(self):
-        while self._queue and self.ready:
+    def _on_ready(self) -> None:
+        while self._queue and self._channel.ready:
             self._send(self._queue.popleft())
 
-    def block(self, reason):
+    def block(self, reason: str) -> None:
         """The broker blocks publishing: fail what waits and, until ``unblock``, what comes."""
         self._blocked = reason
         waiting = list(self._outstanding.values()) + list(self._queue)
@@ -146,26 +165,28 @@ class Publisher(ChannelUser):
                 )
             )
 
-    def unblock(self):
+    def unblock(self) -> None:
         self._blocked = None
 
-    def publish(self, request):
+    def publish(self, request: Publish) -> None:
         if self._blocked is not None:
             request.pending.fail(
                 _blocked_error(self._blocked, "%s was not sent" % request.pending.description)
             )
-        elif self.ready:
+        elif self._channel.ready:
             self._send(request)
         else:
             self._queue.append(request)
 
-    def _send(self, request):
+    def _send(self, request: Publish) -> None:
         if not request.pending.wanted:
             return
         properties = request.properties
         if request.maybe_delivered:
             properties = request.properties = request.marked_properties()
-        self.channel.basic_publish(
+        channel = self._channel.current
+        assert channel is not None  # ready
+        channel.basic_publish(
             request.exchange,
             request.routing_key,
             request.body,
@@ -175,14 +196,16 @@ class Publisher(ChannelUser):
         self._outstanding[self._next_tag] = request
         self._next_tag += 1
 
-    def _on_return(self, _channel, _method, properties, _body):
+    def _on_return(
+        self, _channel: Any, _method: Any, properties: pika.BasicProperties, _body: bytes
+    ) -> None:
         if properties.message_id:
             self._returned_ids.add(properties.message_id)
 
-    def _on_confirm(self, frame):
+    def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         acked = method.NAME == "Basic.Ack"
-        for tag in self._settled_tags(method.delivery_tag, method.multiple):
+        for tag in self._confirmed_tags(method.delivery_tag, method.multiple):
             request = self._outstanding.pop(tag)
             outcome = ACKED if acked else NACKED
             message_id = request.properties.message_id
@@ -191,7 +214,8 @@ class Publisher(ChannelUser):
                 outcome = RETURNED
             request.pending.resolve(outcome)
 
-    def _settled_tags(self, delivery_tag, multiple):
+    def _confirmed_tags(self, delivery_tag: int, multiple: bool) -> List[int]:
+        """The outstanding tags one confirm answers."""
         if not multiple:
             return [delivery_tag] if delivery_tag in self._outstanding else []
         tags = []
@@ -201,11 +225,13 @@ class Publisher(ChannelUser):
             tags.append(tag)
         return tags
 
-    def on_lost(self, reply_code, reply_text):
+    def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
         if reply_code == ACCESS_REFUSED:
             # The user may not publish to that exchange: the broker was
             # reached, and the refused message was not delivered.
-            error = BrokerOperationError(reply_code, reply_text, operation="basic_publish")
+            error: Exception = BrokerOperationError(
+                reply_code, reply_text, operation="basic_publish"
+            )
         else:
             error = BrokerConnectionError(
                 "the publishing channel closed (%s %s) before the broker confirmed; "
@@ -228,7 +254,11 @@ class Publisher(ChannelUser):
         self._outstanding.clear()
         self._returned_ids.clear()
 
-    def forget(self):
+    def shutdown(self) -> None:
+        """The session is going away: stop reopening the channel and listening on it."""
+        self._channel.shutdown()
+
+    def forget(self) -> None:
         """The connection dropped: what awaited a confirm may be in its queue."""
         for request in self._outstanding.values():
             request.maybe_delivered = True
@@ -236,7 +266,7 @@ class Publisher(ChannelUser):
         self._returned_ids.clear()
         self._queue.clear()
 
-    def fail_all(self, error):
+    def fail_all(self, error: BaseException) -> None:
         for request in list(self._outstanding.values()) + list(self._queue):
             request.pending.fail(error)
         self._outstanding.clear()
@@ -247,7 +277,7 @@ PRECONDITION_FAILED = 406
 _SIZE_REFUSAL = re.compile(r"message size \d+ is larger than configured max size (\d+)")
 
 
-def _broker_size_limit(reply_code, reply_text):
+def _broker_size_limit(reply_code: Optional[int], reply_text: Optional[str]) -> Optional[int]:
     """The broker's message size limit if it closed the channel over it, else None."""
     if reply_code != PRECONDITION_FAILED:
         return None
@@ -255,7 +285,7 @@ def _broker_size_limit(reply_code, reply_text):
     return int(found.group(1)) if found else None
 
 
-def _blocked_error(reason, what):
+def _blocked_error(reason: str, what: str) -> BrokerBlocked:
     return BrokerBlocked(
         "the broker blocks publishing because of a resource alarm (%s): %s. Receives "
         "still work; sends work again once the broker's alarm clears" % (reason, what),

@@ -59,10 +59,10 @@ from pika.adapters.select_connection import IOLoop
 from ...errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
 from ...naming import is_process_local_queue
 from .. import declares
-from ..channel_user import ChannelUser
 from ..declares import AdminChannels
 from ..deliveries import Delivery, HandedOff, Held, HeldMessages, Liveness
 from ..futures import Pending
+from ..reopening_channel import ReopeningChannel
 from ..work import Queues
 from .acks import Acks, TakenAcks
 from .polls import Polls
@@ -130,11 +130,9 @@ class _Waiter(object):
 _Backlogged = Tuple[Pending, Queues, float, int]
 
 
-class ConsumerPool(ChannelUser):
+class ConsumerPool(object):
     """The consumers' channel: blocking receives here, polls in ``polls``,
     the linger and idle timer in ``_sweep``, acks and nacks in ``acks``."""
-
-    name = "consume"
 
     def __init__(
         self,
@@ -146,6 +144,7 @@ class ConsumerPool(ChannelUser):
         settings: ConsumerSettings,
         taken: Optional[TakenAcks] = None,
     ) -> None:
+        self._connection = connection
         self._declares = declare_executor
         self._held = held  # shared with callers' threads, who take from it
         self._unavailable: Dict[str, float] = {}  # queue -> time before which it is not retried
@@ -163,20 +162,33 @@ class ConsumerPool(ChannelUser):
         self.acks = Acks(self, taken if taken is not None else TakenAcks())
         self.polls = Polls(self, held, declare_executor, settings.linger, settings.prefetch)
         self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
-        super(ConsumerPool, self).__init__(connection)
+        self._channel = ReopeningChannel(
+            connection, "consume", self._setup, self._on_ready, self._on_lost
+        )
+        self._channel.open()
 
-    def setup(self, channel: pika.channel.Channel, done: Callable[..., None]) -> None:
+    def _setup(self, channel: pika.channel.Channel, done: Callable[..., None]) -> None:
         self.acks.new_channel()
         channel.add_on_cancel_callback(self._on_broker_cancel)
         self._qos = 1
         channel.basic_qos(prefetch_count=self._qos, callback=done)
 
-    def on_ready(self) -> None:
+    def _on_ready(self) -> None:
         while self._backlog:
             self.add_waiter(*self._backlog.popleft())
         self._sweep.schedule()
 
     # -- what the owned objects read and do ------------------------------------
+
+    @property
+    def channel(self) -> Optional[pika.channel.Channel]:
+        """The consumers' channel while it is open, else None."""
+        return self._channel.current
+
+    @property
+    def ready(self) -> bool:
+        """Whether the channel is open and set up."""
+        return self._channel.ready
 
     @property
     def ioloop(self) -> IOLoop:
@@ -393,7 +405,7 @@ class ConsumerPool(ChannelUser):
         properties: pika.spec.BasicProperties,
         body: bytes,
     ) -> None:
-        if self.closing:
+        if self._channel.closing:
             return  # unacked: the broker requeues it when the channel closes
         self.acks.pushed(method.delivery_tag)
         consumer = self._by_tag.get(method.consumer_tag)
@@ -437,7 +449,7 @@ class ConsumerPool(ChannelUser):
                 self.acks.gone(held.delivery_tag)
             self._liveness.forget(consumer.queue)
 
-    def on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
+    def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
         # The broker requeues every unacked delivery of a closed channel, so
         # what was held is forgotten before anyone can be handed it; what
         # was adopted from a lane that is still open goes back from there.
@@ -465,6 +477,10 @@ class ConsumerPool(ChannelUser):
                 queue, BrokerOperationError(ACCESS_REFUSED, text, "basic_consume '%s'" % queue)
             )
 
+    def shutdown(self) -> None:
+        """The session is going away: stop reopening the channel and listening on it."""
+        self._channel.shutdown()
+
     def forget(self) -> None:
         """The connection is gone: cancel our timers on the I/O loop, which
         outlives it, and drop the waiters without resolving them; the I/O
@@ -481,7 +497,7 @@ class ConsumerPool(ChannelUser):
         self._backlog.clear()
 
     def fail_all(self, error: BaseException) -> None:
-        self.on_lost(None, None)
+        self._on_lost(None, None)
         for pending, *_ in self._backlog:
             pending.resolve(None)
         self._backlog.clear()

@@ -13,9 +13,9 @@ from asgi_amqp.errors import OperationTimeout
 def test_a_result_that_arrived_first_is_returned_at_once_and_again():
     pending = Pending()
     assert pending.resolve("value") is True
-    assert pending.wait(1) == "value"
-    assert pending.wait(1) == "value"  # a second wait does not block
-    assert pending.wait_or(0, "default") == "value"
+    assert pending.result(1) == "value"
+    assert pending.result(1) == "value"  # a second wait does not block
+    assert pending.result_or(0, "default") == "value"
 
 
 def test_a_result_from_another_thread_wakes_the_caller():
@@ -23,38 +23,49 @@ def test_a_result_from_another_thread_wakes_the_caller():
     timer = threading.Timer(0.05, pending.resolve, args=("late",))
     timer.start()
     started = time.monotonic()
-    assert pending.wait(None) == "late"
+    assert pending.result(10) == "late"
     assert time.monotonic() - started < 2
     timer.join()
+
+
+@pytest.mark.parametrize("wait", [Pending.result, Pending.arrived])
+def test_a_wait_without_a_timeout_is_refused(wait):
+    """A lock acquired with no timeout waits forever: every wait needs one."""
+    pending = Pending()
+    with pytest.raises(ValueError, match="timeout"):
+        wait(pending, None)
+    with pytest.raises(ValueError, match="timeout"):
+        pending.result_or(None, "default")
+    assert pending.wanted is True  # refused before it began: nothing was abandoned
 
 
 def test_a_timeout_abandons_so_a_late_result_is_refused():
     pending = Pending("send to foo")
     with pytest.raises(OperationTimeout, match="send to foo"):
-        pending.wait(0.01)
+        pending.result(0.01)
     assert pending.wanted is False
     assert pending.resolve("too late") is False  # the I/O thread puts it back
 
 
-def test_wait_or_returns_the_default_on_timeout():
+def test_result_or_returns_the_default_on_timeout():
     pending = Pending()
-    assert pending.wait_or(0.01, "nothing") == "nothing"
+    assert pending.result_or(0.01, "nothing") == "nothing"
     assert pending.resolve(1) is False
 
 
 def test_a_negative_remaining_time_is_an_immediate_timeout():
     pending = Pending()
-    assert pending.wait_or(-0.5, "expired") == "expired"
+    assert pending.result_or(-0.5, "expired") == "expired"
     ready = Pending()
     ready.resolve(2)
-    assert ready.wait(-1.0) == 2
+    assert ready.result(-1.0) == 2
 
 
 def test_failure_is_raised_in_the_caller():
     pending = Pending()
     assert pending.fail(ValueError("broker said no")) is True
     with pytest.raises(ValueError, match="broker said no"):
-        pending.wait(1)
+        pending.result(1)
     assert pending.resolve("after") is False
 
 
@@ -63,7 +74,7 @@ def test_only_the_first_outcome_counts():
     assert pending.resolve(1) is True
     assert pending.fail(RuntimeError()) is False
     assert pending.abandon() is False  # the caller learns a result is there
-    assert pending.wait(0) == 1
+    assert pending.result(0) == 1
 
 
 def test_an_interrupted_wait_abandons_first():
@@ -77,7 +88,7 @@ def test_an_interrupted_wait_abandons_first():
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.05)
         with pytest.raises(SystemExit):
-            pending.wait(5)
+            pending.result(5)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -115,6 +126,6 @@ def test_a_blocking_receive_queued_before_the_consumers_channel_opened_is_answer
         pool.add_waiter(pending, [("q", None)], time.monotonic() + 30, threads=1)
         assert not pending.arrived(0)
         pool.fail_all(LayerClosed("the layer is closed"))
-        assert pending.wait(0) is None
+        assert pending.result(0) is None
     finally:
         ioloop.close()

@@ -313,7 +313,7 @@ class Engine(object):
         if not pending.arrived(receive_timeout + 0.05) and io.outage() and pending.abandon():
             delivery = None
         else:
-            delivery = pending.wait_or(self.operation_timeout, None)
+            delivery = pending.result_or(self.operation_timeout, None)
         if delivery is None and io.outage() > self.operation_timeout:
             self._outage_notice.once(io, "blocking receives return nothing until it is back")
         return delivery
@@ -366,7 +366,7 @@ class Engine(object):
             self._ride_out(io, pending)
             timeout = 0.0  # it has waited already: the result, or the error now
         try:
-            return pending.wait(timeout)
+            return pending.result(timeout)
         except OperationTimeout as exc:
             raise self._outage_error(io, pending.description) or exc
 
@@ -405,7 +405,7 @@ class Engine(object):
             return None
         return OperationTimeout(
             "%s: the broker has been unreachable for %.1f s (%s); the layer keeps "
-            "reconnecting" % (what, outage, io.last_error or "connection lost")
+            "reconnecting" % (what, outage, io.last_error_text or "connection lost")
         )
 
     # -- figures ----------------------------------------------------------------
@@ -430,7 +430,7 @@ class Engine(object):
             "connection_losses": io.connection_losses,
             "retried_operations": io.retried,
             "republished": io.republished,
-            "last_error": io.last_error,
+            "last_error": io.last_error_text,
             "blocked": io.alarms.blocked is not None,
             "blocked_reason": io.alarms.blocked,
         }
@@ -456,7 +456,7 @@ class InFlight(object):
         """
         pending = self._publishes[index].pending
         try:
-            return pending.wait(max(0.0, deadline - time.monotonic()))
+            return pending.result(max(0.0, deadline - time.monotonic()))
         except OperationTimeout:
             raise self._engine._outage_error(self._io, pending.description) or OperationTimeout(
                 "%s: no answer from the broker within %.1f s"

@@ -21,6 +21,21 @@ import collections
 import random
 import threading
 import time
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
+
+import pika
 
 from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
 
@@ -30,8 +45,21 @@ from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
 COPY_WINDOW = 60.0
 
 
-class Delivery(collections.namedtuple("Delivery", "queue headers body redelivered message_id")):
+if TYPE_CHECKING:
+    from .consumers.pool import Consumer
+
+# (queue, message id, channel): see ``delivery_key``.
+DeliveryKey = Tuple[str, Optional[str], Any]
+
+
+class Delivery(NamedTuple):
     """A message as it came off the broker, decoded later by the caller."""
+
+    queue: str
+    headers: Mapping[str, Any]
+    body: bytes
+    redelivered: bool
+    message_id: Optional[str]
 
 
 class HandedOff(object):
@@ -63,31 +91,31 @@ class HandedOff(object):
     several seconds of a busy process.
     """
 
-    def __init__(self, size=50000, copies=10000):
+    def __init__(self, size: int = 50000, copies: int = 10000) -> None:
         self._size = size
-        self._keys = collections.OrderedDict()
+        self._keys: "collections.OrderedDict[DeliveryKey, None]" = collections.OrderedDict()
         # Keys of marked copies handed out: if the original comes after all,
         # it is the duplicate. Copies are rare: only after a copy arrived
         # (within COPY_WINDOW) are unmarked messages looked up at all.
         self._copies_size = copies
-        self._copies = collections.OrderedDict()
+        self._copies: "collections.OrderedDict[DeliveryKey, None]" = collections.OrderedDict()
         self._check_unmarked_until = 0.0
         self._lock = threading.Lock()  # callers add the messages they take themselves
         # The I/O thread's held messages (HeldMessages): a copy
         # that arrives while its original waits there, unhanded, is a copy.
-        self.held = None
+        self.held: Optional[HeldMessages] = None
         # Keys of messages a non-blocking receive's wave has taken and not
         # yet handed out or put back: a copy arriving meanwhile is a copy.
-        self._taking = collections.Counter()
+        self._taking: "collections.Counter[DeliveryKey]" = collections.Counter()
 
-    def taking(self, delivery):
+    def taking(self, delivery: Delivery) -> None:
         """A wave took ``delivery``; until ``taken`` says how that ended, a copy is dropped."""
         if delivery.message_id:
             key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
             with self._lock:
                 self._taking[key] += 1
 
-    def taken(self, delivery):
+    def taken(self, delivery: Delivery) -> None:
         """The wave handed ``delivery`` out (``add`` records that) or put it back."""
         if delivery.message_id:
             key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
@@ -96,12 +124,12 @@ class HandedOff(object):
                 if self._taking[key] <= 0:
                     del self._taking[key]
 
-    def forget_taking(self):
+    def forget_taking(self) -> None:
         """The connection went: what the waves had taken is back in its queues."""
         with self._lock:
             self._taking.clear()
 
-    def add(self, delivery):
+    def add(self, delivery: Delivery) -> None:
         if delivery.message_id:
             key = delivery_key(delivery.queue, delivery.message_id, delivery.headers)
             with self._lock:
@@ -113,14 +141,14 @@ class HandedOff(object):
                     if len(self._copies) > self._copies_size:
                         self._copies.popitem(last=False)
 
-    def is_duplicate(self, queue, method, properties):
+    def is_duplicate(self, queue: str, method: Any, properties: pika.spec.BasicProperties) -> bool:
         """Whether a delivery just pushed or fetched repeats one this process has.
 
         Runs on the I/O thread, for every delivery: the usual one (neither
         redelivered nor marked, and no copy arrived lately) returns at once.
         """
         headers = properties.headers
-        marked = bool(headers) and REPUBLISHED_HEADER in headers
+        marked = headers is not None and REPUBLISHED_HEADER in headers
         unmarked = not method.redelivered and not marked
         if unmarked:
             until = self._check_unmarked_until
@@ -145,7 +173,7 @@ class HandedOff(object):
         return False
 
 
-def delivery_key(queue, message_id, headers):
+def delivery_key(queue: str, message_id: Optional[str], headers: Mapping[str, Any]) -> DeliveryKey:
     """What tells one delivery from another in ``HandedOff``."""
     channel = headers.get(CHANNEL_HEADER)
     if channel is None:
@@ -158,18 +186,18 @@ def delivery_key(queue, message_id, headers):
 class Liveness(object):
     """Which queues this connection knows to exist, from its own recent use."""
 
-    def __init__(self):
-        self._until = {}
+    def __init__(self) -> None:
+        self._until: Dict[str, float] = {}  # queue -> until when it surely exists
 
-    def alive(self, queue):
+    def alive(self, queue: str) -> bool:
         return self._until.get(queue, 0) > time.monotonic()
 
-    def touch(self, queue, arguments):
+    def touch(self, queue: str, arguments: Optional[Dict[str, Any]]) -> None:
         lease_ms = (arguments or {}).get("x-expires")
         if lease_ms:
             self._until[queue] = time.monotonic() + lease_ms / 2000.0
 
-    def forget(self, queue=None):
+    def forget(self, queue: Optional[str] = None) -> None:
         if queue is None:
             self._until.clear()
         else:
@@ -181,7 +209,13 @@ class Held(object):
 
     __slots__ = ("channel", "delivery_tag", "delivery", "since", "owner")
 
-    def __init__(self, channel, delivery_tag, delivery, owner=None):
+    def __init__(
+        self,
+        channel: Optional[pika.channel.Channel],
+        delivery_tag: int,
+        delivery: Delivery,
+        owner: "Optional[Consumer]" = None,
+    ) -> None:
         self.channel = channel  # compared by identity only, outside the I/O thread
         self.delivery_tag = delivery_tag
         self.delivery = delivery
@@ -198,19 +232,21 @@ class HeldMessages(object):
     hand-off log (``HandedOff``) drops it.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_queue = {}
+        self._by_queue: Dict[str, Deque[Held]] = {}
 
-    def add(self, queue, held):
+    def add(self, queue: str, held: Held) -> None:
         with self._lock:
             self._by_queue.setdefault(queue, collections.deque()).append(held)
 
-    def put_back(self, queue, held):
+    def put_back(self, queue: str, held: Held) -> None:
         with self._lock:
             self._by_queue.setdefault(queue, collections.deque()).appendleft(held)
 
-    def take(self, queues, record=None):
+    def take(
+        self, queues: Sequence[str], record: Optional[Callable[[Delivery], None]] = None
+    ) -> Optional[Tuple[str, Held]]:
         """(queue, oldest Held) of a random one of ``queues`` holding any, or None.
 
         ``record(delivery)`` runs before the lock is released, so a thread
@@ -230,11 +266,11 @@ class HeldMessages(object):
                 record(held.delivery)
             return queue, held
 
-    def holds(self, queue):
+    def holds(self, queue: str) -> bool:
         """Whether any message is held for ``queue``."""
         return queue in self._by_queue  # one dict lookup: atomic, no lock needed
 
-    def has(self, queue, key):
+    def has(self, queue: str, key: DeliveryKey) -> bool:
         """Whether a message with ``key`` (see ``delivery_key``) is held."""
         with self._lock:
             return any(
@@ -242,20 +278,20 @@ class HeldMessages(object):
                 for held in self._by_queue.get(queue, ())
             )
 
-    def held_since(self, queue):
+    def held_since(self, queue: str) -> Tuple[Optional[float], int]:
         """(when the oldest was pushed, how many are held) for ``queue``, or (None, 0)."""
         with self._lock:
             waiting = self._by_queue.get(queue)
             return (waiting[0].since, len(waiting)) if waiting else (None, 0)
 
-    def withdraw(self, queue):
+    def withdraw(self, queue: str) -> List[Held]:
         with self._lock:
             return list(self._by_queue.pop(queue, ()))
 
-    def withdraw_where(self, predicate):
+    def withdraw_where(self, predicate: Callable[[Held], bool]) -> List[Held]:
         """Remove and return every held message for which ``predicate(held)`` is true."""
         with self._lock:
-            removed = []
+            removed: List[Held] = []
             for queue, waiting in list(self._by_queue.items()):
                 kept = collections.deque(held for held in waiting if not predicate(held))
                 if len(kept) != len(waiting):
@@ -266,7 +302,7 @@ class HeldMessages(object):
                         del self._by_queue[queue]
             return removed
 
-    def clear(self):
+    def clear(self) -> List[Held]:
         """Remove every held message; returns them."""
         with self._lock:
             removed = [held for waiting in self._by_queue.values() for held in waiting]

@@ -18,35 +18,54 @@ work nobody waits on: an acknowledgement is a ``Pending`` that no caller
 waits for, and a step the I/O thread needs before going on (a consumer's
 queue declare) is a ``Pending`` with ``on_done``, called on the resolving
 thread.
+
+Every wait has a timeout: ``result``, ``result_or`` and ``arrived`` take
+a number of seconds, and ``None`` (which a bare lock would read as
+"forever") is a type error and a ``ValueError``.
+
+A ``Pending`` is made by one thread and shared by two: the caller waits
+and may abandon it, the I/O thread resolves or fails it; ``_lock`` makes
+those one decision.
 """
 
 import threading
+from typing import Any, Callable, Optional
 
 from ..errors import OperationTimeout
 
 _PENDING, _DONE, _ABANDONED = "pending", "done", "abandoned"
 
+# on_done(value, error), on the thread that resolves or fails the Pending.
+OnDone = Callable[[Any, Optional[BaseException]], None]
+
+
+def _seconds(timeout: float) -> float:
+    """``timeout`` as a lock's timeout: never negative, never past ``TIMEOUT_MAX``."""
+    if timeout is None:  # a caller without types: a wait needs a limit
+        raise ValueError("a wait needs a timeout in seconds, not None")
+    return min(max(timeout, 0), threading.TIMEOUT_MAX)
+
 
 class Pending(object):
     __slots__ = ("_lock", "_arrived", "_state", "_value", "_error", "description", "_on_done")
 
-    def __init__(self, description="operation", on_done=None):
+    def __init__(self, description: str = "operation", on_done: Optional[OnDone] = None) -> None:
         self._lock = threading.Lock()  # makes resolve/fail/abandon one decision
         self._arrived = threading.Lock()  # held until a result arrives
         self._arrived.acquire()
         self._state = _PENDING
-        self._value = None
-        self._error = None
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
         self.description = description
         # on_done(value, error) runs on the thread that resolves or fails it.
         self._on_done = on_done
 
     @property
-    def wanted(self):
+    def wanted(self) -> bool:
         """True while the caller still waits; I/O-thread work may be skipped otherwise."""
         return self._state == _PENDING
 
-    def resolve(self, value=None):
+    def resolve(self, value: Any = None) -> bool:
         """Hand ``value`` to the caller. Returns False if nobody will take it."""
         with self._lock:
             if self._state != _PENDING:
@@ -58,7 +77,7 @@ class Pending(object):
             self._on_done(value, None)
         return True
 
-    def fail(self, error):
+    def fail(self, error: BaseException) -> bool:
         with self._lock:
             if self._state != _PENDING:
                 return False
@@ -69,7 +88,7 @@ class Pending(object):
             self._on_done(None, error)
         return True
 
-    def abandon(self):
+    def abandon(self) -> bool:
         """Give up waiting. Returns False if a result arrived first."""
         with self._lock:
             if self._state == _DONE:
@@ -77,10 +96,11 @@ class Pending(object):
             self._state = _ABANDONED
         return True
 
-    def arrived(self, timeout):
+    def arrived(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a result without giving up on it."""
+        seconds = _seconds(timeout)
         try:
-            arrived = self._arrived.acquire(timeout=min(max(timeout, 0), threading.TIMEOUT_MAX))
+            arrived = self._arrived.acquire(timeout=seconds)
         except BaseException:
             self.abandon()
             raise
@@ -88,19 +108,16 @@ class Pending(object):
             self._arrived.release()
         return arrived
 
-    def _wait(self, timeout):
+    def _arrives(self, timeout: float) -> bool:
         """True if a result arrived; False once abandoned after ``timeout``.
 
         Anything that interrupts the wait (SystemExit from a signal handler,
         KeyboardInterrupt) abandons the operation first, so a message that
         arrives while the caller unwinds goes back to the queue.
         """
-        if timeout is None:
-            timeout = -1  # Lock.acquire's "forever"
-        else:
-            timeout = min(max(timeout, 0), threading.TIMEOUT_MAX)
+        seconds = _seconds(timeout)
         try:
-            arrived = self._arrived.acquire(timeout=timeout)
+            arrived = self._arrived.acquire(timeout=seconds)
         except BaseException:
             self.abandon()
             raise
@@ -109,25 +126,25 @@ class Pending(object):
             return True
         return not self.abandon()
 
-    def _result(self):
+    def _answer(self) -> Any:
         if self._error is not None:
             raise self._error
         return self._value
 
-    def wait(self, timeout):
+    def result(self, timeout: float) -> Any:
         """The result, or OperationTimeout after ``timeout`` seconds.
 
         On timeout the caller abandons the operation, unless the result won
         the race, in which case the result is returned as usual.
         """
-        if not self._wait(timeout):
+        if not self._arrives(timeout):
             raise OperationTimeout(
                 "%s: no answer from the broker within %.1f s" % (self.description, timeout)
             )
-        return self._result()
+        return self._answer()
 
-    def wait_or(self, timeout, default):
-        """Like ``wait`` but returns ``default`` instead of raising on timeout."""
-        if not self._wait(timeout):
+    def result_or(self, timeout: float, default: Any) -> Any:
+        """Like ``result`` but returns ``default`` instead of raising on timeout."""
+        if not self._arrives(timeout):
             return default
-        return self._result()
+        return self._answer()

@@ -8,13 +8,22 @@ exists), which keeps a 404 from closing the channel in the common case; a
 
 Messages are acknowledged only once the caller has taken them (see
 ``futures.Pending``); one the caller abandoned is put back with a nack.
+Everything here runs on the I/O thread.
 """
 
 import collections
+import functools
 import logging
 import time
+from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .lanes import EMPTY, Lane, Taken
+import pika
+
+from .consumers import ConsumerPool
+from .deliveries import HandedOff, Liveness
+from .futures import Pending
+from .lanes import EMPTY, Answer, Lane, Taken
+from .work import Queues
 
 logger = logging.getLogger(__name__)
 
@@ -43,29 +52,29 @@ class _GetRequest(object):
         "round_trips",
     )
 
-    def __init__(self, pending, queues, fresh):
+    def __init__(self, pending: Pending, queues: Queues, fresh: int) -> None:
         self.pending = pending
         self.entries = queues  # every (queue, arguments) of the call
-        self.asked = set()  # queues asked with basic.get
+        self.asked: Set[str] = set()  # queues asked with basic.get
         self.queues = queues  # those to ask with basic.get, in the order to prefer
         self.queue_names = [q for q, _ in queues]  # all of them, asked or covered
         self.fresh = fresh  # queues[:fresh] were not found empty just now
         self.index = 0  # queues before this one have been asked
         self.outstanding = 0
-        self.results = []  # (position in queues, result) of the current wave
+        self.results: List[Tuple[int, Answer]] = []  # (position in queues, answer) this wave
         self.round_trips = 0  # basic.qos round trips made for it (Polls.let_pushes_land)
 
-    def leave_out(self, consumed):
+    def leave_out(self, consumed: Callable[[str], bool]) -> None:
         """Ask with ``basic.get`` only the queues for which ``consumed(queue)`` is False."""
         kept = [(i, entry) for i, entry in enumerate(self.queues) if not consumed(entry[0])]
         self.fresh = sum(1 for i, _ in kept if i < self.fresh)
         self.queues = [entry for _, entry in kept]
 
-    def unasked(self, consumed):
+    def unasked(self, consumed: Callable[[str], bool]) -> Queues:
         """Queues neither asked with basic.get nor consumed now (a consumer went meanwhile)."""
         return [e for e in self.entries if e[0] not in self.asked and not consumed(e[0])]
 
-    def ask(self, entries):
+    def ask(self, entries: Queues) -> None:
         self.queues = entries
         self.fresh = len(entries)
         self.index = 0
@@ -93,20 +102,27 @@ class Getter(object):
     let land (see ``Polls.let_pushes_land``) before the answer is None.
     """
 
-    def __init__(self, connection, liveness, handed_off, consumers, lanes=LANES):
+    def __init__(
+        self,
+        connection: pika.SelectConnection,
+        liveness: Liveness,
+        handed_off: HandedOff,
+        consumers: ConsumerPool,
+        lanes: int = LANES,
+    ) -> None:
         self._consumers = consumers
         self._polls = consumers.polls
         self._handed_off = handed_off
-        self._requests = collections.deque()
-        self._current = None
+        self._requests: Deque[_GetRequest] = collections.deque()
+        self._current: Optional[_GetRequest] = None
         self._barriers = 0  # lanes still putting messages back; no new wave until 0
-        self._empty_at = {}  # queue -> monotonic time it last answered empty
+        self._empty_at: Dict[str, float] = {}  # queue -> monotonic time it last answered empty
         self._lanes = [
             Lane(connection, liveness, handed_off, self._on_lane_ready, self._polls.drop_adopted)
             for _ in range(lanes)
         ]
 
-    def get(self, pending, queues):
+    def get(self, pending: Pending, queues: Queues) -> None:
         now = time.monotonic()
         fresh, quiet = [], []
         for entry in queues:
@@ -118,7 +134,7 @@ class Getter(object):
         self._requests.append(_GetRequest(pending, fresh + quiet, len(fresh)))
         self._next()
 
-    def _on_lane_ready(self):
+    def _on_lane_ready(self) -> None:
         if self._barriers:
             return
         if self._current is None:
@@ -126,7 +142,7 @@ class Getter(object):
         elif self._current.outstanding == 0:
             self._ask_next_wave()  # it was waiting for a lane
 
-    def _next(self):
+    def _next(self) -> None:
         while self._current is None and not self._barriers and self._requests:
             if self._consumers.acks.requeued:
                 # Messages a consumer gave back must be in their queues first.
@@ -146,8 +162,9 @@ class Getter(object):
             self._current = request
             self._ask_next_wave()
 
-    def _ask_next_wave(self):
+    def _ask_next_wave(self) -> None:
         request = self._current
+        assert request is not None  # called for the current request
         if request.index >= len(request.queues):
             self._let_pushes_land(request)
             return
@@ -163,13 +180,9 @@ class Getter(object):
         request.results = []
         for lane, (position, (queue, arguments)) in zip(lanes, wave):
             request.asked.add(queue)
-            lane.fetch(
-                queue,
-                arguments,
-                lambda result, position=position: self._on_answer(request, position, result),
-            )
+            lane.fetch(queue, arguments, functools.partial(self._on_answer, request, position))
 
-    def _on_answer(self, request, position, result):
+    def _on_answer(self, request: _GetRequest, position: int, result: Answer) -> None:
         if result is EMPTY:
             if len(self._empty_at) > 4096:  # forget the stale ones: names come and go
                 horizon = time.monotonic() - RECHECK_EMPTY
@@ -182,7 +195,7 @@ class Getter(object):
         if request.outstanding == 0 and request is self._current:
             self._conclude_wave(request)
 
-    def _conclude_wave(self, request):
+    def _conclude_wave(self, request: _GetRequest) -> None:
         every_taken = sorted((p, r) for p, r in request.results if isinstance(r, Taken))
         taken = [r for _, r in every_taken if r.still_held]
         errors = [r for _, r in request.results if isinstance(r, Exception)]
@@ -210,7 +223,7 @@ class Getter(object):
         else:
             self._ask_next_wave()
 
-    def _give_back(self, loser):
+    def _give_back(self, loser: Taken) -> bool:
         """Return a message the wave took but nobody gets; True if it was nacked.
 
         A queue with a consumer of ours keeps it here, in front of what the
@@ -223,20 +236,20 @@ class Getter(object):
             return False
         return loser.settle(False)
 
-    def _done(self):
+    def _done(self) -> None:
         self._current = None
         self._next()
 
-    def _barrier_passed(self):
+    def _barrier_passed(self) -> None:
         self._barriers -= 1
         if not self._barriers:
             self._next()
 
-    def _let_pushes_land(self, request):
+    def _let_pushes_land(self, request: _GetRequest) -> None:
         request.round_trips += 1
         self._polls.let_pushes_land(request.queue_names, lambda: self._after_landing(request))
 
-    def _after_landing(self, request):
+    def _after_landing(self, request: _GetRequest) -> None:
         """Nothing was in the queues; a consumer may have been pushed one meanwhile."""
         if request is not self._current:
             return  # the connection went: the I/O thread asks again on the next one
@@ -257,7 +270,7 @@ class Getter(object):
         self._current = None
         self._next()
 
-    def _ask_again(self, request, missed):
+    def _ask_again(self, request: _GetRequest, missed: Queues) -> None:
         """Ask with basic.get the queues whose consumer was cancelled during the call.
 
         What that consumer held went back with a nack: a barrier first, so
@@ -270,14 +283,14 @@ class Getter(object):
         else:
             self._ask_next_wave()
 
-    def _resume(self, request):
+    def _resume(self, request: _GetRequest) -> None:
         self._barriers -= 1
         if request is self._current:
             self._ask_next_wave()
         elif not self._barriers:
             self._next()
 
-    def _after_count(self, request, behind, ready):
+    def _after_count(self, request: _GetRequest, behind: List[str], ready: int) -> None:
         """A consumer's window filled (or it just started) and nothing came.
 
         Our acks (or the consume) may have reached the broker after the
@@ -297,11 +310,11 @@ class Getter(object):
         else:
             self._let_pushes_land(request)
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         for lane in self._lanes:
             lane.shutdown()
 
-    def forget(self):
+    def forget(self) -> None:
         """The connection is gone; the I/O thread retries the requests."""
         for lane in self._lanes:
             lane.forget()
@@ -310,7 +323,7 @@ class Getter(object):
         self._barriers = 0
         self._requests.clear()
 
-    def fail_all(self, error):
+    def fail_all(self, error: BaseException) -> None:
         requests = ([self._current] if self._current else []) + list(self._requests)
         self._current = None
         self._barriers = 0

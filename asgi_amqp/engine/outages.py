@@ -46,6 +46,6 @@ class OutageNotice(object):
         logger.warning(
             "the broker has been unreachable for %.1f s (%s); %s, and the layer keeps reconnecting",
             io.outage(),
-            io.last_error or "connection lost",
+            io.last_error_text or "connection lost",
             what,
         )

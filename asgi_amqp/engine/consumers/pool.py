@@ -49,7 +49,7 @@ callers' threads, each under its own lock.
 import collections
 import logging
 import time
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import pika
 import pika.channel
@@ -264,7 +264,7 @@ class ConsumerPool(object):
         """
         return self._prefetch if is_process_local_queue(queue) else self._window
 
-    def await_push(self, pending: Pending, names: List[str], deadline: float) -> bool:
+    def await_push(self, pending: Pending, names: Sequence[str], deadline: float) -> bool:
         """Hand ``pending`` what is held or next pushed for ``names``, or None at ``deadline``.
 
         True if it now waits (nothing was held).
@@ -277,7 +277,7 @@ class ConsumerPool(object):
         self._waiters.append(waiter)
         return True
 
-    def hand_over_held(self, pending: Pending, queues: List[str]) -> bool:
+    def hand_over_held(self, pending: Pending, queues: Sequence[str]) -> bool:
         """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
         if self.channel is None or not self.ready:
             return False  # the channel is gone; the broker requeues what it held

@@ -7,13 +7,17 @@ credentials, an unknown vhost, an unreachable node, a broker that closed
 the connection) and the node, without its credentials.
 """
 
+from typing import Any
+
 import pika
+import pika.connection
+import pika.exceptions
 
 from ...errors import AuthenticationError, BrokerConnectionError
 from ...urls import describe_parameters
 
 
-def root_cause(error):
+def root_cause(error: Any) -> Any:
     """pika wraps socket and TLS errors in workflow exceptions; dig the cause out."""
     for _ in range(6):
         if (
@@ -31,7 +35,7 @@ def root_cause(error):
     return error
 
 
-def describe_reason(reason):
+def describe_reason(reason: Any) -> str:
     """Why a connection closed or failed, as one line: the broker's reply code
     and text, or the root exception; never credentials."""
     reason = root_cause(reason)
@@ -42,7 +46,7 @@ def describe_reason(reason):
     return type(reason).__name__ + (": %s" % reason if str(reason) else "")
 
 
-def connection_error(error, parameters):
+def connection_error(error: Any, parameters: pika.connection.Parameters) -> Exception:
     """The error a caller gets for a failed connection attempt: refused
     credentials and a denied vhost are ``AuthenticationError`` (retrying
     cannot help), anything else ``BrokerConnectionError`` naming the node."""

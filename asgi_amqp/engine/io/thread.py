@@ -49,18 +49,22 @@ import copy
 import logging
 import threading
 import time
+from typing import Any, Callable, Deque, Iterable, Optional, Sequence, Set, Union
 
 import pika
+import pika.connection
+import pika.exceptions
 from pika.adapters.select_connection import IOLoop
 
 from ...errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ...urls import describe_parameters
 from ..consumers import ConsumerSettings
 from ..consumers.acks import TakenAcks
-from ..deliveries import HandedOff, HeldMessages, Liveness
+from ..deliveries import Delivery, HandedOff, HeldMessages, Liveness
 from ..futures import Pending
+from ..publisher import Publisher
 from ..session import Session
-from ..work import SendTakenAcks
+from ..work import SendTakenAcks, Work
 from .alarms import AlarmGate
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason
@@ -75,35 +79,39 @@ class IOThread(object):
 
     def __init__(
         self,
-        parameters,
-        name="asgi_amqp-io",
-        consumer_settings=None,
-        reconnect_max_delay=0.5,
-        handed_off=None,
-        restart_hold=0.0,
-    ):
+        parameters: Sequence[pika.connection.Parameters],
+        name: str = "asgi_amqp-io",
+        consumer_settings: Optional[ConsumerSettings] = None,
+        reconnect_max_delay: float = 0.5,
+        handed_off: Optional[HandedOff] = None,
+        restart_hold: float = 0.0,
+    ) -> None:
         self._parameters = list(parameters)
         self._name = name
         self._consumer_settings = consumer_settings or ConsumerSettings(0.25, 30.0, 16)
         self._reconnect_max_delay = reconnect_max_delay
         self._inbox = Inbox()  # any thread: callers put, the I/O thread takes
-        self._ioloop = None
-        self._thread = None
+        self._ioloop: Optional[IOLoop] = None  # made by the I/O thread as its first step
+        self._thread: Optional[threading.Thread] = None
         self._started = threading.Event()
         self._running = False  # from start() until the thread's last step
         # Everything below is touched by the I/O thread only.
-        self._connection = None  # the main connection: declares, gets, consumers
-        self._publishing = None  # the publishing connection of the same pair
-        self._open_connections = set()  # not closed yet; the loop stops once empty
-        self._session = None
-        self._waiting = collections.deque()  # work that needs a session
+        # The main connection: declares, gets, consumers.
+        self._connection: Optional[pika.SelectConnection] = None
+        # The publishing connection of the same pair.
+        self._publishing: Optional[pika.SelectConnection] = None
+        # Not closed yet; the loop stops once empty.
+        self._open_connections: Set[pika.connection.Connection] = set()
+        self._session: Optional[Session] = None
+        self._waiting: Deque[Work] = collections.deque()  # work that needs a session
         self._dispatched = Dispatched()  # what a loss hands to the next connection
         # Group fan-out held back after a refused outage (I/O thread only).
         self._restart_hold = RestartHold(restart_hold, self._call_later, self._run_or_wait)
         self._refused = False  # a connection attempt failed since the last loss
         self._attempt = 0
         self._ever_connected = False
-        self._last_error = None
+        # Why the last attempt failed or the pair was lost; None once connected.
+        self._failure: Optional[Exception] = None
         self._liveness = Liveness()
         # Shared with a replacement I/O thread, so a restart cannot hand a
         # redelivered message over twice.
@@ -114,15 +122,15 @@ class IOThread(object):
         # Read by callers: when the connection was lost (None while connected
         # or before the first one) and why; and how often it was lost.
         self.connected = False
-        self.disconnected_since = None
-        self.last_error = None
+        self.disconnected_since: Optional[float] = None
+        self.last_error_text: Optional[str] = None  # kept after a reconnect
         self.connection_losses = 0
         # Set by the I/O thread, read and waited on by callers (io/alarms.py).
         self.alarms = AlarmGate()
 
     # -- any thread ----------------------------------------------------------
 
-    def start(self):
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._running = True
         try:
@@ -134,39 +142,39 @@ class IOThread(object):
             raise BrokerConnectionError("the I/O thread did not start")
 
     @property
-    def retried(self):
+    def retried(self) -> int:
         """Pieces of work handed from a lost connection to the next."""
         return self._dispatched.retried
 
     @property
-    def republished(self):
+    def republished(self) -> int:
         """Marked copies of publishes whose confirm was lost, sent again."""
         return self._dispatched.republished
 
     @property
-    def _stopping(self):
+    def _stopping(self) -> bool:
         """Set once by ``stop``: from then on no work is taken and no reconnect made."""
         return self._inbox.closed
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         # Asked on every call: a flag the thread clears on its way out is
         # cheaper than Thread.is_alive, which takes a lock.
         return self._running
 
-    def submit(self, work):
+    def submit(self, work: Work) -> None:
         """Run ``work(session)`` on the I/O thread once a session exists.
 
         ``work`` must be an object with ``pending`` and ``__call__(session)``.
         """
         self.submit_many((work,))
 
-    def submit_many(self, works):
+    def submit_many(self, works: Iterable[Work]) -> None:
         """``submit`` for a list of work: one lock and at most one wake-up for all."""
         if self._inbox.put(works):
-            self._ioloop.add_callback_threadsafe(self._drain_inbox)
+            self._loop_started.add_callback_threadsafe(self._drain_inbox)
 
-    def take_pushed(self, queues):
+    def take_pushed(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A Delivery already pushed to this process for one of ``queues``, or None.
 
         Runs in the caller's thread: taking it needs no trip through the I/O
@@ -186,12 +194,12 @@ class IOThread(object):
                 pass  # the connection closes with the layer: the broker requeues them
         return held.delivery
 
-    def outage(self):
+    def outage(self) -> float:
         """Seconds since the connection was lost; 0 while connected."""
         since = self.disconnected_since
         return 0.0 if since is None else time.monotonic() - since
 
-    def stop(self, timeout=10.0):
+    def stop(self, timeout: float = 10.0) -> None:
         if not self._inbox.close():
             return
         if self._ioloop is not None:
@@ -203,7 +211,14 @@ class IOThread(object):
 
     # -- the I/O thread ------------------------------------------------------
 
-    def _run(self):
+    @property
+    def _loop_started(self) -> IOLoop:
+        """The I/O loop; it exists once ``start`` returned (the thread makes it first)."""
+        ioloop = self._ioloop
+        assert ioloop is not None, "the I/O thread has not started"
+        return ioloop
+
+    def _run(self) -> None:
         try:
             self._ioloop = IOLoop()
             self._ioloop.add_callback_threadsafe(self._connect)
@@ -212,16 +227,17 @@ class IOThread(object):
         finally:
             self._running = False
 
-    def _loop(self):
+    def _loop(self) -> None:
+        ioloop = self._loop_started
         try:
-            self._ioloop.start()
+            ioloop.start()
         except Exception:
             logger.exception("I/O loop crashed")
         finally:
             self._fail_waiting(LayerClosed("the layer is closed"))
-            self._ioloop.close()
+            ioloop.close()
 
-    def _drain_inbox(self):
+    def _drain_inbox(self) -> None:
         if self._session is not None and len(self._taken):
             self._session.consumers.acks.send_taken()  # first: they may have waited
         for work in self._inbox.take_all():
@@ -229,28 +245,30 @@ class IOThread(object):
                 continue
             if self._session is not None:
                 self._dispatch(work)
-            elif not self._ever_connected and self._last_error is not None:
-                work.pending.fail(self._last_error)
+            elif not self._ever_connected and self._failure is not None:
+                work.pending.fail(self._failure)
             else:
                 self._waiting.append(work)
 
-    def _dispatch(self, work):
+    def _dispatch(self, work: Work) -> None:
         if self._restart_hold.holds_back(work):
             return
         if work.retry:
             self._dispatched.add(work)
+        session = self._session
+        assert session is not None  # work is dispatched only while there is one
         try:
-            work(self._session)
+            work(session)
         except Exception as exc:
             if not self._pair_open():
                 return  # a connection is going: _on_closed hands it on
             logger.exception("error while running %s", work.pending.description)
             work.pending.fail(BrokerConnectionError("internal error: %s" % exc))
 
-    def _pair_open(self):
+    def _pair_open(self) -> bool:
         return all(c is not None and c.is_open for c in (self._connection, self._publishing))
 
-    def _connect(self):
+    def _connect(self) -> None:
         """Open the main connection; the publishing one follows once it is open."""
         if self._stopping:
             return
@@ -259,7 +277,11 @@ class IOThread(object):
         self._publishing = None
         self._connection = self._open_connection(parameters, self._on_main_open)
 
-    def _open_connection(self, parameters, on_open):
+    def _open_connection(
+        self,
+        parameters: pika.connection.Parameters,
+        on_open: Callable[[pika.connection.Connection], None],
+    ) -> pika.SelectConnection:
         connection = pika.SelectConnection(
             parameters,
             on_open_callback=on_open,
@@ -270,26 +292,27 @@ class IOThread(object):
         self._open_connections.add(connection)
         return connection
 
-    def _on_main_open(self, connection):
-        if connection is not self._connection:
+    def _on_main_open(self, opened: pika.connection.Connection) -> None:
+        connection = self._connection
+        if opened is not connection or connection is None:
             return
-        parameters = copy.copy(connection.params)
+        parameters = copy.copy(_parameters_of(connection))
         name = (parameters.client_properties or {}).get("connection_name", "asgi_amqp")
         parameters.client_properties = {"connection_name": "%s (publishing)" % name}
         self._publishing = self._open_connection(parameters, self._on_open)
 
-    def _on_open(self, publishing):
+    def _on_open(self, opened: pika.connection.Connection) -> None:
         """Both connections of the pair are open: a session starts on them."""
-        if publishing is not self._publishing:
+        connection, publishing = self._connection, self._publishing
+        if opened is not publishing or connection is None or publishing is None:
             return
-        connection = self._connection
         publishing.add_on_connection_blocked_callback(self._on_blocked)
         publishing.add_on_connection_unblocked_callback(self._on_unblocked)
         if self._ever_connected:
             logger.info("reconnected to %s", describe_parameters(connection.params))
         self._attempt = 0
         self._ever_connected = True
-        self._last_error = None
+        self._failure = None
         if self._refused:
             self._restart_hold.begin()
         self._refused = False
@@ -311,7 +334,9 @@ class IOThread(object):
             if work.pending.wanted:
                 self._dispatch(work)
 
-    def _on_open_error(self, connection, error):
+    def _on_open_error(
+        self, connection: pika.connection.Connection, error: Union[str, Exception]
+    ) -> None:
         self._open_connections.discard(connection)
         if connection not in (self._connection, self._publishing):
             self._stop_when_closed()
@@ -323,20 +348,20 @@ class IOThread(object):
             self._stop_when_closed()
             return
         self._refused = True
-        self._last_error = connection_error(error, connection.params)
-        self.last_error = str(self._last_error)
-        logger.warning("%s", self._last_error)
+        failure = self._failure = connection_error(error, _parameters_of(connection))
+        self.last_error_text = str(failure)
+        logger.warning("%s", failure)
         # A layer that never connected fails its callers once every URL of
         # the list refused: a typo is an error in seconds, and a first node
         # that is down is not.
         every_url_tried = self._attempt + 1 >= len(self._parameters)
-        if isinstance(self._last_error, AuthenticationError) or (
+        if isinstance(failure, AuthenticationError) or (
             not self._ever_connected and every_url_tried
         ):
-            self._fail_waiting(self._last_error)
+            self._fail_waiting(failure)
         self._schedule_reconnect()
 
-    def _on_closed(self, connection, reason):
+    def _on_closed(self, connection: pika.connection.Connection, reason: Exception) -> None:
         self._open_connections.discard(connection)
         if connection not in (self._connection, self._publishing):
             self._stop_when_closed()  # the other half of a pair already handled
@@ -370,41 +395,41 @@ class IOThread(object):
         self.connection_losses += 1
         if self.disconnected_since is None:
             self.disconnected_since = time.monotonic()
-        self.last_error = str(error)
+        self.last_error_text = str(error)
         logger.warning("%s; reconnecting", error)
-        self._last_error = error
+        self._failure = error
         self._schedule_reconnect()
 
-    def _hand_on(self, dispatched):
+    def _hand_on(self, dispatched: Deque[Work]) -> None:
         """Queue the lost connection's unfinished work first for the next one."""
         self._waiting.extendleft(reversed(self._dispatched.carry(dispatched)))
 
-    def _on_blocked(self, connection, frame):
+    def _on_blocked(self, connection: pika.connection.Connection, frame: Any) -> None:
         if connection is not self._publishing:
             return
         reason = getattr(frame.method, "reason", None) or "a resource alarm"
-        self.alarms.block(reason, connection.params, self._publisher())
+        self.alarms.block(reason, _parameters_of(connection), self._publisher())
 
-    def _on_unblocked(self, connection, _frame):
+    def _on_unblocked(self, connection: pika.connection.Connection, _frame: Any) -> None:
         if connection is not self._publishing:
             return
-        self.alarms.lift(connection.params, self._publisher())
+        self.alarms.lift(_parameters_of(connection), self._publisher())
 
-    def _publisher(self):
+    def _publisher(self) -> Optional[Publisher]:
         """The session's publisher, which an alarm blocks; None without a session."""
         return self._session.publisher if self._session is not None else None
 
-    def _call_later(self, delay, callback):
-        return self._ioloop.call_later(delay, callback)
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> object:
+        return self._loop_started.call_later(delay, callback)
 
-    def _run_or_wait(self, work):
+    def _run_or_wait(self, work: Work) -> None:
         """Run ``work`` on the session, or keep it for the next one."""
         if self._session is not None:
             self._dispatch(work)
         else:
             self._waiting.append(work)
 
-    def _drop(self, connection):
+    def _drop(self, connection: Optional[pika.connection.Connection]) -> None:
         """Close the other half of a pair that is going; its close is then ignored."""
         if connection is None or connection.is_closing or connection.is_closed:
             return
@@ -413,12 +438,12 @@ class IOThread(object):
         except pika.exceptions.ConnectionWrongStateError:
             logger.debug("closing a connection of the pair", exc_info=True)
 
-    def _stop_when_closed(self):
+    def _stop_when_closed(self) -> None:
         """Stop the loop while stopping, once no connection is left to close."""
         if self._stopping and not self._open_connections:
-            self._ioloop.stop()
+            self._loop_started.stop()
 
-    def _schedule_reconnect(self):
+    def _schedule_reconnect(self) -> None:
         if self._stopping:
             self._stop_when_closed()
             return
@@ -429,17 +454,17 @@ class IOThread(object):
             if self._attempt % len(self._parameters)
             else min(self._reconnect_max_delay, 0.1 * (2**rounds))
         )
-        if isinstance(self._last_error, AuthenticationError):
+        if isinstance(self._failure, AuthenticationError):
             delay = self._reconnect_max_delay
-        self._ioloop.call_later(delay, self._connect)
+        self._loop_started.call_later(delay, self._connect)
 
-    def _fail_waiting(self, error):
+    def _fail_waiting(self, error: BaseException) -> None:
         waiting, self._waiting = self._waiting, collections.deque()
         waiting.extend(self._restart_hold.take_all())
         for work in waiting:
             work.pending.fail(error)
 
-    def _shutdown(self):
+    def _shutdown(self) -> None:
         if self._session is not None:
             self._session.consumers.acks.send_taken()  # what callers took is theirs
         self._fail_waiting(LayerClosed("the layer is closed"))
@@ -451,4 +476,11 @@ class IOThread(object):
         if closing:
             return  # _on_closed stops the loop once both are closed
         # Never opened, still opening or reconnecting: nothing to close cleanly.
-        self._ioloop.stop()
+        self._loop_started.stop()
+
+
+def _parameters_of(connection: pika.connection.Connection) -> pika.connection.Parameters:
+    """A connection's parameters (pika's types allow None; a connection made has them)."""
+    parameters = connection.params
+    assert parameters is not None
+    return parameters

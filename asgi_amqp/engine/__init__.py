@@ -20,7 +20,10 @@ Inside, by module:
     ``Pending``, the one wait protocol between a caller and the I/O thread;
 ``publisher``, ``declares``, ``consumers``, ``getter``
     the channels a session uses: confirmed publishes, topology steps,
-    blocking receives, non-blocking receives;
+    blocking receives (the ``consumers`` package: the pool and the acks,
+    polls and sweep it owns), non-blocking receives (with ``lanes``);
+``reopening_channel``
+    the one AMQP channel each of those parts owns, reopened after an error;
 ``deliveries``
     receive state: held messages, the hand-off log, known queues;
 ``deadletter``

@@ -34,7 +34,7 @@ outages" weigh it against losing the message.
 A publish that never reached pika is simply sent on the next connection.
 
 While the broker blocks the publishing connection (a resource alarm, see
-``connection``), ``block`` fails every publish at once with
+``io.alarms``), ``block`` fails every publish at once with
 ``BrokerBlocked``: the ones waiting for a confirm (the broker may still
 deliver them when it reads their frames after the alarm), and every new one
 without handing it to pika, so it is certainly not delivered. ``unblock``

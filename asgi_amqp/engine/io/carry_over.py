@@ -10,14 +10,16 @@ queue). The caller's own timeout bounds all of it: only an outage longer
 than ``operation_timeout`` reaches the caller, as ``OperationTimeout``
 naming the lost connection.
 
-``Dispatched`` keeps that work for the I/O thread (``connection.IOThread``),
+``Dispatched`` keeps that work for the I/O thread (``io.thread.IOThread``),
 the only thread that touches it; ``retried`` and ``republished`` are read by
 callers for the layer's statistics.
 """
 
 import collections
 import logging
-from typing import Any, Deque, List
+from typing import Deque, List
+
+from ..work import Work
 
 logger = logging.getLogger(__name__)
 
@@ -28,25 +30,25 @@ class Dispatched(object):
     """The work dispatched on the current connection pair that may run again."""
 
     def __init__(self) -> None:
-        self._works: Deque[Any] = collections.deque()
+        self._works: Deque[Work] = collections.deque()
         self._prune_at = PRUNE_EVERY
         self.retried = 0  # pieces of work handed from a lost connection to the next
         self.republished = 0  # marked copies of publishes whose confirm was lost
 
-    def add(self, work: Any) -> None:
+    def add(self, work: Work) -> None:
         self._works.append(work)
         if len(self._works) >= self._prune_at:
             # Forget finished work, so the list grows only with work in flight.
             self._works = collections.deque(w for w in self._works if w.pending.wanted)
             self._prune_at = max(PRUNE_EVERY, 2 * len(self._works))
 
-    def take(self) -> Deque[Any]:
+    def take(self) -> Deque[Work]:
         """All of it, in order, for a connection that is going; the list starts afresh."""
         works, self._works = self._works, collections.deque()
         self._prune_at = PRUNE_EVERY
         return works
 
-    def carry(self, works: Deque[Any]) -> List[Any]:
+    def carry(self, works: Deque[Work]) -> List[Work]:
         """Those of ``works`` whose callers still wait, counted and logged:
         the next connection runs them first."""
         carried = [work for work in works if work.pending.wanted]

@@ -8,9 +8,10 @@ costs one wake-up, and the loop takes everything that came in one go.
 
 import collections
 import threading
-from typing import Any, Iterable, List
+from typing import Deque, Iterable, List
 
 from ...errors import LayerClosed
+from ..work import Work
 
 
 class Inbox(object):
@@ -18,11 +19,11 @@ class Inbox(object):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._works: "collections.deque[Any]" = collections.deque()
+        self._works: Deque[Work] = collections.deque()
         self._wakeup_sent = False
         self.closed = False
 
-    def put(self, works: Iterable[Any]) -> bool:
+    def put(self, works: Iterable[Work]) -> bool:
         """Add ``works``; True if the caller must wake the loop (none pending).
 
         Raises ``LayerClosed`` once the inbox is closed: nothing would run it.
@@ -36,7 +37,7 @@ class Inbox(object):
             self._wakeup_sent = True
             return True
 
-    def take_all(self) -> List[Any]:
+    def take_all(self) -> List[Work]:
         """Everything put so far, in order (on the I/O thread, once woken)."""
         with self._lock:
             self._wakeup_sent = False

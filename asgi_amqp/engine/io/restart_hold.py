@@ -21,7 +21,9 @@ next connection, and a close fails it, like any other work.
 import collections
 import logging
 import time
-from typing import Any, Callable, Deque
+from typing import Callable, Deque
+
+from ..work import Work
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +33,14 @@ CallLater = Callable[[float, Callable[[], None]], object]
 class RestartHold(object):
     """Holds back publishes that fan out until ``seconds`` after a refused outage."""
 
-    def __init__(self, seconds: float, call_later: CallLater, release: Callable[[Any], None]):
+    def __init__(
+        self, seconds: float, call_later: CallLater, release: Callable[[Work], None]
+    ) -> None:
         self._seconds = seconds
         self._call_later = call_later  # the I/O loop's, resolved when called
         self._release = release  # runs a piece of work whose hold ended
         self._until = 0.0  # monotonic time from which fan-out goes out
-        self._held_back: Deque[Any] = collections.deque()
+        self._held_back: Deque[Work] = collections.deque()
 
     def begin(self) -> None:
         """The pair opened after refused attempts: hold fan-out back from now on."""
@@ -48,7 +52,7 @@ class RestartHold(object):
         )
         self._until = time.monotonic() + self._seconds
 
-    def holds_back(self, work: Any) -> bool:
+    def holds_back(self, work: Work) -> bool:
         """Hold ``work`` back if it fans out while the hold lasts; True if it did."""
         if not work.fans_out or time.monotonic() >= self._until:
             return False
@@ -57,7 +61,7 @@ class RestartHold(object):
         self._held_back.append(work)
         return True
 
-    def take_all(self) -> Deque[Any]:
+    def take_all(self) -> Deque[Work]:
         """Everything held back, in order, for a connection that is going or a close."""
         held_back, self._held_back = self._held_back, collections.deque()
         return held_back

@@ -26,13 +26,13 @@ Setup = Callable[[pika.channel.Channel, Callable[..., None]], None]
 OnLost = Callable[[Optional[int], Optional[str]], None]
 
 
-def describe_close(reason: Any) -> Tuple[Optional[int], Optional[str]]:
-    """Reply code and text of a pika close reason, credentials never included."""
+def broker_reply(reason: Any) -> Tuple[Optional[int], Optional[str]]:
+    """The broker's reply code and text in a pika close reason; without a
+    reply code, (None, the reason's class name). Never credentials."""
     code = getattr(reason, "reply_code", None)
-    text = getattr(reason, "reply_text", None)
     if code is None:
-        return None, "%s" % type(reason).__name__
-    return code, text
+        return None, type(reason).__name__
+    return code, getattr(reason, "reply_text", None)
 
 
 def connection_lost(reason: Any, connection: pika.SelectConnection) -> bool:
@@ -103,7 +103,7 @@ class ReopeningChannel(object):
             # the next connection. Failing it here would raise in callers
             # for an outage the layer rides through.
             return
-        code, text = describe_close(reason)
+        code, text = broker_reply(reason)
         if not self._closing:
             logger.debug("%s channel closed: %s %s", self._name, code, text)
         self._on_lost(code, text)

@@ -1,10 +1,14 @@
-"""Why a connection failed, named for the caller.
+"""Why a connection failed or a channel closed, named for the caller and the log.
 
 pika reports a failed connection attempt as a chain of workflow exceptions
-around the socket or TLS error, and a closed connection as a reply code
-and text. A caller needs one line that names the cause (refused
+around the socket or TLS error, and a closed connection or channel as a
+reply code and text. A caller needs one line that names the cause (refused
 credentials, an unknown vhost, an unreachable node, a broker that closed
-the connection) and the node, without its credentials.
+the connection) and the node, without its credentials. ``broker_reply``
+is the one reading of a close reason; ``describe_reason`` the one line
+made of it (``broker_reply`` lives with the channels, in
+``reopening_channel``, which the I/O thread's modules may import and not
+the other way round).
 """
 
 from typing import Any
@@ -15,6 +19,7 @@ import pika.exceptions
 
 from ...errors import AuthenticationError, BrokerConnectionError
 from ...urls import describe_parameters
+from ..reopening_channel import broker_reply
 
 
 def root_cause(error: Any) -> Any:
@@ -39,8 +44,7 @@ def describe_reason(reason: Any) -> str:
     """Why a connection closed or failed, as one line: the broker's reply code
     and text, or the root exception; never credentials."""
     reason = root_cause(reason)
-    code = getattr(reason, "reply_code", None)
-    text = getattr(reason, "reply_text", None)
+    code, text = broker_reply(reason)
     if code is not None:
         return "%s %s" % (code, text)
     return type(reason).__name__ + (": %s" % reason if str(reason) else "")

@@ -1,4 +1,4 @@
-"""Non-blocking receives over many channels (asgi_amqp.engine.getter.Getter).
+"""Non-blocking receives over many channels (asgi_amqp.engine.getter.waves.Getter).
 
 One receive asks several queues at once and keeps one message; the others it
 took go back to the head of their queues. These tests pin down what that

@@ -21,7 +21,8 @@ Inside, by module:
 ``publisher``, ``declares``, ``consumers``, ``getter``
     the channels a session uses: confirmed publishes, topology steps,
     blocking receives (the ``consumers`` package: the pool and the acks,
-    polls and sweep it owns), non-blocking receives (with ``lanes``);
+    polls and sweep it owns), non-blocking receives (the ``getter``
+    package: the waves and their lanes);
 ``reopening_channel``
     the one AMQP channel each of those parts owns, reopened after an error;
 ``deliveries``

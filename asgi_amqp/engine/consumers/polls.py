@@ -25,7 +25,7 @@ so that what a poll costs and why a poll never overtakes a push can be
 read on its own. It owns the poll counts and the callbacks waiting for a
 ``basic.qos`` round trip on the consumers' channel, and reads and starts
 the pool's consumers through the pool's public methods. The getter
-(``getter.py``) calls these methods; everything here runs on the I/O
+(``getter/waves.py``) calls these methods; everything here runs on the I/O
 thread.
 """
 
@@ -174,7 +174,7 @@ class Polls(object):
         """Call ``done`` once the messages put back with a nack are in their queues again.
 
         A ``basic.get`` through a getter's lane could overtake the nack and
-        take the message behind it (see ``lanes.Lane.barrier``); the
+        take the message behind it (see ``getter.lanes.Lane.barrier``); the
         answer to a ``basic.qos`` on this channel comes after the broker
         forwarded our nacks.
         """

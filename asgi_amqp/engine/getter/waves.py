@@ -19,11 +19,11 @@ from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
 
 import pika
 
-from .consumers import ConsumerPool
-from .deliveries import HandedOff, Liveness
-from .futures import Pending
+from ..consumers import ConsumerPool
+from ..deliveries import HandedOff, Liveness
+from ..futures import Pending
+from ..work import Queues
 from .lanes import EMPTY, Answer, Lane, Taken
-from .work import Queues
 
 logger = logging.getLogger(__name__)
 

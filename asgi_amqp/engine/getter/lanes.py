@@ -16,10 +16,10 @@ import pika
 import pika.channel
 from pika import spec
 
-from ..errors import BrokerConnectionError, BrokerOperationError
-from .declares import broker_call_error
-from .deliveries import Delivery, HandedOff, Liveness
-from .reopening_channel import ReopeningChannel
+from ...errors import BrokerConnectionError, BrokerOperationError
+from ..declares import broker_call_error
+from ..deliveries import Delivery, HandedOff, Liveness
+from ..reopening_channel import ReopeningChannel
 
 logger = logging.getLogger(__name__)
 

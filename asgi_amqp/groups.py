@@ -35,6 +35,7 @@ from .channel_names import is_process_local
 from .engine import ACKED, RETURNED
 from .errors import BrokerBlocked, BrokerOperationError, ChannelFull
 from .local_groups import LocalGroups
+from .sending import Sender
 from .serialization import Message
 from .twisted_support import on_reactor_thread
 
@@ -99,22 +100,17 @@ class Groups(object):
     """``group_add``, ``group_discard``, ``group_channels``, ``send_group``,
     ``send_group_many`` and ``flush``."""
 
-    # Provided by AMQPChannelLayer (layer.py; _properties by sending.Sending).
+    # Provided by AMQPChannelLayer (layer.py).
     topology: naming.Topology
+    sender: Sender
     _infrastructure_pid: Optional[int]
     _engine: Any
     _serializer: Any
     _local_groups: LocalGroups
     _leases_sent: Dict[Tuple[str, str], int]
     _member_exchanges: MemberExchanges
-    _delivery_mode: int
     _check_group_name: Callable[..., bool]
     _check_channel_name: Callable[..., bool]
-    _admin: Callable[..., Any]
-    _publish: Callable[..., str]
-    _properties: Callable[..., Any]
-    _finish_send: Callable[..., None]
-    _declare_channel_queue: Callable[..., Any]
     _management_client: Callable[..., Any]
     _stats: Any
     operation_timeout: float
@@ -129,7 +125,7 @@ class Groups(object):
         legacy: List[Any] = []  # the group exchange was made before it was auto-delete
         member = self.topology.membership_binding(channel, stamp)[0]
         try:
-            self._admin(self._membership_steps(group, channel, stamp, legacy), what)
+            self.sender.declare(self._membership_steps(group, channel, stamp, legacy), what)
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
@@ -139,7 +135,9 @@ class Groups(object):
             # channel's queue when it expired. Building them again is correct.
             self._member_exchanges.forget(member)
             self._ensure_infrastructure(again=True)
-            self._admin(self._membership_steps(group, channel, stamp, legacy, again=True), what)
+            self.sender.declare(
+                self._membership_steps(group, channel, stamp, legacy, again=True), what
+            )
         self._member_exchanges.add(member)
         if legacy:
             # Not auto-delete, it stays when its last binding goes: this lease
@@ -163,7 +161,7 @@ class Groups(object):
         # The member exchange (the channel's, or its process's: m:foo!) goes
         # with the queue it is bound to (auto-delete), so the queue must
         # exist; declaring it, answered, renews its x-expires lease.
-        declare = self._declare_channel_queue(channel)
+        declare = self.sender.channel_queue_declare(channel)
         steps = []
         if again or not self._member_exchanges.made_lately(member):
             steps += [
@@ -230,7 +228,7 @@ class Groups(object):
     def _publish_together(self, requests):
         """Publish ``requests`` at once; each one's outcome, or None if a
         resource alarm blocks publishing (the caller's own path waits for it)."""
-        return self._outcomes(self._engine.start_publishes(requests))
+        return self._outcomes(self.sender.start_publishes(requests))
 
     def _outcomes(self, in_flight):
         """Each outcome of publishes handed over together (``_publish_together``)."""
@@ -256,7 +254,7 @@ class Groups(object):
         }
         if delete_unused_group:
             headers[naming.DELETE_UNUSED_HEADER] = 1
-        properties = self._properties(headers)
+        properties = self.sender.properties(headers)
         properties.delivery_mode = 2  # a lease lost is a binding nobody removes
         ends = self.topology.lease_ends(stamp)
         properties.expiration = str(max(1, int(round((ends - time.time()) * 1000))))
@@ -279,10 +277,10 @@ class Groups(object):
             return
         queue = self.topology.lease_queue
         what = "lease of %s in %s" % (channel, group)
-        outcome = self._publish("", queue, b"", properties, True, what)
+        outcome = self.sender.publish("", queue, b"", properties, True, what)
         if outcome == RETURNED:  # flushed, or deleted by hand
             self._ensure_infrastructure(again=True)
-            outcome = self._publish("", queue, b"", properties, True, what)
+            outcome = self.sender.publish("", queue, b"", properties, True, what)
         if outcome != ACKED:
             raise BrokerOperationError(
                 312 if outcome == RETURNED else None,
@@ -302,7 +300,7 @@ class Groups(object):
             headers[naming.LEASE_ENDS_HEADER] = int(self.topology.lease_ends(stamp) * 1000)
         queue = self.topology.channel_queue(channel)
         what = "%s notice of %s in %s" % (kind, channel, group)
-        return ("", queue, b"", self._properties(headers), True, what)
+        return ("", queue, b"", self.sender.properties(headers), True, what)
 
     def _notify(self, kind, group, channel, stamp=None):
         """Tell the process of ``channel`` (process-local) that it joined or left
@@ -320,9 +318,9 @@ class Groups(object):
         deadline = time.monotonic() + min(NOTICE_PATIENCE, self.operation_timeout)
         pause = 0.01
         while True:
-            outcome = self._publish("", queue, b"", properties, True, what)
+            outcome = self.sender.publish("", queue, b"", properties, True, what)
             try:
-                self._finish_send(channel, queue, b"", properties, outcome)
+                self.sender.finish_send(channel, queue, b"", properties, outcome)
                 return
             except ChannelFull:
                 if on_reactor_thread() or time.monotonic() + pause > deadline:
@@ -352,8 +350,8 @@ class Groups(object):
         in_flight = None
         if local:
             notice = self._notice_message(naming.LEAVE_KIND, group, channel)
-            in_flight = self._engine.start_publishes([notice + (False,)])
-        self._admin(steps, "group_discard %s %s" % (group, channel))
+            in_flight = self.sender.start_publishes([notice + (False,)])
+        self.sender.declare(steps, "group_discard %s %s" % (group, channel))
         self._leases_sent.pop((group, channel), None)
         if in_flight is not None and self._outcomes(in_flight) != [ACKED]:
             try:
@@ -392,12 +390,12 @@ class Groups(object):
         self._ensure_infrastructure()
         # Full members drop the message (the broker nacks); that is the spec.
         try:
-            self._publish(
+            self.sender.publish(
                 self.topology.group_router,
                 group,
                 body,
                 # The group tells a process which of its members to copy it to.
-                self._properties({naming.GROUP_HEADER: group}),
+                self.sender.properties({naming.GROUP_HEADER: group}),
                 False,
                 "send to group %s" % group,
             )
@@ -437,7 +435,7 @@ class Groups(object):
         steps = [engine.queue_delete(q) for q in queues]
         steps += [engine.exchange_delete(x) for x in exchanges]
         steps.append(engine.queue_purge(self.topology.dead_letter_queue))
-        self._admin(steps, "flush")
+        self.sender.declare(steps, "flush")
         self._engine.forget_queues()
         self._leases_sent.clear()
         self._member_exchanges.clear()
@@ -451,7 +449,7 @@ class Groups(object):
         topology = self.topology
         # Senders need only the exchanges. The dead-letter queue is the
         # workers' business; its node being down must not stop group_add.
-        self._admin(
+        self.sender.declare(
             [
                 engine.exchange_declare(topology.dead_letter_exchange),
                 engine.exchange_declare(topology.group_router, exchange_type="direct"),

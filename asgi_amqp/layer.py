@@ -7,22 +7,21 @@ of topology steps, get, wait for a delivery), and asks the engine for each
 timeout). No code here runs on the I/O thread. All broker objects and their
 arguments come from ``naming.Topology``.
 
-The class is put together from one mixin per concern, so that a behaviour
-is found by its module's name: ``sending.Sending`` (``send``, ``send_many``
-and the properties of every message), ``receiving.Receiving``
+The class is put together from one part per concern, so that a behaviour
+is found by its module's name: it holds a ``sending.Sender`` (``send``, and
+the publishes, declares and message properties of every part; ``send_many``
+is ``pipeline``'s), and inherits ``receiving.Receiving``
 (``receive``, ``receive_twisted``) and ``groups.Groups`` (the ``groups``
 and ``flush`` extensions). This module holds the settings, the primitives
 the mixins share, and the rest of the API.
 """
 
-import itertools
 import math
 import os
 import secrets
 import string
 import threading
-import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from asgiref.base_layer import BaseChannelLayer
 
@@ -30,8 +29,6 @@ from . import engine, naming, statistics, twisted_support
 from .channel_names import MAX_NAME_LENGTH, check_channel_name, check_group_name
 from .engine import Engine
 from .errors import (
-    BrokerBlocked,
-    BrokerOperationError,
     ChannelFull,
     MessageTooLarge,
     settings_mismatch,
@@ -39,10 +36,10 @@ from .errors import (
 from .groups import Groups, MemberExchanges
 from .local_groups import LocalGroups
 from .management import ManagementClient
+from .pipeline import send_all
 from .receiving import ReceiveTargets, Receiving
-from .sending import Sending
-from .serialization import Serializer
-from .twisted_support import on_reactor_thread
+from .sending import Sender
+from .serialization import Message, Serializer
 from .urls import management_url_for, parse_urls, redact, vhost_of
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
@@ -55,7 +52,7 @@ _NAME_ALPHABET = string.ascii_letters + string.digits
 RESTART_HOLD_SECONDS = 2.0
 
 
-class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
+class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
     :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
@@ -178,7 +175,6 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
                     "channel_capacity values must be positive integers, not %r" % (value,)
                 )
         self.receive_timeout = receive_timeout
-        self.operation_timeout = operation_timeout
         self.topology = naming.Topology(
             prefix, expiry, group_expiry, self.get_capacity, queue_type=queue_type
         )
@@ -213,10 +209,16 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         # Member exchanges group_add made lately (callers' threads).
         self._member_exchanges = MemberExchanges(expiry)
         self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
-        self._id_token = secrets.token_hex(8)
-        self._id_pid = os.getpid()
-        self._id_counter = itertools.count()
-        self._delivery_mode = 2 if persistent else 1
+        # Sends, and the publishes and declares of the other parts (callers' threads).
+        self.sender = Sender(
+            self._engine,
+            self.topology,
+            self._serializer,
+            self._stats,
+            operation_timeout,
+            self.get_capacity,
+            persistent,
+        )
 
     def __repr__(self):
         return "<%s %s prefix=%r>" % (
@@ -235,48 +237,18 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         """Stop the I/O thread and the dead-letter worker; the layer is unusable afterwards."""
         self._engine.close()
 
+    # -- the parts' settings ------------------------------------------------
+
+    @property
+    def operation_timeout(self) -> float:
+        """Seconds any call but a blocking receive waits for the broker (the sender's)."""
+        return self.sender.operation_timeout
+
+    @operation_timeout.setter
+    def operation_timeout(self, seconds: float) -> None:
+        self.sender.operation_timeout = seconds
+
     # -- primitives ---------------------------------------------------------
-
-    def _publish(self, exchange, routing_key, body, properties, mandatory, what, marked=False):
-        """Publish and wait for the broker's answer, through a resource alarm.
-
-        While an alarm blocks publishing, a caller's thread waits for it to
-        clear, within ``operation_timeout``, and then publishes: a Channels
-        worker that raised instead would die of it (Channels 1.x retries a
-        full channel for 2 s in ``send_and_flush``, then raises). daphne's
-        reactor thread must not wait (every connection of daphne would
-        freeze), so there ``BrokerBlocked`` is raised at once and daphne
-        answers 503 or closes the socket with 1013, "try again later".
-        """
-        deadline = None  # set at the first block: nothing extra on the usual path
-        while True:
-            try:
-                return self._engine.publish(
-                    exchange,
-                    routing_key,
-                    body,
-                    properties,
-                    mandatory,
-                    what,
-                    marked=marked,
-                    fans_out=exchange == self.topology.group_router,
-                )
-            except BrokerBlocked:
-                if on_reactor_thread():
-                    raise
-                if deadline is None:
-                    deadline = time.monotonic() + self.operation_timeout
-                if not self._engine.wait_unblocked(deadline):
-                    raise
-                # One in flight when the alarm began may still be delivered:
-                # the copy is marked, so its reader drops it if it has both.
-                marked = True
-
-    def _admin(self, steps, what):
-        try:
-            return self._engine.declare(steps, what)
-        except BrokerOperationError as exc:
-            raise self._named(exc) from None
 
     def _named(self, error):
         """A broker refusal as the caller should see it: a queue that exists
@@ -284,6 +256,25 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         return settings_mismatch(error, self.topology.explain_mismatch)
 
     # -- ASGI API -------------------------------------------------------------
+
+    def send(self, channel: str, message: Message) -> None:
+        self.sender.send(channel, message)
+
+    def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
+        """Send every ``(channel, message)`` of ``items``, many in flight at once.
+
+        An extension for bulk senders: the same promise as ``send`` for each
+        message, without a broker round trip each. Returns one outcome per
+        item, in input order: None once the broker confirmed it, or the
+        exception ``send`` would have raised for it (``ChannelFull``, a
+        ``TypeError`` for an invalid name or message, ``MessageTooLarge``, a
+        broker error). An item is validated and encoded before it is
+        published; an invalid one is never published. Messages to one
+        channel keep their order. Items are read as they are sent, so a
+        generator of any length needs memory for the window only (4096
+        messages), plus the returned list.
+        """
+        return send_all(self, items, "channel")
 
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
@@ -347,11 +338,6 @@ class AMQPChannelLayer(Sending, Receiving, Groups, BaseChannelLayer):
         return figures
 
     # -- helpers ----------------------------------------------------------------
-
-    def _declare_channel_queue(self, channel):
-        return engine.queue_declare(
-            self.topology.channel_queue(channel), self.topology.channel_queue_arguments(channel)
-        )
 
     def management_client(self) -> ManagementClient:
         """The client of the broker's management API for this layer's vhost, made on

@@ -91,6 +91,7 @@ class SendPipeline(object):
         keep_existing: bool = False,
     ) -> None:
         self._layer = layer
+        self._sender = layer.sender  # publishes, declares and message properties
         # A tool sending for an application (the command line, Spark) must not
         # re-declare a queue the application made: a passive declare first,
         # and a queue that exists is used with the arguments it has.
@@ -149,17 +150,17 @@ class SendPipeline(object):
 
     def _prepare(self, entry: _Entry, message: Dict[str, Any]) -> None:
         """Validate and encode in the caller's thread, before anything is sent."""
-        layer = self._layer
+        layer, sender = self._layer, self._sender
         if entry.kind == "group":
             layer.valid_group_name(entry.name)
             # The group tells a process which of its members to copy it to.
-            entry.properties = layer._properties({naming.GROUP_HEADER: entry.name})
+            entry.properties = sender.properties({naming.GROUP_HEADER: entry.name})
         else:
             layer.valid_channel_name(entry.name)
             entry.queue = layer.topology.channel_queue(entry.name)
             headers = {naming.CHANNEL_HEADER: entry.name} if is_process_local(entry.name) else None
-            entry.properties = layer._properties(headers)
-        entry.body = layer._serializer.dumps(message)
+            entry.properties = sender.properties(headers)
+        entry.body = sender.encode(message)
 
     def _launch(self) -> None:
         """Declare the chunk's new queues, then hand its publishes over at once.
@@ -211,12 +212,12 @@ class SendPipeline(object):
                     )
                 )
         try:
-            batch = self._layer._engine.start_publishes(requests)
+            batch = self._sender.start_publishes(requests)
         except Exception as exc:  # the layer is closed
             for entry in ready:
                 entry.error = exc
             return
-        deadline = time.monotonic() + self._layer.operation_timeout
+        deadline = time.monotonic() + self._sender.operation_timeout
         for index, entry in enumerate(ready):
             entry.batch, entry.index, entry.deadline = batch, index, deadline
 
@@ -248,17 +249,17 @@ class SendPipeline(object):
         declare queues: a 403. A passive declare needs no permission; if the
         queue is there, the messages go to it, else the 403 is their error.
         """
-        layer = self._layer
+        sender = self._sender
         if not self._passive_only:
             try:
-                layer._admin([layer._declare_channel_queue(channel)], "declare %s" % queue)
+                sender.declare([sender.channel_queue_declare(channel)], "declare %s" % queue)
                 return
             except BrokerOperationError as exc:
                 if exc.reply_code != ACCESS_REFUSED:
                     raise
                 self._passive_only = exc
         try:
-            layer._admin([engine.queue_declare(queue, None, passive=True)], "check %s" % queue)
+            sender.declare([engine.queue_declare(queue, None, passive=True)], "check %s" % queue)
         except BrokerOperationError as exc:
             if exc.reply_code == NOT_FOUND:
                 raise self._passive_only from None
@@ -266,7 +267,7 @@ class SendPipeline(object):
 
     def _exists(self, queue: str) -> bool:
         step = engine.queue_declare(queue, None, passive=True, not_found_ok=True)
-        return self._layer._admin([step], "check %s" % queue) is not None
+        return self._sender.declare([step], "check %s" % queue) is not None
 
     @staticmethod
     def _fail(entries: List[_Entry], which: Callable[[_Entry], bool], exc: Exception) -> None:
@@ -292,9 +293,10 @@ class SendPipeline(object):
             if outcome == ACKED or entry.kind == "group":
                 return None  # a full group member drops the message: the spec
             # Refused or returned: send's own loop decides, as for one send.
-            return self._layer._finish_send(
-                entry.name, entry.queue, entry.body, entry.properties, outcome
+            self._sender.finish_send(
+                entry.name, entry.queue or "", entry.body, entry.properties, outcome
             )
+            return None
         except Exception as exc:
             return exc
 

@@ -1,58 +1,93 @@
-"""Sending to a channel: ``send``, ``send_many`` and the message properties.
+"""Sending: ``send``, and the publishes and declares of every part of the layer.
 
-A mixin of ``AMQPChannelLayer``, kept apart because a send is more than a
-publish: a publish the broker refused (nacked) or returned is carried to
-its end here, in the caller's thread, as ``ChannelFull``, a declare and a
-new attempt, or an error (``SendAttempts`` says for how long). The
-publishes themselves run on the I/O thread (``engine``). The message
-properties built here serve every publish of the layer: ``groups`` and
-``pipeline`` use them too.
+``AMQPChannelLayer`` holds one ``Sender``, kept apart because a send is more
+than a publish: a publish the broker refused (nacked) or returned is
+carried to its end here, in the caller's thread, as ``ChannelFull``, a
+declare and a new attempt, or an error (``SendAttempts`` says for how
+long). The publishes themselves run on the I/O thread (``engine``).
+
+The other parts (``groups.Groups``, ``pipeline.SendPipeline``) publish and
+declare through the same ``Sender``, so that one object states how the
+layer waits through a resource alarm (``publish``), names a declare the
+broker refused (``declare``) and numbers its messages (``properties``).
 """
 
+import itertools
 import os
 import secrets
 import time
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import pika
 
-from . import engine, errors, naming, pipeline
-from .channel_names import is_process_local
-from .engine import ACKED, NACKED
-from .errors import BrokerOperationError, MessageRefused
-from .serialization import Message
+from . import engine, naming
+from .channel_names import check_channel_name, is_process_local
+from .engine import ACKED, NACKED, Engine, InFlight, PublishRequest, Step
+from .errors import (
+    BrokerBlocked,
+    BrokerOperationError,
+    ChannelFull,
+    MessageRefused,
+    settings_mismatch,
+)
+from .serialization import Message, Serializer
+from .statistics import Counters
 from .twisted_support import on_reactor_thread
 
 
-class Sending(object):
-    """``send`` and ``send_many``, and the properties of every message."""
+class Sender(object):
+    """``send``, and the publishes, declares and message properties of the layer.
 
-    # Provided by AMQPChannelLayer (layer.py).
-    topology: naming.Topology
-    operation_timeout: float
-    ChannelFull: Type[errors.ChannelFull]
-    _serializer: Any
-    _stats: Any
-    _id_token: str
-    _id_pid: int
-    _id_counter: Iterator[int]
-    _delivery_mode: int
-    _check_channel_name: Callable[..., bool]
-    _admin: Callable[..., Any]
-    _publish: Callable[..., str]
-    _declare_channel_queue: Callable[..., Any]
-    get_capacity: Callable[[str], int]
+    Made by ``AMQPChannelLayer`` with what it needs; used from callers'
+    threads only (several at once).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        topology: naming.Topology,
+        serializer: Serializer,
+        stats: Counters,
+        operation_timeout: float,
+        get_capacity: Callable[[str], int],
+        persistent: bool,
+    ) -> None:
+        self._engine = engine
+        self._topology = topology
+        self._serializer = serializer
+        self._stats = stats  # ChannelFull counts (thread-safe, the layer's)
+        self._get_capacity = get_capacity
+        # Seconds a publish, a declare or a refused send waits for the broker;
+        # the layer's ``operation_timeout`` (callers' threads; set there only).
+        self.operation_timeout = operation_timeout
+        self._delivery_mode = 2 if persistent else 1
+        # Message ids (callers' threads): a random token per process and a
+        # counter, whose next() is atomic; a forked child makes its own token.
+        self._id_token = secrets.token_hex(8)
+        self._id_pid = os.getpid()
+        self._id_counter = itertools.count()
 
     def send(self, channel: str, message: Message) -> None:
-        self._check_channel_name(channel)
+        check_channel_name(channel)
         body = self._serializer.dumps(message)
-        queue = self.topology.channel_queue(channel)
+        queue = self._topology.channel_queue(channel)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
-        properties = self._properties(headers)
-        outcome = self._publish("", queue, body, properties, True, "send to %s" % channel)
-        self._finish_send(channel, queue, body, properties, outcome)
+        properties = self.properties(headers)
+        outcome = self.publish("", queue, body, properties, True, "send to %s" % channel)
+        self.finish_send(channel, queue, body, properties, outcome)
 
-    def _finish_send(self, channel, queue, body, properties, outcome):
+    def encode(self, message: Message) -> bytes:
+        """``message`` as a body to publish (``MessageTooLarge``, ``TypeError``)."""
+        return self._serializer.dumps(message)
+
+    def finish_send(
+        self,
+        channel: str,
+        queue: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        outcome: str,
+    ) -> None:
         """Carry a publish the broker refused or returned to its end: sent, or raised."""
         if outcome == ACKED:
             return  # the usual case: nothing to build, no thread to ask about
@@ -68,10 +103,10 @@ class Sending(object):
             else:
                 # Returned: the queue does not exist (new, expired or flushed).
                 attempts.returned()
-                self._admin([self._declare_channel_queue(channel)], "declare %s" % queue)
-            outcome = self._publish("", queue, body, properties, True, what, marked)
+                self.declare([self.channel_queue_declare(channel)], "declare %s" % queue)
+            outcome = self.publish("", queue, body, properties, True, what, marked)
 
-    def _depth_unless_full(self, channel, queue):
+    def _depth_unless_full(self, channel: str, queue: str) -> int:
         """After a refusal: ``ChannelFull`` if the queue is full, else its depth.
 
         Full means at or past ``Topology.refusing_depth``: the capacity of a
@@ -86,41 +121,91 @@ class Sending(object):
         with a smaller capacity (full below ours) makes the broker refuse
         that declare, which names the mismatch (``QueueSettingsMismatch``)
         instead of a refusal that looks like a failing node."""
-        depth = self._admin(
+        depth: int = self.declare(
             [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
         ).message_count
-        if depth >= self.topology.refusing_depth(channel):
+        if depth >= self._topology.refusing_depth(channel):
             self._stats.count_full(channel)
-            raise self.ChannelFull(
-                "channel %s is full (%d of %d)" % (channel, depth, self.get_capacity(channel))
+            raise ChannelFull(
+                "channel %s is full (%d of %d)" % (channel, depth, self._get_capacity(channel))
             )
-        self._admin([self._declare_channel_queue(channel)], "check %s" % queue)
+        self.declare([self.channel_queue_declare(channel)], "check %s" % queue)
         return depth
 
-    def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
-        """Send every ``(channel, message)`` of ``items``, many in flight at once.
+    # -- what every part of the layer publishes and declares with ---------------
 
-        An extension for bulk senders: the same promise as ``send`` for each
-        message, without a broker round trip each. Returns one outcome per
-        item, in input order: None once the broker confirmed it, or the
-        exception ``send`` would have raised for it (``ChannelFull``, a
-        ``TypeError`` for an invalid name or message, ``MessageTooLarge``, a
-        broker error). An item is validated and encoded before it is
-        published; an invalid one is never published. Messages to one
-        channel keep their order. Items are read as they are sent, so a
-        generator of any length needs memory for the window only (4096
-        messages), plus the returned list.
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        mandatory: bool,
+        what: str,
+        marked: bool = False,
+    ) -> str:
+        """Publish and wait for the broker's answer, through a resource alarm.
+
+        While an alarm blocks publishing, a caller's thread waits for it to
+        clear, within ``operation_timeout``, and then publishes: a Channels
+        worker that raised instead would die of it (Channels 1.x retries a
+        full channel for 2 s in ``send_and_flush``, then raises). daphne's
+        reactor thread must not wait (every connection of daphne would
+        freeze), so there ``BrokerBlocked`` is raised at once and daphne
+        answers 503 or closes the socket with 1013, "try again later".
         """
-        return pipeline.send_all(self, items, "channel")
+        deadline = None  # set at the first block: nothing extra on the usual path
+        while True:
+            try:
+                return self._engine.publish(
+                    exchange,
+                    routing_key,
+                    body,
+                    properties,
+                    mandatory,
+                    what,
+                    marked=marked,
+                    fans_out=exchange == self._topology.group_router,
+                )
+            except BrokerBlocked:
+                if on_reactor_thread():
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + self.operation_timeout
+                if not self._engine.wait_unblocked(deadline):
+                    raise
+                # One in flight when the alarm began may still be delivered:
+                # the copy is marked, so its reader drops it if it has both.
+                marked = True
 
-    def _process_token(self):
+    def start_publishes(self, requests: Sequence[PublishRequest]) -> InFlight:
+        """Hand ``requests`` over at once; ``InFlight.outcome`` gives each answer."""
+        return self._engine.start_publishes(requests)
+
+    def declare(self, steps: Sequence[Step], what: str) -> Any:
+        """Run topology steps (``engine.queue_declare`` and the like); the last
+        one's answer. A queue that exists with other settings raises
+        ``QueueSettingsMismatch``, which names them."""
+        try:
+            return self._engine.declare(steps, what)
+        except BrokerOperationError as exc:
+            raise settings_mismatch(exc, self._topology.explain_mismatch) from None
+
+    def channel_queue_declare(self, channel: str) -> Step:
+        """The step that declares ``channel``'s queue with this layer's arguments."""
+        return engine.queue_declare(
+            self._topology.channel_queue(channel), self._topology.channel_queue_arguments(channel)
+        )
+
+    def _process_token(self) -> str:
         """This process's id token: a forked child gets its own, so that the
         message ids of two processes never meet in a receiver's hand-off log."""
         if self._id_pid != os.getpid():
             self._id_token, self._id_pid = secrets.token_hex(8), os.getpid()
         return self._id_token
 
-    def _properties(self, headers=None):
+    def properties(self, headers: Optional[Dict[str, Any]] = None) -> pika.BasicProperties:
+        """The properties of a message of this layer, with a new id."""
         # Ids only need to be unique per process and cheap: a random
         # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
@@ -146,16 +231,16 @@ class SendAttempts(object):
     again, three times at most.
     """
 
-    def __init__(self, channel, queue, timeout, patient=True):
+    def __init__(self, channel: str, queue: str, timeout: float, patient: bool = True) -> None:
         self.channel = channel
         self.queue = queue
         self.timeout = timeout
         self.patient = patient
         self.refusals = 0
         self.declares = 0
-        self.refused_until = None
+        self.refused_until: Optional[float] = None
 
-    def refused(self, depth):
+    def refused(self, depth: int) -> None:
         """One more refusal of a queue that held ``depth`` messages, not full."""
         self.refusals += 1
         if self.refusals == 1:
@@ -172,7 +257,7 @@ class SendAttempts(object):
             )
         time.sleep(min(0.5, self.refused_until - now, 0.02 * 2 ** min(self.refusals, 4)))
 
-    def returned(self):
+    def returned(self) -> None:
         self.declares += 1
         if self.declares > 3:
             raise BrokerOperationError(

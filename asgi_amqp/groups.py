@@ -34,7 +34,7 @@ from . import engine, naming, pipeline
 from .channel_names import is_process_local
 from .engine import ACKED, RETURNED
 from .errors import BrokerBlocked, BrokerOperationError, ChannelFull
-from .local_groups import LocalGroups
+from .receiving import Receiver
 from .sending import Sender
 from .serialization import Message
 from .twisted_support import on_reactor_thread
@@ -106,7 +106,7 @@ class Groups(object):
     _infrastructure_pid: Optional[int]
     _engine: Any
     _serializer: Any
-    _local_groups: LocalGroups
+    receiver: Receiver
     _leases_sent: Dict[Tuple[str, str], int]
     _member_exchanges: MemberExchanges
     _check_group_name: Callable[..., bool]
@@ -439,7 +439,7 @@ class Groups(object):
         self._engine.forget_queues()
         self._leases_sent.clear()
         self._member_exchanges.clear()
-        self._local_groups.forget()
+        self.receiver.local_groups.forget()
         self._infrastructure_pid = None  # the lease queue went
 
     def _ensure_infrastructure(self, again=False):

@@ -10,8 +10,8 @@ arguments come from ``naming.Topology``.
 The class is put together from one part per concern, so that a behaviour
 is found by its module's name: it holds a ``sending.Sender`` (``send``, and
 the publishes, declares and message properties of every part; ``send_many``
-is ``pipeline``'s), and inherits ``receiving.Receiving``
-(``receive``, ``receive_twisted``) and ``groups.Groups`` (the ``groups``
+is ``pipeline``'s), a ``receiving.Receiver`` (``receive``; ``receive_twisted`` is
+``twisted_support``'s), and inherits ``groups.Groups`` (the ``groups``
 and ``flush`` extensions). This module holds the settings, the primitives
 the mixins share, and the rest of the API.
 """
@@ -31,13 +31,11 @@ from .engine import Engine
 from .errors import (
     ChannelFull,
     MessageTooLarge,
-    settings_mismatch,
 )
 from .groups import Groups, MemberExchanges
-from .local_groups import LocalGroups
 from .management import ManagementClient
 from .pipeline import send_all
-from .receiving import ReceiveTargets, Receiving
+from .receiving import Receiver
 from .sending import Sender
 from .serialization import Message, Serializer
 from .urls import management_url_for, parse_urls, redact, vhost_of
@@ -52,7 +50,7 @@ _NAME_ALPHABET = string.ascii_letters + string.digits
 RESTART_HOLD_SECONDS = 2.0
 
 
-class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
+class AMQPChannelLayer(Groups, BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
     :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
@@ -174,7 +172,6 @@ class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
                 raise ValueError(
                     "channel_capacity values must be positive integers, not %r" % (value,)
                 )
-        self.receive_timeout = receive_timeout
         self.topology = naming.Topology(
             prefix, expiry, group_expiry, self.get_capacity, queue_type=queue_type
         )
@@ -199,10 +196,6 @@ class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
         )
         self._infrastructure_pid = None
-        self._queues_for_receive = ReceiveTargets(self.topology)
-        # Process-local members and copies of group messages waiting for them
-        # (callers' threads, under its lock).
-        self._local_groups = LocalGroups(self.topology, self.get_capacity)
         # (group, channel) -> the lease stamp this process last put in the
         # lease queue (callers' threads; a dict's get and set are atomic).
         self._leases_sent: Dict[Any, int] = {}
@@ -218,6 +211,15 @@ class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
             operation_timeout,
             self.get_capacity,
             persistent,
+        )
+        # Receives (callers' threads, and daphne's reactor thread for what is held).
+        self.receiver = Receiver(
+            self._engine,
+            self.topology,
+            self._serializer,
+            self._stats,
+            receive_timeout,
+            self.get_capacity,
         )
 
     def __repr__(self):
@@ -248,12 +250,14 @@ class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
     def operation_timeout(self, seconds: float) -> None:
         self.sender.operation_timeout = seconds
 
-    # -- primitives ---------------------------------------------------------
+    @property
+    def receive_timeout(self) -> float:
+        """Seconds a blocking ``receive`` waits (the receiver's)."""
+        return self.receiver.timeout
 
-    def _named(self, error):
-        """A broker refusal as the caller should see it: a queue that exists
-        with other settings becomes ``QueueSettingsMismatch``, which names them."""
-        return settings_mismatch(error, self.topology.explain_mismatch)
+    @receive_timeout.setter
+    def receive_timeout(self, seconds: float) -> None:
+        self.receiver.timeout = seconds
 
     # -- ASGI API -------------------------------------------------------------
 
@@ -275,6 +279,15 @@ class AMQPChannelLayer(Receiving, Groups, BaseChannelLayer):
         messages), plus the returned list.
         """
         return send_all(self, items, "channel")
+
+    def receive(
+        self, channels: Iterable[str], block: bool = False
+    ) -> Tuple[Optional[str], Optional[Message]]:
+        return self.receiver.receive(channels, block)
+
+    def receive_twisted(self, channels: Iterable[str]) -> Any:
+        """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
+        return twisted_support.receive_twisted(self.receiver, channels)
 
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:

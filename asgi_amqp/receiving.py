@@ -1,24 +1,27 @@
-"""Receiving: ``receive``, ``receive_twisted`` and what they hand out.
+"""Receiving: ``receive`` and what it hands out.
 
-A mixin of ``AMQPChannelLayer``, kept apart because ``receive`` is the
-hottest call of a worker and does the most in the caller's thread: it maps
+``AMQPChannelLayer`` holds one ``Receiver``, kept apart because ``receive``
+is the hottest call of a worker and does the most in the caller's thread: it maps
 the channel names onto their queues (``ReceiveTargets``, cached, because a
 worker names the same handful of channels thousands of times), takes a
 message a consumer was already pushed without a trip to the I/O thread,
 and decodes what it gets, skipping (and counting) what cannot be read. The
 gets and waits themselves run on the I/O thread (``engine``).
+``twisted_support`` builds daphne's ``receive_twisted`` on a ``Receiver``.
 """
 
 import logging
 import random
 import time
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-from . import naming, twisted_support
+from . import naming
 from .channel_names import check_channel_name
-from .errors import BrokerOperationError
+from .engine import Delivery, Engine, Queues
+from .errors import BrokerOperationError, settings_mismatch
 from .local_groups import NOTICE, LocalGroups
-from .serialization import Message, UndecodableMessage
+from .serialization import Message, Serializer, UndecodableMessage
+from .statistics import Counters
 
 logger = logging.getLogger(__name__)
 
@@ -26,23 +29,44 @@ _MAX_SKIPPED = 100  # undecodable messages skipped in one receive call
 _MAX_NOTICES = 10000  # join and leave notices applied in one receive call
 
 
-class Receiving(object):
-    """``receive`` and ``receive_twisted``."""
+Received = Tuple[str, Message]  # (channel, message)
+Target = Tuple[str, Optional[Dict[str, Any]]]  # (queue, its arguments)
 
-    # Provided by AMQPChannelLayer (layer.py).
-    topology: naming.Topology
-    receive_timeout: float
-    _engine: Any
-    _serializer: Any
-    _stats: Any
-    _queues_for_receive: "ReceiveTargets"
-    _local_groups: LocalGroups
-    _named: Callable[..., Exception]
+
+class Receiver(object):
+    """``receive``, and the takes ``receive_twisted`` makes on daphne's reactor.
+
+    Made by ``AMQPChannelLayer`` with what it needs; used from callers'
+    threads (several at once) and daphne's reactor thread (``take_held``).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        topology: naming.Topology,
+        serializer: Serializer,
+        stats: Counters,
+        receive_timeout: float,
+        get_capacity: Callable[[str], int],
+    ) -> None:
+        self._engine = engine
+        self._topology = topology
+        self._serializer = serializer
+        self._stats = stats  # undecodable counts (thread-safe, the layer's)
+        # Seconds a blocking receive waits: the layer's ``receive_timeout``
+        # (callers' threads; set there only).
+        self.timeout = receive_timeout
+        # Channel names -> queues, cached (callers' threads; see ReceiveTargets).
+        self.queues = ReceiveTargets(topology)
+        # Process-local members and copies of group messages waiting for them
+        # (callers' threads, under its lock). This receiver fills and reads it;
+        # ``Groups.flush`` empties it.
+        self.local_groups = LocalGroups(topology, get_capacity)
 
     def receive(
         self, channels: Iterable[str], block: bool = False
     ) -> Tuple[Optional[str], Optional[Message]]:
-        queues = self._queues_for_receive(channels)
+        queues = self.queues(channels)
         if not queues:
             return None, None  # as asgiref's in-memory layer and asgi_redis do
         names = [queue for queue, _ in queues]
@@ -51,16 +75,16 @@ class Receiving(object):
         # Then a consumer of an earlier blocking receive may have been pushed
         # one already: take it here, without a trip to the I/O thread.
         # A notice taken counts against a blocking receive's timeout.
-        deadline = time.monotonic() + self.receive_timeout
+        deadline = time.monotonic() + self.timeout
         found = self._local_copy(names) or self._first_readable(
             lambda: self._engine.take_held(names) or self._fetch(queues, block, deadline)
         )
         return (None, None) if found is None else found
 
-    def _local_copy(self, names) -> Optional[Tuple[str, Message]]:
+    def _local_copy(self, names: List[str]) -> Optional[Received]:
         """A copy of a group message waiting for a process-local member."""
         for _ in range(_MAX_SKIPPED):
-            copy = self._local_groups.take(names)
+            copy = self.local_groups.take(names)
             if copy is None:
                 return None
             queue, channel, body = copy
@@ -69,11 +93,11 @@ class Receiving(object):
                 return decoded
         return None
 
-    def _take_held(self, queues) -> Optional[Tuple[str, Message]]:
+    def take_held(self, queues: Sequence[Target]) -> Optional[Received]:
         """A message already pushed to this process for one of ``queues``, or None.
 
         Never waits and never starts the layer's threads, so that daphne's
-        reactor thread may call it (``receive_twisted``): a lock, a decode,
+        reactor thread may call it (``twisted_support.receive_twisted``): a lock, a decode,
         and the ack handed to the I/O thread without waiting for it.
         """
         names = [queue for queue, _ in queues]
@@ -82,7 +106,9 @@ class Receiving(object):
             return copy
         return self._first_readable(lambda: self._engine.take_held(names))
 
-    def _first_readable(self, next_delivery):
+    def _first_readable(
+        self, next_delivery: Callable[[], Optional[Delivery]]
+    ) -> Optional[Received]:
         """(channel, message) of the first delivery ``next_delivery()`` gives
         that decodes, skipping at most ``_MAX_SKIPPED`` that do not (and the
         notices to this process, which are applied); None once it gives None."""
@@ -91,9 +117,9 @@ class Receiving(object):
             delivery = next_delivery()
             if delivery is None:
                 return None
-            members = None
+            members: Any = None  # or LocalGroups.members_of's list of channels, or NOTICE
             if naming.is_process_local_queue(delivery.queue):
-                members = self._local_groups.members_of(delivery.queue, delivery.headers)
+                members = self.local_groups.members_of(delivery.queue, delivery.headers)
             if members is NOTICE:
                 notices += 1
                 continue
@@ -102,7 +128,7 @@ class Receiving(object):
             elif members:
                 # A group message for this process's members: one copy each.
                 first, rest = members[0], members[1:]
-                self._local_groups.keep(delivery.queue, rest, delivery.body)
+                self.local_groups.keep(delivery.queue, rest, delivery.body)
                 decoded = self._decode_body(delivery.queue, first, delivery.body)
             else:
                 logger.debug("a group message reached %s after its members left", delivery.queue)
@@ -113,7 +139,7 @@ class Receiving(object):
             skipped += 1
         return None
 
-    def _fetch(self, queues, block, deadline):
+    def _fetch(self, queues: Queues, block: bool, deadline: float) -> Optional[Delivery]:
         """A Delivery from the broker: waited for by consumers until ``deadline``
         (``time.monotonic()``), or taken with basic.get."""
         try:
@@ -121,18 +147,15 @@ class Receiving(object):
                 return self._engine.get(queues)
             return self._engine.wait(queues, max(0.0, deadline - time.monotonic()))
         except BrokerOperationError as exc:
-            raise self._named(exc) from None
+            # A queue that exists with other settings: QueueSettingsMismatch names them.
+            raise settings_mismatch(exc, self._topology.explain_mismatch) from None
 
-    def receive_twisted(self, channels: Iterable[str]) -> Any:
-        """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
-        return twisted_support.receive_twisted(self, channels)
-
-    def _decode(self, delivery):
+    def _decode(self, delivery: Delivery) -> Optional[Received]:
         """(channel, message) for a delivery, or None for one that is skipped."""
-        channel = self.topology.channel_of_delivery(delivery.queue, delivery.headers)
+        channel = self._topology.channel_of_delivery(delivery.queue, delivery.headers)
         return self._decode_body(delivery.queue, channel, delivery.body)
 
-    def _decode_body(self, queue, channel, body):
+    def _decode_body(self, queue: str, channel: Optional[str], body: bytes) -> Optional[Received]:
         """(channel, message), or None for a message that is skipped."""
         try:
             if not channel:
@@ -143,7 +166,7 @@ class Receiving(object):
             self._stats.count_undecodable()
             logger.warning(
                 "skipped a message of channel %s (queue %s) that cannot be read; dropped: %s",
-                channel or self.topology.channel_of_queue(queue),
+                channel or self._topology.channel_of_queue(queue),
                 queue,
                 exc,
             )
@@ -156,14 +179,18 @@ class ReceiveTargets(object):
     A worker receives from the same 10-20 names thousands of times: each
     name is checked and mapped once, and each set of names once. The
     queues come back in random order, so that no channel starves another.
+
+    Callers' threads: a dict's get and set are atomic, and an entry lost to
+    a race (or to a clear at the limit) is computed again.
     """
 
-    def __init__(self, topology):
+    def __init__(self, topology: naming.Topology) -> None:
         self._topology = topology
-        self._targets = {}  # channel -> (queue, arguments)
-        self._sets = {}  # frozenset of names -> their distinct (queue, arguments)
+        self._targets: Dict[Any, Target] = {}  # channel -> (queue, arguments)
+        # frozenset of names -> their distinct (queue, arguments)
+        self._sets: Dict[FrozenSet[Any], Tuple[Target, ...]] = {}
 
-    def __call__(self, channels):
+    def __call__(self, channels: Iterable[str]) -> List[Target]:
         """[(queue, arguments)] in random order; empty for an empty collection."""
         # Any collection of names: Channels 1.x's worker passes a set. A bare
         # string is refused rather than read as a list of one-letter names.
@@ -176,20 +203,21 @@ class ReceiveTargets(object):
             key = frozenset(channels)
         except TypeError:  # an unhashable, hence invalid, name: the full check says which
             key = None
-        queues = self._sets.get(key) if key is not None else None
-        if queues is None:
-            queues = self._unique_targets(channels)
+        known = self._sets.get(key) if key is not None else None
+        if known is None:
+            known = self._unique_targets(channels)
             if key is not None:
                 if len(self._sets) >= 1000:
                     self._sets.clear()
-                self._sets[key] = queues
-        queues = list(queues)
+                self._sets[key] = known
+        queues = list(known)
         if len(queues) > 1:
             random.shuffle(queues)
         return queues
 
-    def _unique_targets(self, channels):
-        queues, seen = [], set()
+    def _unique_targets(self, channels: List[Any]) -> Tuple[Target, ...]:
+        queues: List[Target] = []
+        seen = set()
         for channel in channels:
             queue, arguments = self._target(channel)
             if queue not in seen:
@@ -197,7 +225,7 @@ class ReceiveTargets(object):
                 queues.append((queue, arguments))
         return tuple(queues)
 
-    def _target(self, channel):
+    def _target(self, channel: Any) -> Target:
         try:
             return self._targets[channel]
         except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name

@@ -27,11 +27,15 @@ Twisted is optional: without it the extension is not listed.
 
 import collections.abc
 import sys
+from typing import TYPE_CHECKING, Any, Iterable
 
 try:
     from twisted.internet import defer, threads
 except ImportError:  # pragma: no cover - exercised by installs without Twisted
     defer = threads = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from .receiving import Receiver
 
 AVAILABLE = threads is not None
 
@@ -44,20 +48,21 @@ def on_reactor_thread() -> bool:
     return threadable is not None and bool(threadable.isInIOThread())
 
 
-def receive_twisted(layer, channels):
+def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> Any:
+    """``receiver.receive(channels, block=True)`` as a Twisted Deferred."""
     if threads is None:
         raise RuntimeError("receive_twisted needs Twisted: pip install twisted")
     # Validate in the caller so bad names fail the Deferred's creation, not
     # later. A one-shot iterator is read once, before validating.
     if isinstance(channels, collections.abc.Iterator):
         channels = list(channels)
-    queues = layer._queues_for_receive(channels)
+    queues = receiver.queues(channels)
     if not queues:
         return defer.succeed((None, None))
-    held = layer._take_held(queues)
+    held = receiver.take_held(queues)
     if held is not None:
         return _on_next_turn(held)
-    return threads.deferToThread(layer.receive, channels, True)
+    return threads.deferToThread(receiver.receive, channels, True)
 
 
 def _on_next_turn(result):

@@ -337,13 +337,13 @@ def _publish_copy(broker, layer, channel, original_id, message, headers=None, ma
 def _spy_ids(layer):
     """Record the message id of every delivery the layer decodes."""
     ids = []
-    decode = layer._decode
+    decode = layer.receiver._decode
 
     def spy(delivery):
         ids.append(delivery.message_id)
         return decode(delivery)
 
-    layer._decode = spy
+    layer.receiver._decode = spy
     return ids
 
 

@@ -1,13 +1,14 @@
 """Groups and flush: the layer's ``groups`` and ``flush`` extensions.
 
-A mixin of ``AMQPChannelLayer``, kept apart because membership is where the
-topology is busiest. A membership is a *binding* from the group's fanout
-exchange, whose arguments carry its lease's stamp, plus a message in the
-lease queue that the broker dead-letters when the lease ends; the
-dead-letter worker then removes that binding (``engine.deadletter``). A
-normal channel is bound through its member exchange; a process-local one
-straight to its process's queue, and its process learns of the membership
-from a join notice (``local_groups``). See ``naming`` for every object.
+``AMQPChannelLayer`` holds one ``Groups``, kept apart because membership
+is where the topology is busiest. A membership is a *binding* from the
+group's fanout exchange, whose arguments carry its lease's stamp, plus a
+message in the lease queue that the broker dead-letters when the lease
+ends; the dead-letter worker then removes that binding
+(``engine.deadletter``). A normal channel is bound through its member
+exchange; a process-local one straight to its process's queue, and its
+process learns of the membership from a join notice (``local_groups``).
+See ``naming`` for every object.
 
 What each broker call of ``group_add`` does besides its answer:
 
@@ -28,15 +29,19 @@ What each broker call of ``group_add`` does besides its answer:
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import engine, naming, pipeline
-from .channel_names import is_process_local
-from .engine import ACKED, RETURNED
+import pika
+
+from . import engine, naming
+from .channel_names import check_channel_name, check_group_name, is_process_local
+from .engine import ACKED, RETURNED, Engine, InFlight, PublishRequest, Step
 from .errors import BrokerBlocked, BrokerOperationError, ChannelFull
-from .receiving import Receiver
+from .local_groups import LocalGroups
+from .management import ManagementClient
 from .sending import Sender
 from .serialization import Message
+from .statistics import Counters
 from .twisted_support import on_reactor_thread
 
 logger = logging.getLogger(__name__)
@@ -97,35 +102,50 @@ class MemberExchanges(object):
 
 
 class Groups(object):
-    """``group_add``, ``group_discard``, ``group_channels``, ``send_group``,
-    ``send_group_many`` and ``flush``."""
+    """``group_add``, ``group_discard``, ``group_channels``, ``send_group`` and ``flush``.
 
-    # Provided by AMQPChannelLayer (layer.py).
-    topology: naming.Topology
-    sender: Sender
-    _infrastructure_pid: Optional[int]
-    _engine: Any
-    _serializer: Any
-    receiver: Receiver
-    _leases_sent: Dict[Tuple[str, str], int]
-    _member_exchanges: MemberExchanges
-    _check_group_name: Callable[..., bool]
-    _check_channel_name: Callable[..., bool]
-    _management_client: Callable[..., Any]
-    _stats: Any
-    operation_timeout: float
+    Made by ``AMQPChannelLayer`` with what it needs; used from callers'
+    threads only (several at once). It publishes and declares through the
+    layer's ``Sender``.
+    """
+
+    def __init__(
+        self,
+        sender: Sender,
+        engine: Engine,
+        topology: naming.Topology,
+        stats: Counters,
+        local_groups: LocalGroups,
+        management_client: Callable[[], ManagementClient],
+        expiry: float,
+    ) -> None:
+        self._sender = sender
+        self._engine = engine  # told to forget the queues a flush deleted
+        self._topology = topology
+        self._stats = stats  # group sends dropped (thread-safe, the layer's)
+        # The Receiver's process-local members: a flush empties it.
+        self._local_groups = local_groups
+        self._management_client = management_client  # the layer's, made on first use
+        # The process that declared the shared objects, None before and after
+        # a flush (callers' threads; a race declares them twice, harmlessly).
+        self._infrastructure_pid: Optional[int] = None
+        # (group, channel) -> the lease stamp this process last put in the
+        # lease queue (callers' threads; a dict's get and set are atomic).
+        self._leases_sent: Dict[Tuple[str, str], int] = {}
+        # Member exchanges group_add made lately (callers' threads).
+        self._member_exchanges = MemberExchanges(expiry)
 
     def group_add(self, group: str, channel: str) -> None:
-        self._check_group_name(group)
-        self._check_channel_name(channel)
-        self._ensure_infrastructure()
-        stamp = self.topology.lease_stamp()
+        check_group_name(group)
+        check_channel_name(channel)
+        self.ensure_infrastructure()
+        stamp = self._topology.lease_stamp()
         self._send_lease_and_notice(group, channel, stamp)
         what = "group_add %s %s" % (group, channel)
         legacy: List[Any] = []  # the group exchange was made before it was auto-delete
-        member = self.topology.membership_binding(channel, stamp)[0]
+        member = self._topology.membership_binding(channel, stamp)[0]
         try:
-            self.sender.declare(self._membership_steps(group, channel, stamp, legacy), what)
+            self._sender.declare(self._membership_steps(group, channel, stamp, legacy), what)
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
@@ -134,8 +154,8 @@ class Groups(object):
             # the group's when its last member left elsewhere, a process-local
             # channel's queue when it expired. Building them again is correct.
             self._member_exchanges.forget(member)
-            self._ensure_infrastructure(again=True)
-            self.sender.declare(
+            self.ensure_infrastructure(again=True)
+            self._sender.declare(
                 self._membership_steps(group, channel, stamp, legacy, again=True), what
             )
         self._member_exchanges.add(member)
@@ -144,7 +164,9 @@ class Groups(object):
             # asks the dead-letter worker to delete it then, if unused.
             self._send_lease(group, channel, stamp, delete_unused_group=True)
 
-    def _membership_steps(self, group, channel, stamp, legacy, again=False):
+    def _membership_steps(
+        self, group: str, channel: str, stamp: int, legacy: List[Any], again: bool = False
+    ) -> List[Step]:
         """The membership's binding and what it needs, in an order the broker accepts.
 
         The group's exchange and its binding to the router are declared every
@@ -155,13 +177,13 @@ class Groups(object):
         process made them lately (``MemberExchanges`` says why that is
         safe); ``again``, after a 404, makes everything.
         """
-        topology = self.topology
+        topology = self._topology
         group_exchange = topology.group_exchange(group)
         member, arguments = topology.membership_binding(channel, stamp)
         # The member exchange (the channel's, or its process's: m:foo!) goes
         # with the queue it is bound to (auto-delete), so the queue must
         # exist; declaring it, answered, renews its x-expires lease.
-        declare = self.sender.channel_queue_declare(channel)
+        declare = self._sender.channel_queue_declare(channel)
         steps = []
         if again or not self._member_exchanges.made_lately(member):
             steps += [
@@ -184,7 +206,7 @@ class Groups(object):
         # steps before it: one round trip (after a 404, declared first).
         return steps + [declare]
 
-    def _send_lease_and_notice(self, group, channel, stamp):
+    def _send_lease_and_notice(self, group: str, channel: str, stamp: int) -> None:
         """The lease (unless this process sent it) and, for a process-local
         channel, the join notice: published together, their confirms waited
         for together, so the two cost one round trip, not two.
@@ -208,7 +230,7 @@ class Groups(object):
         requests = [
             (
                 "",
-                self.topology.lease_queue,
+                self._topology.lease_queue,
                 b"",
                 lease,
                 True,
@@ -225,14 +247,14 @@ class Groups(object):
         if outcomes[1] != ACKED:
             self._notify(naming.JOIN_KIND, group, channel, stamp)
 
-    def _publish_together(self, requests):
+    def _publish_together(self, requests: List[PublishRequest]) -> List[Optional[str]]:
         """Publish ``requests`` at once; each one's outcome, or None if a
         resource alarm blocks publishing (the caller's own path waits for it)."""
-        return self._outcomes(self.sender.start_publishes(requests))
+        return self._outcomes(self._sender.start_publishes(requests))
 
-    def _outcomes(self, in_flight):
+    def _outcomes(self, in_flight: InFlight) -> List[Optional[str]]:
         """Each outcome of publishes handed over together (``_publish_together``)."""
-        deadline = time.monotonic() + self.operation_timeout
+        deadline = time.monotonic() + self._sender.operation_timeout
         outcomes: List[Optional[str]] = []
         for index in range(len(in_flight)):
             try:
@@ -241,7 +263,9 @@ class Groups(object):
                 outcomes.append(None)
         return outcomes
 
-    def _lease_message(self, group, channel, stamp, delete_unused_group=False):
+    def _lease_message(
+        self, group: str, channel: str, stamp: int, delete_unused_group: bool = False
+    ) -> Optional[pika.BasicProperties]:
         """The properties of the lease message of ``stamp``, or None if this
         process sent it already (see ``_send_lease``)."""
         if self._leases_sent.get((group, channel)) == stamp and not delete_unused_group:
@@ -254,18 +278,20 @@ class Groups(object):
         }
         if delete_unused_group:
             headers[naming.DELETE_UNUSED_HEADER] = 1
-        properties = self.sender.properties(headers)
+        properties = self._sender.properties(headers)
         properties.delivery_mode = 2  # a lease lost is a binding nobody removes
-        ends = self.topology.lease_ends(stamp)
+        ends = self._topology.lease_ends(stamp)
         properties.expiration = str(max(1, int(round((ends - time.time()) * 1000))))
         return properties
 
-    def _remember_lease(self, group, channel, stamp):
+    def _remember_lease(self, group: str, channel: str, stamp: int) -> None:
         if len(self._leases_sent) >= _LEASES_REMEMBERED:
             self._leases_sent.clear()
         self._leases_sent[(group, channel)] = stamp
 
-    def _send_lease(self, group, channel, stamp, delete_unused_group=False):
+    def _send_lease(
+        self, group: str, channel: str, stamp: int, delete_unused_group: bool = False
+    ) -> None:
         """Put the lease of ``stamp`` in the lease queue, unless this process did.
 
         Every lease message of a stamp ends when the stamp's leases end (its
@@ -275,12 +301,12 @@ class Groups(object):
         properties = self._lease_message(group, channel, stamp, delete_unused_group)
         if properties is None:
             return
-        queue = self.topology.lease_queue
+        queue = self._topology.lease_queue
         what = "lease of %s in %s" % (channel, group)
-        outcome = self.sender.publish("", queue, b"", properties, True, what)
+        outcome = self._sender.publish("", queue, b"", properties, True, what)
         if outcome == RETURNED:  # flushed, or deleted by hand
-            self._ensure_infrastructure(again=True)
-            outcome = self.sender.publish("", queue, b"", properties, True, what)
+            self.ensure_infrastructure(again=True)
+            outcome = self._sender.publish("", queue, b"", properties, True, what)
         if outcome != ACKED:
             raise BrokerOperationError(
                 312 if outcome == RETURNED else None,
@@ -289,7 +315,9 @@ class Groups(object):
             )
         self._remember_lease(group, channel, stamp)
 
-    def _notice_message(self, kind, group, channel, stamp=None):
+    def _notice_message(
+        self, kind: str, group: str, channel: str, stamp: Optional[int] = None
+    ) -> Tuple[str, str, bytes, pika.BasicProperties, bool, str]:
         """A notice as a publish request, less its ``fans_out`` flag."""
         headers: Dict[str, Any] = {
             naming.KIND_HEADER: kind,
@@ -297,12 +325,12 @@ class Groups(object):
             naming.MEMBER_HEADER: channel,
         }
         if stamp is not None:
-            headers[naming.LEASE_ENDS_HEADER] = int(self.topology.lease_ends(stamp) * 1000)
-        queue = self.topology.channel_queue(channel)
+            headers[naming.LEASE_ENDS_HEADER] = int(self._topology.lease_ends(stamp) * 1000)
+        queue = self._topology.channel_queue(channel)
         what = "%s notice of %s in %s" % (kind, channel, group)
-        return ("", queue, b"", self.sender.properties(headers), True, what)
+        return ("", queue, b"", self._sender.properties(headers), True, what)
 
-    def _notify(self, kind, group, channel, stamp=None):
+    def _notify(self, kind: str, group: str, channel: str, stamp: Optional[int] = None) -> None:
         """Tell the process of ``channel`` (process-local) that it joined or left
         ``group``, through its own queue: a confirmed publish, like ``send``.
 
@@ -315,12 +343,12 @@ class Groups(object):
         of the membership. On daphne's reactor thread, which must never
         wait, at once."""
         _, queue, _, properties, _, what = self._notice_message(kind, group, channel, stamp)
-        deadline = time.monotonic() + min(NOTICE_PATIENCE, self.operation_timeout)
+        deadline = time.monotonic() + min(NOTICE_PATIENCE, self._sender.operation_timeout)
         pause = 0.01
         while True:
-            outcome = self.sender.publish("", queue, b"", properties, True, what)
+            outcome = self._sender.publish("", queue, b"", properties, True, what)
             try:
-                self.sender.finish_send(channel, queue, b"", properties, outcome)
+                self._sender.finish_send(channel, queue, b"", properties, outcome)
                 return
             except ChannelFull:
                 if on_reactor_thread() or time.monotonic() + pause > deadline:
@@ -329,9 +357,9 @@ class Groups(object):
             pause = min(2 * pause, 0.25)
 
     def group_discard(self, group: str, channel: str) -> None:
-        self._check_group_name(group)
-        self._check_channel_name(channel)
-        topology = self.topology
+        check_group_name(group)
+        check_channel_name(channel)
+        topology = self._topology
         group_exchange = topology.group_exchange(group)
         steps = []
         # Every stamp whose lease may not have ended, with nowait, the last
@@ -350,8 +378,8 @@ class Groups(object):
         in_flight = None
         if local:
             notice = self._notice_message(naming.LEAVE_KIND, group, channel)
-            in_flight = self.sender.start_publishes([notice + (False,)])
-        self.sender.declare(steps, "group_discard %s %s" % (group, channel))
+            in_flight = self._sender.start_publishes([notice + (False,)])
+        self._sender.declare(steps, "group_discard %s %s" % (group, channel))
         self._leases_sent.pop((group, channel), None)
         if in_flight is not None and self._outcomes(in_flight) != [ACKED]:
             try:
@@ -369,13 +397,13 @@ class Groups(object):
                 )
 
     def group_channels(self, group: str) -> List[str]:
-        self._check_group_name(group)
+        check_group_name(group)
         bindings = self._management_client().exchange_bindings_from(
-            self.topology.group_exchange(group)
+            self._topology.group_exchange(group)
         )
         channels: List[str] = []
         for binding in bindings:
-            channel = self.topology.member_of_binding(
+            channel = self._topology.member_of_binding(
                 str(binding.get("destination", "")),
                 binding.get("destination_type"),
                 binding.get("arguments"),
@@ -385,17 +413,17 @@ class Groups(object):
         return channels
 
     def send_group(self, group: str, message: Message) -> None:
-        self._check_group_name(group)
-        body = self._serializer.dumps(message)
-        self._ensure_infrastructure()
+        check_group_name(group)
+        body = self._sender.encode(message)
+        self.ensure_infrastructure()
         # Full members drop the message (the broker nacks); that is the spec.
         try:
-            self.sender.publish(
-                self.topology.group_router,
+            self._sender.publish(
+                self._topology.group_router,
                 group,
                 body,
                 # The group tells a process which of its members to copy it to.
-                self.sender.properties({naming.GROUP_HEADER: group}),
+                self._sender.properties({naming.GROUP_HEADER: group}),
                 False,
                 "send to group %s" % group,
             )
@@ -407,49 +435,37 @@ class Groups(object):
             self._stats.count_group_send_dropped()
             logger.warning("send_group %s: message dropped: %s", group, exc)
 
-    def send_group_many(
-        self, items: Iterable[Tuple[str, Message]]
-    ) -> List[Optional[BaseException]]:
-        """``send_many`` for ``(group, message)`` items: ``send_group`` for each."""
-        return pipeline.send_all(self, items, "group")
-
     def flush(self) -> None:
-        """Delete every queue and exchange the layer made under its prefix.
-
-        Only names of the layer's own kinds (``naming.Topology.owns``) go;
-        anything else under ``{prefix}:`` and every other prefix stays.
-
-        The shared dead-letter queue and exchange and the group router stay
-        (emptied), because other processes' workers depend on them.
-        """
+        """``AMQPChannelLayer.flush``: what the layer made under its prefix goes,
+        and what this process remembers of it."""
         # Checked again here: an empty or wildcard prefix would list, and
         # delete, other prefixes' objects. Names are filtered here too, not
         # only by the API's name filter: only the layer's own kinds go.
-        naming.check_prefix(self.topology.prefix)
+        naming.check_prefix(self._topology.prefix)
         client = self._management_client()
-        prefix = self.topology.prefix + naming.SEPARATOR
-        keep = self.topology.infrastructure()
-        owns = self.topology.owns
+        prefix = self._topology.prefix + naming.SEPARATOR
+        keep = self._topology.infrastructure()
+        owns = self._topology.owns
         queues = [q for q in client.queue_names(prefix) if owns(q) and q not in keep]
         exchanges = [x for x in client.exchange_names(prefix) if owns(x) and x not in keep]
         steps = [engine.queue_delete(q) for q in queues]
         steps += [engine.exchange_delete(x) for x in exchanges]
-        steps.append(engine.queue_purge(self.topology.dead_letter_queue))
-        self.sender.declare(steps, "flush")
+        steps.append(engine.queue_purge(self._topology.dead_letter_queue))
+        self._sender.declare(steps, "flush")
         self._engine.forget_queues()
         self._leases_sent.clear()
         self._member_exchanges.clear()
-        self.receiver.local_groups.forget()
+        self._local_groups.forget()
         self._infrastructure_pid = None  # the lease queue went
 
-    def _ensure_infrastructure(self, again=False):
+    def ensure_infrastructure(self, again: bool = False) -> None:
         """Declare the shared objects once per process (and again after a 404)."""
         if self._infrastructure_pid == os.getpid() and not again:
             return
-        topology = self.topology
+        topology = self._topology
         # Senders need only the exchanges. The dead-letter queue is the
         # workers' business; its node being down must not stop group_add.
-        self.sender.declare(
+        self._sender.declare(
             [
                 engine.exchange_declare(topology.dead_letter_exchange),
                 engine.exchange_declare(topology.group_router, exchange_type="direct"),

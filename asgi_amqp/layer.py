@@ -7,13 +7,16 @@ of topology steps, get, wait for a delivery), and asks the engine for each
 timeout). No code here runs on the I/O thread. All broker objects and their
 arguments come from ``naming.Topology``.
 
-The class is put together from one part per concern, so that a behaviour
-is found by its module's name: it holds a ``sending.Sender`` (``send``, and
-the publishes, declares and message properties of every part; ``send_many``
-is ``pipeline``'s), a ``receiving.Receiver`` (``receive``; ``receive_twisted`` is
-``twisted_support``'s), and inherits ``groups.Groups`` (the ``groups``
-and ``flush`` extensions). This module holds the settings, the primitives
-the mixins share, and the rest of the API.
+The layer is put together from one part per concern, each an object it
+holds, so that a behaviour is found by its module's name: ``sending.Sender``
+(``send``, and the publishes, declares and message properties of every
+part), ``receiving.Receiver`` (``receive``) and ``groups.Groups`` (the
+``groups`` and ``flush`` extensions); ``pipeline`` sends many at once
+(``send_many``, ``send_group_many``) through the first and the last, and
+``twisted_support`` makes ``receive_twisted`` of the second. Each part is
+built here with exactly what it needs and owns the state it uses, said
+where it is declared. This module holds the settings, the parts, and the
+rest of the API; its ASGI methods hand each call to its part.
 """
 
 import math
@@ -28,11 +31,8 @@ from asgiref.base_layer import BaseChannelLayer
 from . import engine, naming, statistics, twisted_support
 from .channel_names import MAX_NAME_LENGTH, check_channel_name, check_group_name
 from .engine import Engine
-from .errors import (
-    ChannelFull,
-    MessageTooLarge,
-)
-from .groups import Groups, MemberExchanges
+from .errors import ChannelFull, MessageTooLarge
+from .groups import Groups
 from .management import ManagementClient
 from .pipeline import send_all
 from .receiving import Receiver
@@ -50,7 +50,7 @@ _NAME_ALPHABET = string.ascii_letters + string.digits
 RESTART_HOLD_SECONDS = 2.0
 
 
-class AMQPChannelLayer(Groups, BaseChannelLayer):
+class AMQPChannelLayer(BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
     :param url: AMQP URL, or a list of URLs (one per cluster node) tried in
@@ -100,6 +100,11 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
     :param hosts: the node list under the name asgi_redis uses: a list of
         AMQP URLs, the same as a list in ``url``. asgi_redis's ``(host,
         port)`` pairs are refused with an error that names ``url``.
+
+
+    Its parts, which its methods call: ``sender`` (a ``sending.Sender``),
+    ``receiver`` (a ``receiving.Receiver``) and ``groups`` (a
+    ``groups.Groups``).
     """
 
     # "statistics" is added on an instance whose management API answers.
@@ -195,13 +200,12 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             dead_letter_worker=dead_letter_worker,
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
         )
-        self._infrastructure_pid = None
-        # (group, channel) -> the lease stamp this process last put in the
-        # lease queue (callers' threads; a dict's get and set are atomic).
-        self._leases_sent: Dict[Any, int] = {}
-        # Member exchanges group_add made lately (callers' threads).
-        self._member_exchanges = MemberExchanges(expiry)
-        self._stats = statistics.Counters()  # ChannelFull counts, for the statistics extension
+        # ChannelFull, undecodable and dropped group messages, counted by the
+        # parts, read by the statistics (thread-safe, under its lock).
+        self._stats = statistics.Counters()
+        # The parts: each is used from callers' threads, and made here with
+        # what it needs. The engine, the topology and the serializer they
+        # share are the layer's (the engine is closed by ``close``).
         # Sends, and the publishes and declares of the other parts (callers' threads).
         self.sender = Sender(
             self._engine,
@@ -220,6 +224,16 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             self._stats,
             receive_timeout,
             self.get_capacity,
+        )
+        # Memberships, group sends and flush (callers' threads).
+        self.groups = Groups(
+            self.sender,
+            self._engine,
+            self.topology,
+            self._stats,
+            self.receiver.local_groups,
+            self.management_client,
+            expiry,
         )
 
     def __repr__(self):
@@ -289,10 +303,43 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         """Like ``receive(channels, block=True)`` but returns a Twisted Deferred."""
         return twisted_support.receive_twisted(self.receiver, channels)
 
+    # -- groups and flush extensions ---------------------------------------------
+
+    def group_add(self, group: str, channel: str) -> None:
+        self.groups.group_add(group, channel)
+
+    def group_discard(self, group: str, channel: str) -> None:
+        self.groups.group_discard(group, channel)
+
+    def group_channels(self, group: str) -> List[str]:
+        return self.groups.group_channels(group)
+
+    def send_group(self, group: str, message: Message) -> None:
+        self.groups.send_group(group, message)
+
+    def send_group_many(
+        self, items: Iterable[Tuple[str, Message]]
+    ) -> List[Optional[BaseException]]:
+        """``send_many`` for ``(group, message)`` items: ``send_group`` for each."""
+        return send_all(self, items, "group")
+
+    def flush(self) -> None:
+        """Delete every queue and exchange the layer made under its prefix.
+
+        Only names of the layer's own kinds (``naming.Topology.owns``) go;
+        anything else under ``{prefix}:`` and every other prefix stays.
+
+        The shared dead-letter queue and exchange and the group router stay
+        (emptied), because other processes' workers depend on them.
+        """
+        self.groups.flush()
+
+    # -- the rest of the API ------------------------------------------------------
+
     def new_channel(self, pattern: str) -> str:
         if not isinstance(pattern, str) or not pattern.endswith("?") or "!" in pattern:
             raise TypeError("new_channel pattern must end with '?', not %r" % (pattern,))
-        self._check_group_name(pattern[:-1])  # the part before '?' has the group alphabet
+        check_group_name(pattern[:-1])  # the part before '?' has the group alphabet
         suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(12))
         name = pattern + suffix
         if len(name) > MAX_NAME_LENGTH:
@@ -361,9 +408,6 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
             )
         return self._management
 
-    # The name the groups mixin (groups.py) declares and calls.
-    _management_client = management_client
-
     # The base class's checks use loose regexes, and assert in valid_
     def valid_channel_name(self, name: str, receive: bool = False) -> bool:
         check_channel_name(name, receive=receive)
@@ -382,9 +426,6 @@ class AMQPChannelLayer(Groups, BaseChannelLayer):
         for name in names:
             check_channel_name(name, receive=receive)
         return True
-
-    _check_channel_name = valid_channel_name
-    _check_group_name = valid_group_name
 
 
 def _urls_from_hosts(hosts, url):

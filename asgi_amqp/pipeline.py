@@ -23,12 +23,15 @@ Memory is bounded by the window, whatever the input's size.
 
 import collections
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set
 
 from . import engine, naming
 from .channel_names import is_process_local
 from .engine import ACKED
 from .errors import ACCESS_REFUSED, BrokerOperationError
+
+if TYPE_CHECKING:
+    from .layer import AMQPChannelLayer
 
 NOT_FOUND = 404
 
@@ -76,6 +79,10 @@ class _Entry(object):
 class SendPipeline(object):
     """Sends through ``layer`` with a window of confirms outstanding.
 
+    It publishes and declares through the layer's ``sender``, and asks its
+    ``groups`` for the shared objects a group send needs; names are checked
+    by the layer's own ``valid_channel_name`` and ``valid_group_name``.
+
     ``put`` takes one message and may block while the window is full;
     ``flush`` waits for everything put so far. ``on_outcome(tag, error)``
     is called for every message in the order they were put, from the
@@ -84,7 +91,7 @@ class SendPipeline(object):
 
     def __init__(
         self,
-        layer: Any,
+        layer: "AMQPChannelLayer",
         on_outcome: Callable[[Any, Outcome], None],
         chunk: int = CHUNK,
         window: int = WINDOW,
@@ -92,6 +99,7 @@ class SendPipeline(object):
     ) -> None:
         self._layer = layer
         self._sender = layer.sender  # publishes, declares and message properties
+        self._groups = layer.groups  # the shared objects a group send needs
         # A tool sending for an application (the command line, Spark) must not
         # re-declare a queue the application made: a passive declare first,
         # and a queue that exists is used with the arguments it has.
@@ -222,10 +230,9 @@ class SendPipeline(object):
             entry.batch, entry.index, entry.deadline = batch, index, deadline
 
     def _declare_queues(self, entries: List[_Entry]) -> None:
-        layer = self._layer
         if not self._infrastructure and any(e.kind == "group" for e in entries):
             try:
-                layer._ensure_infrastructure()
+                self._groups.ensure_infrastructure()
                 self._infrastructure = True
             except Exception as exc:
                 self._fail(entries, lambda e: e.kind == "group", exc)
@@ -305,7 +312,7 @@ def _for_queue(queue: str) -> Callable[[_Entry], bool]:
     return lambda entry: entry.queue == queue
 
 
-def send_all(layer: Any, items: Any, kind: str) -> List[Outcome]:
+def send_all(layer: "AMQPChannelLayer", items: Any, kind: str) -> List[Outcome]:
     """The outcome of every ``(name, message)`` in ``items``, in order."""
     outcomes: List[Outcome] = []
 

@@ -380,7 +380,7 @@ def test_flush_with_confirmation_or_yes(run, layer):
     assert drain(layer, ["cli.gone"]) == []
     layer.send("cli.gone", {"i": 2})
     assert run("flush", "--yes").exit_code == 0
-    assert layer._management_client().queue_names(layer.topology.prefix + ":q:") == []
+    assert layer.management_client().queue_names(layer.topology.prefix + ":q:") == []
 
 
 # -- stats --------------------------------------------------------------------------------------

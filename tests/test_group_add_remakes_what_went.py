@@ -41,7 +41,7 @@ def test_a_second_group_add_skips_the_declares_it_made(broker, new_layer, channe
     layer = new_layer(broker, flush=True, group_expiry=60)
     layer.group_add("made", channel)
     member = layer.topology.membership_binding(channel, layer.topology.lease_stamp())[0]
-    assert layer._member_exchanges.made_lately(member)
+    assert layer.groups._member_exchanges.made_lately(member)
     layer.group_add("made", channel)
     _reaches(layer, "made", reader, channel)
 

@@ -105,7 +105,7 @@ class Groups(object):
     """``group_add``, ``group_discard``, ``group_channels``, ``send_group`` and ``flush``.
 
     Made by ``AMQPChannelLayer`` with what it needs; used from callers'
-    threads only (several at once). It publishes and declares through the
+    threads only, several at once. It publishes and declares through the
     layer's ``Sender``.
     """
 

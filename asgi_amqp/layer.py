@@ -1,6 +1,6 @@
 """AMQPChannelLayer: the ASGI 1.0 channel layer API on RabbitMQ.
 
-Each method validates its input in the caller's thread, states what it wants
+Each call validates its input in the caller's thread, states what it wants
 from the broker as a short sequence of primitive operations (publish, a list
 of topology steps, get, wait for a delivery), and asks the engine for each
 (``engine.Engine``, which runs them on the I/O thread and waits with a
@@ -188,6 +188,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         )
         if not self._management_url.startswith(("http://", "https://")):
             raise ValueError("management_url must be an http:// or https:// URL")
+        # The management API's client, made on first use (callers' threads:
+        # two first calls at once may each make one; the last made is kept).
         self._management: Optional[ManagementClient] = None
         self._engine = Engine(
             self._parameters,
@@ -203,9 +205,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         # ChannelFull, undecodable and dropped group messages, counted by the
         # parts, read by the statistics (thread-safe, under its lock).
         self._stats = statistics.Counters()
-        # The parts: each is used from callers' threads, and made here with
-        # what it needs. The engine, the topology and the serializer they
-        # share are the layer's (the engine is closed by ``close``).
+        # The parts, each made here with what it needs. The engine, the
+        # topology and the serializer they share are the layer's (the engine
+        # is closed by ``close``).
         # Sends, and the publishes and declares of the other parts (callers' threads).
         self.sender = Sender(
             self._engine,
@@ -216,7 +218,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             self.get_capacity,
             persistent,
         )
-        # Receives (callers' threads, and daphne's reactor thread for what is held).
+        # Receives (callers' threads).
         self.receiver = Receiver(
             self._engine,
             self.topology,

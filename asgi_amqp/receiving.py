@@ -37,7 +37,8 @@ class Receiver(object):
     """``receive``, and the takes ``receive_twisted`` makes on daphne's reactor.
 
     Made by ``AMQPChannelLayer`` with what it needs; used from callers'
-    threads (several at once) and daphne's reactor thread (``take_held``).
+    threads only, several at once, daphne's reactor thread among them
+    (``take_held``, which never waits).
     """
 
     def __init__(

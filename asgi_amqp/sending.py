@@ -39,7 +39,8 @@ class Sender(object):
     """``send``, and the publishes, declares and message properties of the layer.
 
     Made by ``AMQPChannelLayer`` with what it needs; used from callers'
-    threads only (several at once).
+    threads only, several at once, daphne's reactor thread among them
+    (which never waits for an alarm or a refused send: ``on_reactor_thread``).
     """
 
     def __init__(

@@ -38,7 +38,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from . import naming
 
@@ -78,7 +78,7 @@ class LocalGroups(object):
 
     # -- what arrives through a process-local queue ---------------------------
 
-    def members_of(self, queue: str, headers: Dict[str, object]) -> object:
+    def members_of(self, queue: str, headers: Mapping[str, Any]) -> object:
         """For a delivery from a process-local ``queue``:
 
         * ``NOTICE`` for a join or leave notice, which is applied here;
@@ -100,7 +100,7 @@ class LocalGroups(object):
             return None
         return self._current(queue, group)
 
-    def _apply(self, queue: str, kind: str, headers: Dict[str, object]) -> None:
+    def _apply(self, queue: str, kind: str, headers: Mapping[str, Any]) -> None:
         group = _text(headers.get(naming.GROUP_HEADER))
         member = _text(headers.get(naming.MEMBER_HEADER))
         if kind == naming.DROP_KIND and member:

@@ -1,13 +1,12 @@
 """A repeated ``group_add`` extends a membership to ``group_expiry`` from that call.
 
-A membership lives as long as every broker object it is made of: the
-member's channel queue (``x-expires`` twice ``expiry`` after its last use),
-a process-local member's own queue and the membership's marker. Each
-``group_add`` renews them by declaring them again, and a re-declare renews a
-queue's lease only when the broker answers it: one sent with ``nowait``
-leaves the lease where it was (measured on RabbitMQ 3.10.8 and 4.0.5). These
-tests renew a membership once and send to the group after its first lease
-has run out but before the renewed one does.
+A membership is a binding per lease stamp and a lease message that ends
+it (see docs/topology.rst); it also needs its member's channel queue
+(``x-expires`` twice ``expiry`` after its last use), which each
+``group_add`` renews by declaring it again, answered: a re-declare sent
+with ``nowait`` leaves the queue's lease where it was (measured on RabbitMQ
+3.10.8 and 4.0.5). These tests renew a membership once and send to the
+group after its first lease has run out but before the renewed one does.
 
 The lease is the thing under test, so these tests keep a schedule on the
 clock (``_at``): each step happens at a moment measured from the first

@@ -116,35 +116,34 @@ def test_a_repeated_group_add_extends_the_membership(
 @pytest.mark.parametrize("queue_type", _queue_types())
 def test_the_reported_renewal_with_no_reader(broker, new_layer, queue_type):
     """The issue's steps: ``expiry=1, group_expiry=2``, a second ``group_add``
-    at 1.2 s, ``send_group`` at 2.5 s, nobody reading in between. Classic
-    queues only have a channel queue that a re-declare renews; with quorum
-    queues the test has the process-local member, whose own queue is
-    classic and whose channel queue its process reads."""
+    at 1.2 s, ``send_group`` at 2.5 s, nobody reading the member in between.
+    Classic queues only have a channel queue that a re-declare renews; with
+    quorum queues the test has the process-local member alone.
+
+    The process-local member's process reads its queue all along, as daphne
+    does: a process that reads nothing for ``expiry`` lets its join notices
+    expire, and the dead-letter worker sends them back after a moment, by
+    which time a group message may be ahead of them (docs/topology.rst,
+    "Notices that expire"); under load that made this test fail 1 run in 20."""
     layer = new_layer(broker, flush=True, expiry=1, group_expiry=2, queue_type=queue_type)
     local = "solo!member"
     members = [local] if queue_type == "quorum" else [local, "solo.member"]
-    if queue_type == "quorum":
-        reader = _Reader(layer, ["solo!"])
-    for channel in members:
-        layer.group_add("g", channel)
-    start = time.monotonic()
-    _at(start, 1.2)
-    for channel in members:
-        layer.group_add("g", channel)
-    _at(start, 2.5)
-    assert sorted(layer.group_channels("g")) == sorted(members)
-    layer.send_group("g", {"n": 1})
-    wanted = sorted((channel, {"n": 1}) for channel in members)
-    if queue_type == "quorum":
-        try:
-            wait_until(lambda: reader.got(wanted), timeout=3, message="the member reached")
-        finally:
-            reader.stop()
-    else:
-        received = sorted(
-            [layer.receive(["solo.member"], block=True), layer.receive(["solo!"], block=True)]
-        )
-        assert received == wanted
+    reader = _Reader(layer, ["solo!"])
+    try:
+        for channel in members:
+            layer.group_add("g", channel)
+        start = time.monotonic()
+        _at(start, 1.2)
+        for channel in members:
+            layer.group_add("g", channel)
+        _at(start, 2.5)
+        assert sorted(layer.group_channels("g")) == sorted(members)
+        layer.send_group("g", {"n": 1})
+        if queue_type == "classic":
+            assert layer.receive(["solo.member"], block=True) == ("solo.member", {"n": 1})
+        wait_until(lambda: reader.got([(local, {"n": 1})]), timeout=3, message="the member reached")
+    finally:
+        reader.stop()
 
 
 def test_a_member_renewed_beside_one_that_expired_still_receives(broker, new_layer):

@@ -165,7 +165,11 @@ class HandedOff(object):
             return True
         with self._lock:
             if unmarked:
-                return key in self._copies  # the original of a copy handed out
+                # The original of a copy handed out, or of one a wave has
+                # taken and not handed out yet (an unmarked message that is
+                # not redelivered reaches this process once: what is being
+                # taken with its key is its copy).
+                return key in self._copies or key in self._taking
             if key in self._keys or key in self._taking:
                 return True
         if marked:

@@ -237,7 +237,8 @@ class DeclareExecutor(object):
 
     def _issue(self) -> None:
         operation = self._current
-        assert operation is not None  # called with an operation in flight
+        if operation is None:  # an invariant, checked under -O too
+            raise RuntimeError("operation is None: called with an operation in flight")
         if operation.index >= len(operation.steps):
             self._current = None
             operation.pending.resolve(operation.result)

@@ -185,7 +185,8 @@ class Publisher(object):
         if request.maybe_delivered:
             properties = request.properties = request.marked_properties()
         channel = self._channel.current
-        assert channel is not None  # ready
+        if channel is None:  # an invariant, checked under -O too
+            raise RuntimeError("channel is None: publishes run only once it is ready")
         channel.basic_publish(
             request.exchange,
             request.routing_key,

@@ -197,13 +197,15 @@ class Acks(object):
 
     def ack_tag(self, tag: int) -> None:
         channel = self._pool.channel
-        assert channel is not None  # only called while the channel is ours
+        if channel is None:  # an invariant, checked under -O too
+            raise RuntimeError("channel is None: only called while the channel is ours")
         channel.basic_ack(tag)
         self._unsettled.settled(tag)
 
     def nack_tag(self, tag: int) -> None:
         channel = self._pool.channel
-        assert channel is not None  # only called while the channel is ours
+        if channel is None:  # an invariant, checked under -O too
+            raise RuntimeError("channel is None: only called while the channel is ours")
         channel.basic_nack(tag, requeue=True)
         self._unsettled.settled(tag)
 

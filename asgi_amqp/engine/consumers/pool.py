@@ -224,7 +224,8 @@ class ConsumerPool(object):
     def same_qos(self, callback: Callable[[Any], None]) -> None:
         """A ``basic.qos`` that changes nothing: ``callback`` gets its answer."""
         channel = self.channel
-        assert channel is not None  # callers check ``ready`` first
+        if channel is None:  # an invariant, checked under -O too
+            raise RuntimeError("channel is None: callers check ``ready`` first")
         channel.basic_qos(prefetch_count=self._qos, callback=callback)
 
     # -- serving callers ----------------------------------------------------
@@ -360,7 +361,8 @@ class ConsumerPool(object):
 
     def _start(self, consumer: Consumer, arguments: Any) -> None:
         channel = self.channel
-        assert channel is not None  # callers check ``ready`` first
+        if channel is None:  # an invariant, checked under -O too
+            raise RuntimeError("channel is None: callers check ``ready`` first")
         self._liveness.touch(consumer.queue, arguments)
         if self._qos != consumer.window:  # applies to the consumers started after it
             channel.basic_qos(prefetch_count=consumer.window)

@@ -148,7 +148,8 @@ class Lane(object):
             self._finish(EMPTY)
         else:
             channel = self._channel.current
-            assert channel is not None  # it answered the declare
+            if channel is None:  # an invariant, checked under -O too
+                raise RuntimeError("channel is None: it answered the declare")
             channel.basic_get(queue, self._on_message, auto_ack=False)
 
     def _on_empty(self, _frame: Any) -> None:

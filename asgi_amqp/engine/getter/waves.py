@@ -164,7 +164,8 @@ class Getter(object):
 
     def _ask_next_wave(self) -> None:
         request = self._current
-        assert request is not None  # called for the current request
+        if request is None:  # an invariant, checked under -O too
+            raise RuntimeError("request is None: called for the current request")
         if request.index >= len(request.queues):
             self._let_pushes_land(request)
             return

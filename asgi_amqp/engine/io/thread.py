@@ -215,7 +215,8 @@ class IOThread(object):
     def _loop_started(self) -> IOLoop:
         """The I/O loop; it exists once ``start`` returned (the thread makes it first)."""
         ioloop = self._ioloop
-        assert ioloop is not None, "the I/O thread has not started"
+        if ioloop is None:  # an invariant, checked under -O too
+            raise RuntimeError("the I/O thread has not started")
         return ioloop
 
     def _run(self) -> None:
@@ -256,7 +257,8 @@ class IOThread(object):
         if work.retry:
             self._dispatched.add(work)
         session = self._session
-        assert session is not None  # work is dispatched only while there is one
+        if session is None:  # an invariant, checked under -O too
+            raise RuntimeError("session is None: work is dispatched only while there is one")
         try:
             work(session)
         except Exception as exc:
@@ -482,5 +484,6 @@ class IOThread(object):
 def _parameters_of(connection: pika.connection.Connection) -> pika.connection.Parameters:
     """A connection's parameters (pika's types allow None; a connection made has them)."""
     parameters = connection.params
-    assert parameters is not None
+    if parameters is None:  # an invariant, checked under -O too
+        raise RuntimeError("no connection parameters")
     return parameters

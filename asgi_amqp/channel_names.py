@@ -18,7 +18,7 @@ GROUP_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+", re.ASCII)
 MAX_NAME_LENGTH = 99  # asgiref: names shorter than 100 characters
 
 
-def check_channel_name(name, receive=False):
+def check_channel_name(name: object, receive: bool = False) -> None:
     """Raise TypeError unless ``name`` is a valid ASGI channel name."""
     if not (
         isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and CHANNEL_NAME_RE.fullmatch(name)
@@ -33,7 +33,7 @@ def check_channel_name(name, receive=False):
         raise TypeError("process-local channel names in receive() must end at the '!': %r" % name)
 
 
-def check_group_name(name):
+def check_group_name(name: object) -> None:
     """Raise TypeError unless ``name`` is a valid ASGI group name."""
     if not (
         isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and GROUP_NAME_RE.fullmatch(name)
@@ -44,7 +44,7 @@ def check_group_name(name):
         )
 
 
-def non_local_name(channel):
+def non_local_name(channel: str) -> str:
     """``foo!bar`` -> ``foo!``; other names are returned unchanged."""
     index = channel.find("!")
     if index == -1:
@@ -52,5 +52,5 @@ def non_local_name(channel):
     return channel[: index + 1]
 
 
-def is_process_local(channel):
+def is_process_local(channel: str) -> bool:
     return "!" in channel

@@ -72,7 +72,9 @@ class BrokerOperationError(AMQPLayerError):
     user's permissions do not allow it: the broker was reached.
     """
 
-    def __init__(self, reply_code, reply_text, operation=None):
+    def __init__(
+        self, reply_code: Optional[int], reply_text: Optional[str], operation: Optional[str] = None
+    ) -> None:
         if reply_code is None:
             message = reply_text
         else:
@@ -119,7 +121,7 @@ class QueueSettingsMismatch(BrokerOperationError):
     def __init__(
         self,
         reply_code: int,
-        reply_text: str,
+        reply_text: Optional[str],
         queue: str,
         argument: str,
         existing: Any,
@@ -185,7 +187,7 @@ _INEQUIVALENT = re.compile(
 )
 
 
-def parse_inequivalent(reply_text: str) -> Optional[Tuple[str, str, Any, Any]]:
+def parse_inequivalent(reply_text: Optional[str]) -> Optional[Tuple[str, str, Any, Any]]:
     """(queue, argument, existing, requested) from the broker's 406 text, or None.
 
     The text reads ``inequivalent arg 'x-max-length' for queue 'q' in vhost
@@ -215,7 +217,8 @@ def _value(text: str) -> Any:
 
 
 def settings_mismatch(
-    error: BaseException, explain: Optional[Callable[..., Optional[MismatchDetails]]] = None
+    error: BaseException,
+    explain: Optional[Callable[[str, str, Any, Any], Optional[MismatchDetails]]] = None,
 ) -> BaseException:
     """``error`` as a ``QueueSettingsMismatch`` if it is the broker's 406 about
     queue arguments, else ``error`` itself.

@@ -17,7 +17,7 @@ import logging
 import socket
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import ManagementAPIError
@@ -64,7 +64,7 @@ class ManagementClient(object):
         self._timeout = timeout
         self._is_rabbitmq = False  # set once /api/overview proved it
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<ManagementClient %s>" % self._base
 
     @property
@@ -74,13 +74,13 @@ class ManagementClient(object):
 
     # -- requests ---------------------------------------------------------------
 
-    def _get(self, path, params=None):
+    def _get(self, path: str, params: Optional[Mapping[str, object]] = None) -> Any:
         """The JSON body of ``/api/<path>``, or None for a 404 (no such object)."""
         if not self._is_rabbitmq:
             self.overview()
         return self._request(path, params)
 
-    def _request(self, path, params=None):
+    def _request(self, path: str, params: Optional[Mapping[str, object]] = None) -> Any:
         url = "%s/api/%s" % (self._base, path)
         if params:
             url += "?" + "&".join("%s=%s" % (k, quote(str(v), safe="")) for k, v in params.items())
@@ -208,11 +208,11 @@ class ManagementClient(object):
         return [b for b in body or [] if str(b.get("source", "")).startswith(source_prefix)]
 
 
-def _check_name_prefix(name_prefix):
+def _check_name_prefix(name_prefix: object) -> None:
     """An empty prefix would list every object of the vhost: never what a caller means."""
     if not isinstance(name_prefix, str) or not name_prefix:
         raise ValueError("a name prefix is needed to list queues or exchanges")
 
 
-def _regex_escape(text):
+def _regex_escape(text: str) -> str:
     return "".join("\\" + c if c in ".^$*+?{}[]\\|()" else c for c in text)

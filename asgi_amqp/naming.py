@@ -74,6 +74,7 @@ back unambiguously.
 import math
 import re
 import time
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple, Union
 
 from . import errors
 from .channel_names import is_process_local, non_local_name
@@ -126,14 +127,21 @@ QUEUE_TYPES = ("classic", "quorum")
 QUORUM_READMIT = 0.8
 
 
-def _ms(seconds):
+def _ms(seconds: float) -> int:
     return max(1, int(round(seconds * 1000)))
 
 
 class Topology(object):
     """Maps channels and groups onto queue and exchange names and arguments."""
 
-    def __init__(self, prefix, expiry, group_expiry, capacity_for, queue_type="classic"):
+    def __init__(
+        self,
+        prefix: str,
+        expiry: float,
+        group_expiry: float,
+        capacity_for: Callable[[str], int],
+        queue_type: str = "classic",
+    ) -> None:
         check_prefix(prefix)
         if queue_type not in QUEUE_TYPES:
             raise ValueError(
@@ -145,28 +153,28 @@ class Topology(object):
         self.group_expiry = group_expiry
         self._capacity_for = capacity_for
 
-    def _name(self, kind, *parts):
+    def _name(self, kind: str, *parts: str) -> str:
         return SEPARATOR.join((self.prefix, kind) + parts)
 
     # -- names ------------------------------------------------------------
 
     @property
-    def dead_letter_exchange(self):
+    def dead_letter_exchange(self) -> str:
         return self._name("dlx")
 
     @property
-    def dead_letter_queue(self):
+    def dead_letter_queue(self) -> str:
         return self._name("dead-letters")
 
     @property
-    def group_router(self):
+    def group_router(self) -> str:
         return self._name("groups")
 
-    def infrastructure(self):
+    def infrastructure(self) -> Set[str]:
         """Objects shared by all channels and groups; flush empties but keeps them."""
         return {self.dead_letter_exchange, self.dead_letter_queue, self.group_router}
 
-    def owns(self, name):
+    def owns(self, name: str) -> bool:
         """Whether ``name`` is one of this layer's objects: ``{prefix}:{kind}:...``
         of a known kind or a shared object. ``flush`` deletes nothing else."""
         head, separator, rest = name.partition(SEPARATOR)
@@ -177,44 +185,44 @@ class Topology(object):
         kind, separator, tail = rest.partition(SEPARATOR)
         return kind in KINDS and bool(separator) and bool(tail)
 
-    def channel_queue(self, channel):
+    def channel_queue(self, channel: str) -> str:
         """The queue that holds messages for ``channel`` (``foo!bar`` -> ``foo!``)."""
         return self._name("q", non_local_name(channel))
 
-    def group_exchange(self, group):
+    def group_exchange(self, group: str) -> str:
         return self._name("g", group)
 
-    def member_exchange(self, channel):
+    def member_exchange(self, channel: str) -> str:
         return self._name("m", channel)
 
-    def local_member_queue(self, channel):
+    def local_member_queue(self, channel: str) -> str:
         """The design before leases: a process-local member's queue (read only)."""
         return self._name("l", channel)
 
-    def marker_queue(self, group, channel):
+    def marker_queue(self, group: str, channel: str) -> str:
         """The design before leases: a membership's marker queue (read only)."""
         return self._name("k", group, channel)
 
     @property
-    def lease_queue(self):
+    def lease_queue(self) -> str:
         return self._name("e", str(_ms(self.group_expiry)))
 
     # -- leases -----------------------------------------------------------
 
     @property
-    def lease_slice(self):
+    def lease_slice(self) -> float:
         """Seconds of one stamp: group_add calls within one share a binding."""
         return self.group_expiry / float(LEASE_SLICES)
 
-    def lease_stamp(self, now=None):
+    def lease_stamp(self, now: Optional[float] = None) -> int:
         """The stamp of a lease taken at ``now`` (seconds since the epoch)."""
         return int(math.floor((time.time() if now is None else now) / self.lease_slice))
 
-    def lease_ends(self, stamp):
+    def lease_ends(self, stamp: int) -> float:
         """When the leases of ``stamp`` end: group_expiry after the end of its slice."""
         return (stamp + 1) * self.lease_slice + self.group_expiry
 
-    def live_stamps(self, now=None):
+    def live_stamps(self, now: Optional[float] = None) -> range:
         """Every stamp whose lease has not ended at ``now`` by the clock of a
         process whose clock differs from this one's by ``CLOCK_SKEW`` (at
         most a slice): the stamps of ``now - skew - group_expiry`` to those
@@ -228,7 +236,7 @@ class Topology(object):
         last = self.lease_stamp(now + skew)
         return range(first, last + 1)
 
-    def membership_binding(self, channel, stamp):
+    def membership_binding(self, channel: str, stamp: int) -> Tuple[str, Dict[str, str]]:
         """``(member exchange, arguments)`` of one lease's binding from a group
         exchange: a normal channel's own member exchange, or a process-local
         channel's process's (``m:foo!``), the arguments naming the member."""
@@ -238,7 +246,12 @@ class Topology(object):
             return self.member_exchange(non_local_name(channel)), arguments
         return self.member_exchange(channel), arguments
 
-    def member_of_binding(self, destination, destination_type, arguments):
+    def member_of_binding(
+        self,
+        destination: str,
+        destination_type: Optional[str],
+        arguments: Optional[Mapping[str, Any]],
+    ) -> Optional[str]:
         """The channel a binding from a group exchange makes a member, or None:
         a member exchange's channel, or for a process's member exchange
         (``m:foo!``) the binding's ``asgi-member``."""
@@ -256,17 +269,17 @@ class Topology(object):
 
     # -- parsing names back -------------------------------------------------
 
-    def _strip(self, kind, name):
+    def _strip(self, kind: str, name: str) -> Optional[str]:
         head = self._name(kind) + SEPARATOR
         if name.startswith(head):
             return name[len(head) :]
         return None
 
-    def channel_of_queue(self, queue):
+    def channel_of_queue(self, queue: str) -> Optional[str]:
         """``{prefix}:q:foo`` -> ``foo`` (``foo!`` for process-local queues)."""
         return self._strip("q", queue)
 
-    def channel_of_delivery(self, queue, headers):
+    def channel_of_delivery(self, queue: str, headers: Mapping[str, Any]) -> Optional[str]:
         """The channel a message taken from ``queue`` was sent to, or None.
 
         A process-local queue ``foo!`` holds messages for many channels
@@ -288,7 +301,7 @@ class Topology(object):
             return local
         return None
 
-    def member_queue_channel(self, headers):
+    def member_queue_channel(self, headers: Mapping[str, Any]) -> Optional[str]:
         """The process-local channel whose member queue (``l:``, the design
         before leases) a message was dead-lettered out of, from its
         ``x-death``; None for a message that did not come that way."""
@@ -301,14 +314,14 @@ class Topology(object):
                 return local
         return None
 
-    def channel_of_member_exchange(self, exchange):
+    def channel_of_member_exchange(self, exchange: str) -> Optional[str]:
         return self._strip("m", exchange)
 
-    def group_of_exchange(self, exchange):
+    def group_of_exchange(self, exchange: str) -> Optional[str]:
         """``{prefix}:g:foo`` -> ``foo``."""
         return self._strip("g", exchange)
 
-    def membership_of_marker_queue(self, queue):
+    def membership_of_marker_queue(self, queue: str) -> Optional[Tuple[str, str]]:
         """``{prefix}:k:{group}:{channel}`` -> ``(group, channel)``, or None."""
         rest = self._strip("k", queue)
         if not rest or SEPARATOR not in rest:
@@ -316,14 +329,14 @@ class Topology(object):
         group, _, channel = rest.partition(SEPARATOR)
         return group, channel
 
-    def channel_of_local_member_queue(self, queue):
+    def channel_of_local_member_queue(self, queue: str) -> Optional[str]:
         return self._strip("l", queue)
 
     # -- arguments --------------------------------------------------------
 
-    def channel_queue_arguments(self, channel):
+    def channel_queue_arguments(self, channel: str) -> Dict[str, Union[int, str]]:
         capacity = int(self._capacity_for(channel))
-        arguments = {
+        arguments: Dict[str, Union[int, str]] = {
             "x-max-length": capacity,
             "x-overflow": "reject-publish",
             "x-message-ttl": _ms(self.expiry),
@@ -337,7 +350,7 @@ class Topology(object):
             arguments["x-queue-type"] = "quorum"
         return arguments
 
-    def refusing_depth(self, channel):
+    def refusing_depth(self, channel: str) -> int:
         """The least depth at which ``channel``'s queue refuses a publish for
         its length: its capacity for a classic queue.
 
@@ -354,7 +367,7 @@ class Topology(object):
         max_length = capacity - 1  # see channel_queue_arguments
         return max(1, int(QUORUM_READMIT * max_length) + 1)
 
-    def lease_queue_arguments(self):
+    def lease_queue_arguments(self) -> Dict[str, str]:
         """No ``x-expires``: it would delete the queue with leases pending, and
         a lease lost is a binding nobody removes. Each lease message has its
         own expiration, from group_expiry to a slice more, never shorter
@@ -364,14 +377,16 @@ class Topology(object):
             arguments["x-queue-type"] = "quorum"
         return arguments
 
-    def dead_letter_queue_arguments(self):
+    def dead_letter_queue_arguments(self) -> Dict[str, str]:
         if self.queue_type == "quorum":
             return {"x-queue-type": "quorum"}
         return {}
 
     # -- a queue that exists with other settings ----------------------------
 
-    def explain_mismatch(self, queue, argument, existing, requested):
+    def explain_mismatch(
+        self, queue: str, argument: str, existing: Any, requested: Any
+    ) -> Optional[errors.MismatchDetails]:
         """``errors.MismatchDetails`` for a queue of this prefix whose argument
         differs, in the layer's terms (``x-max-length`` is ``capacity``), or
         None for a queue that is not the layer's."""
@@ -411,23 +426,23 @@ class Topology(object):
         return errors.MismatchDetails(what, setting, existing, requested, channel, fix)
 
 
-def _seconds(ms, per=1):
+def _seconds(ms: Any, per: int = 1) -> Any:
     if ms is None or not isinstance(ms, int):
         return ms
     seconds = ms / 1000.0 / per
     return int(seconds) if seconds == int(seconds) else seconds
 
 
-def _plus_one(value):
+def _plus_one(value: Any) -> Any:
     return value + 1 if isinstance(value, int) else value
 
 
-def _queue_type(value):
+def _queue_type(value: Any) -> Any:
     return value or "classic"
 
 
 # argument -> (the layer's setting, raw value -> the setting's value)
-_CHANNEL_QUEUE_SETTINGS = {
+_CHANNEL_QUEUE_SETTINGS: Dict[str, Tuple[str, Optional[Callable[[Any], Any]]]] = {
     "x-max-length": ("capacity", None),
     "x-message-ttl": ("expiry", _seconds),
     "x-expires": ("expiry", lambda ms: _seconds(ms, per=2)),
@@ -435,7 +450,7 @@ _CHANNEL_QUEUE_SETTINGS = {
 }
 
 
-def check_prefix(prefix):
+def check_prefix(prefix: object) -> None:
     """Raise ValueError unless ``prefix`` is a valid layer prefix.
 
     Letters, digits, ``-``, ``_`` and ``.`` only, so a prefix is never empty
@@ -449,7 +464,7 @@ def check_prefix(prefix):
         )
 
 
-def is_process_local_queue(queue):
+def is_process_local_queue(queue: str) -> bool:
     """Whether ``queue`` (``{prefix}:q:{channel}``) is a process-local ``foo!`` queue.
 
     Only the process it belongs to reads it, so the receive side may keep a

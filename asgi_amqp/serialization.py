@@ -6,11 +6,14 @@ offending key.
 """
 
 import logging
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import msgpack
 
 from .errors import MessageTooLarge
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +29,11 @@ class UndecodableMessage(ValueError):
     """A body on the broker that this layer cannot turn back into a message."""
 
 
-def _path(parent, key):
+def _path(parent: str, key: Union[str, int]) -> str:
     return "%s[%r]" % (parent, key)
 
 
-def validate_message(message):
+def validate_message(message: object) -> None:
     """Raise TypeError unless ``message`` is a dict of ASGI-serializable values.
 
     ASGI messages are dicts with str keys whose values are str, bytes, int,
@@ -47,7 +50,9 @@ _PLAIN_SCALARS = frozenset((str, bytes, bool, float, type(None)))
 _PLAIN_CONTAINERS = frozenset((dict, list, tuple))
 
 
-def _plainly_valid(container, depth):
+def _plainly_valid(
+    container: Union[Dict[Any, Any], List[Any], Tuple[Any, ...]], depth: int
+) -> bool:
     """True when ``container`` holds only the exact built-in types ASGI allows.
 
     Every send validates its message, so the common case must be cheap: no
@@ -57,7 +62,7 @@ def _plainly_valid(container, depth):
     """
     if depth >= MAX_DEPTH:
         return False
-    items = container
+    items: Iterable[Any] = container
     if type(container) is dict:
         for key in container:
             if type(key) is not str:
@@ -72,7 +77,7 @@ def _plainly_valid(container, depth):
     return True
 
 
-def _validate_value(value, where, depth):
+def _validate_value(value: object, where: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise ValueError("%s is nested more than %d levels deep" % (where, MAX_DEPTH))
     if isinstance(value, _SCALARS):
@@ -105,11 +110,15 @@ def _validate_value(value, where, depth):
 class Serializer(object):
     """Turns validated messages into bodies and back, enforcing the size limit."""
 
-    def __init__(self, max_message_size, symmetric_encryption_keys=None):
+    def __init__(
+        self,
+        max_message_size: int,
+        symmetric_encryption_keys: Optional[Sequence[Union[str, bytes]]] = None,
+    ) -> None:
         self.max_message_size = max_message_size
         self._crypter = _make_crypter(symmetric_encryption_keys)
 
-    def dumps(self, message):
+    def dumps(self, message: Message) -> bytes:
         validate_message(message)
         try:
             body = msgpack.packb(message, use_bin_type=True)
@@ -127,9 +136,9 @@ class Serializer(object):
             )
         return body
 
-    def loads(self, body):
+    def loads(self, body: bytes) -> Message:
         if self._crypter is not None:
-            body = self._decrypt(body)
+            body = _decrypt(self._crypter, body)
         try:
             message = msgpack.unpackb(body, raw=False, strict_map_key=True)
         except Exception as exc:
@@ -138,16 +147,17 @@ class Serializer(object):
             raise UndecodableMessage("body decodes to %s, not a dict" % type(message).__name__)
         return message
 
-    def _decrypt(self, body):
-        from cryptography.fernet import InvalidToken
 
-        try:
-            return self._crypter.decrypt(body)
-        except (InvalidToken, TypeError):
-            raise UndecodableMessage("body was not encrypted with any configured key")
+def _decrypt(crypter: "MultiFernet", body: bytes) -> bytes:
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return crypter.decrypt(body)
+    except (InvalidToken, TypeError):
+        raise UndecodableMessage("body was not encrypted with any configured key")
 
 
-def _make_crypter(keys):
+def _make_crypter(keys: Optional[Sequence[Union[str, bytes]]]) -> Optional["MultiFernet"]:
     if not keys:
         return None
     if isinstance(keys, (str, bytes)):
@@ -162,7 +172,7 @@ def _make_crypter(keys):
     return MultiFernet([Fernet(_fernet_key(key)) for key in keys])
 
 
-def _fernet_key(key):
+def _fernet_key(key: Union[str, bytes]) -> bytes:
     """Accept either a Fernet key or any secret, as asgi_redis does.
 
     A secret that is not a valid Fernet key is stretched with SHA-256, so

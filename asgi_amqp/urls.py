@@ -2,6 +2,7 @@
 deriving the management API URL, and printing them without credentials."""
 
 import re
+from typing import Iterable, List, Optional, Union
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pika
@@ -13,7 +14,9 @@ MANAGEMENT_PORT = 15672
 MANAGEMENT_TLS_PORT = 15671
 
 
-def parse_urls(url, client_name="asgi_amqp"):
+def parse_urls(
+    url: Union[str, Iterable[str], None], client_name: str = "asgi_amqp"
+) -> List[pika.URLParameters]:
     """One URL or a list of them -> list of pika ConnectionParameters."""
     urls = [url] if isinstance(url, str) else list(url or [])
     if not urls or not all(isinstance(u, str) and u for u in urls):
@@ -21,7 +24,7 @@ def parse_urls(url, client_name="asgi_amqp"):
     return [_parameters(u, client_name) for u in urls]
 
 
-def _parameters(url, client_name):
+def _parameters(url: str, client_name: str) -> pika.URLParameters:
     parts = urlsplit(url)
     if parts.scheme not in ("amqp", "amqps"):
         raise ValueError("unsupported URL scheme %r: use amqp:// or amqps://" % parts.scheme)
@@ -64,7 +67,7 @@ def _parameters(url, client_name):
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/*)(?P<user>[^:@/]*):.*@")
 
 
-def redact(url):
+def redact(url: object) -> str:
     """The URL with any password replaced by ``***``.
 
     Everything up to the last '@' counts as user information, so a password
@@ -76,17 +79,19 @@ def redact(url):
     return _USERINFO.sub(lambda m: "%s%s:***@" % (m.group("scheme"), m.group("user")), url, count=1)
 
 
-def describe_parameters(parameters):
+def describe_parameters(parameters: Optional[pika.connection.Parameters]) -> str:
     """host:port/vhost for logs and errors; never the credentials."""
+    if parameters is None:  # a pika connection's params before it has any
+        return "<unknown broker>"
     return "%s:%s/%s" % (parameters.host, parameters.port, quote(parameters.virtual_host, safe=""))
 
 
-def vhost_of(url):
+def vhost_of(url: str) -> str:
     path = urlsplit(url).path
     return unquote(path[1:]) if len(path) > 1 else "/"
 
 
-def management_url_for(url):
+def management_url_for(url: str) -> str:
     """The management API on the same host as ``url``, with its credentials.
 
     Port 15672 (http), or 15671 (https) for an ``amqps://`` URL: RabbitMQ's defaults.

@@ -457,6 +457,7 @@ def _describe_error(exc):
 
 
 def _text(value):
+    """A header's text: bytes decoded; "" for a missing one or one that is not text."""
     if isinstance(value, bytes):
         return value.decode("utf8", "replace")
-    return value or ""
+    return value if isinstance(value, str) else ""

@@ -66,9 +66,13 @@ because they declare that queue too.
 import logging
 import threading
 import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, cast
 
 import pika
+import pika.connection
 import pika.exceptions
+import pika.spec
+from pika.adapters.blocking_connection import BlockingChannel
 
 from .. import channel_names, naming
 from ..errors import BrokerOperationError, QueueSettingsMismatch, settings_mismatch
@@ -81,42 +85,46 @@ MISMATCH_RECHECK = 60.0  # seconds between checks of a dead-letter queue with ot
 PREFETCH = 50
 DELIVERY_LIMIT = "delivery_limit"  # x-death reason: a quorum queue's delivery limit
 
+Headers = Mapping[str, Any]  # an AMQP table: the broker's x-death, the layer's asgi-* headers
+Delivery = Tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes]
+
 
 class DeadLetterWorker(object):
     def __init__(
         self,
-        parameters,
-        topology,
-        name="asgi_amqp-deadletters",
-        max_backoff=2.0,
-        bindings_to=None,
-    ):
+        parameters: Iterable[pika.connection.Parameters],
+        topology: naming.Topology,
+        name: str = "asgi_amqp-deadletters",
+        max_backoff: float = 2.0,
+        bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
+    ) -> None:
         self._parameters = list(parameters)
         self._topology = topology
         self._name = name
         self._max_backoff = max_backoff
         self._stop = threading.Event()
-        self._thread = None
-        self._connection = None
-        self._inbox = []
-        self._actions = None
-        self._republish = None  # a confirming channel, for _give_back
+        self._thread: Optional[threading.Thread] = None
+        self._connection: Optional[pika.BlockingConnection] = None
+        self._inbox: List[Delivery] = []
+        self._actions: Optional[BlockingChannel] = None
+        self._republish: Optional[BlockingChannel] = None  # a confirming channel, for _give_back
         self._bindings_to = bindings_to  # the management API's, or None
-        self._dropped = {}  # process-local channel -> when it was last dropped (monotonic)
+        # process-local channel -> when it was last dropped (monotonic)
+        self._dropped: Dict[str, float] = {}
         self._attempt = 0
         self.ready = threading.Event()
         # The dead-letter queue exists with other settings (a QueueSettingsMismatch).
-        self.mismatch = None
+        self.mismatch: Optional[QueueSettingsMismatch] = None
 
-    def start(self):
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
     @property
-    def alive(self):
+    def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def stop(self, timeout=10.0):
+    def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -125,7 +133,7 @@ class DeadLetterWorker(object):
 
     # -- the worker thread ---------------------------------------------------
 
-    def _run(self):
+    def _run(self) -> None:
         self._attempt = 0
         while not self._stop.is_set():
             parameters = self._parameters[self._attempt % len(self._parameters)]
@@ -148,7 +156,7 @@ class DeadLetterWorker(object):
             finally:
                 self._close_connection()
 
-    def _settings_differ(self, mismatch):
+    def _settings_differ(self, mismatch: QueueSettingsMismatch) -> None:
         """Report the mismatch once, then check again only now and then."""
         if self.mismatch is None or str(self.mismatch) != str(mismatch):
             logger.error(
@@ -162,9 +170,9 @@ class DeadLetterWorker(object):
         self.mismatch = mismatch
         self._stop.wait(MISMATCH_RECHECK)
 
-    def _serve(self, parameters):
-        self._connection = pika.BlockingConnection(parameters)
-        events = self._connection.channel()
+    def _serve(self, parameters: pika.connection.Parameters) -> None:
+        connection = self._connection = pika.BlockingConnection(parameters)
+        events = connection.channel()
         try:
             self._declare_dead_letter_queue(events)
         except pika.exceptions.ChannelClosedByBroker as exc:
@@ -175,31 +183,40 @@ class DeadLetterWorker(object):
             self.mismatch = None
         events.basic_qos(prefetch_count=PREFETCH)
         events.basic_consume(self._topology.dead_letter_queue, self._collect)
-        self._actions = self._connection.channel()
+        self._actions = connection.channel()
         self._attempt = 0
         self.ready.set()
         while not self._stop.is_set():
-            self._connection.process_data_events(time_limit=POLL_SECONDS)
+            # pika takes seconds as a float; types-pika says int.
+            connection.process_data_events(time_limit=POLL_SECONDS)  # type: ignore[arg-type]
             batch, self._inbox = self._inbox, []
             for method, properties, body in batch:
                 self._handle(properties, body)
-                events.basic_ack(method.delivery_tag)
+                # A Deliver always carries its tag; types-pika makes every field Optional.
+                events.basic_ack(cast(int, method.delivery_tag))
 
-    def _declare_dead_letter_queue(self, channel):
+    def _declare_dead_letter_queue(self, channel: BlockingChannel) -> None:
         topology = self._topology
-        channel.exchange_declare(topology.dead_letter_exchange, "fanout", durable=True)
+        # types-pika's ExchangeType has no members mypy sees; pika takes the names.
+        channel.exchange_declare(topology.dead_letter_exchange, "fanout", durable=True)  # type: ignore[arg-type]
         channel.queue_declare(
             topology.dead_letter_queue,
             durable=True,
             arguments=topology.dead_letter_queue_arguments(),
         )
         channel.queue_bind(topology.dead_letter_queue, topology.dead_letter_exchange)
-        channel.exchange_declare(topology.group_router, "direct", durable=True)
+        channel.exchange_declare(topology.group_router, "direct", durable=True)  # type: ignore[arg-type]
 
-    def _collect(self, _channel, method, properties, body):
+    def _collect(
+        self,
+        _channel: BlockingChannel,
+        method: pika.spec.Basic.Deliver,
+        properties: pika.spec.BasicProperties,
+        body: bytes,
+    ) -> None:
         self._inbox.append((method, properties, body))
 
-    def _close_connection(self):
+    def _close_connection(self) -> None:
         self._republish = None
         connection, self._connection = self._connection, None
         if connection is not None and connection.is_open:
@@ -210,9 +227,9 @@ class DeadLetterWorker(object):
 
     # -- events ---------------------------------------------------------------
 
-    def _handle(self, properties, body):
-        headers = properties.headers or {}
-        deaths = headers.get("x-death") or []
+    def _handle(self, properties: pika.spec.BasicProperties, body: bytes) -> None:
+        headers: Headers = properties.headers or {}
+        deaths: List[Headers] = headers.get("x-death") or []
         reason = _text(deaths[0].get("reason")) if deaths else ""
         if reason == DELIVERY_LIMIT:
             self._give_back(properties, body, deaths[0])
@@ -232,9 +249,11 @@ class DeadLetterWorker(object):
         except pika.exceptions.ChannelClosedByBroker as exc:
             # Already gone; only the actions channel is lost.
             logger.debug("dead-letter worker: %s", exc)
-            self._actions = self._connection.channel()
+            self._actions = self._connected().channel()
 
-    def _give_back(self, properties, body, death):
+    def _give_back(
+        self, properties: pika.spec.BasicProperties, body: bytes, death: Headers
+    ) -> None:
         """Send a message that reached its queue's delivery limit back there."""
         queue = _text(death.get("queue"))
         channel = self._topology.channel_of_queue(queue)
@@ -253,7 +272,7 @@ class DeadLetterWorker(object):
                 count,
             )
             return
-        original = properties.headers or {}
+        original: Headers = properties.headers or {}
         headers = {
             key: value
             for key, value in original.items()
@@ -296,9 +315,11 @@ class DeadLetterWorker(object):
             count,
         )
 
-    def _renew_notice(self, properties, body, death):
+    def _renew_notice(
+        self, properties: pika.spec.BasicProperties, body: bytes, death: Headers
+    ) -> None:
         """Send an expired notice back to its process's queue while it matters."""
-        headers = properties.headers or {}
+        headers: Headers = properties.headers or {}
         queue = _text(death.get("queue"))
         if _text(headers.get(naming.KIND_HEADER)) == naming.JOIN_KIND:
             ends = headers.get(naming.LEASE_ENDS_HEADER)
@@ -319,7 +340,7 @@ class DeadLetterWorker(object):
             # Full, or gone with its process: nobody will read it.
             logger.debug("an expired notice for %s was not renewed: %s", queue, exc)
 
-    def _is_for_the_process(self, headers):
+    def _is_for_the_process(self, headers: Headers) -> bool:
         """A message of a process-local queue that its process reads as a
         whole: a notice, or a group message it copies to its members itself
         (its x-death names no member queue of the design before leases; the
@@ -330,14 +351,26 @@ class DeadLetterWorker(object):
             return False
         return not self._topology.member_queue_channel(headers)
 
-    def _confirming(self):
+    def _confirming(self) -> BlockingChannel:
         """A channel of the worker's connection with publisher confirms on."""
         if self._republish is None or not self._republish.is_open:
-            self._republish = self._connection.channel()
+            self._republish = self._connected().channel()
             self._republish.confirm_delivery()
         return self._republish
 
-    def _end_lease(self, headers):
+    def _connected(self) -> pika.BlockingConnection:
+        """The worker's connection; events are handled only while it has one."""
+        if self._connection is None:
+            raise RuntimeError("dead-letter worker: an event handled without a connection")
+        return self._connection
+
+    def _topology_channel(self) -> BlockingChannel:
+        """The channel for topology changes, which ``_serve`` opens first."""
+        if self._actions is None:
+            raise RuntimeError("dead-letter worker: an event handled without a channel")
+        return self._actions
+
+    def _end_lease(self, headers: Headers) -> None:
         group = _text(headers.get(naming.GROUP_HEADER))
         channel = _text(headers.get(naming.MEMBER_HEADER))
         stamp = _text(headers.get(naming.LEASE_HEADER))
@@ -348,7 +381,7 @@ class DeadLetterWorker(object):
         group_exchange = topology.group_exchange(group)
         member, arguments = topology.membership_binding(channel, int(stamp))
         logger.debug("lease %s of %s in %s ended", stamp, channel, group)
-        self._actions.exchange_unbind(
+        self._topology_channel().exchange_unbind(
             destination=member, source=group_exchange, routing_key="", arguments=arguments
         )
         # The group exchange is auto-delete and went with its last binding.
@@ -358,38 +391,39 @@ class DeadLetterWorker(object):
         if headers.get(naming.DELETE_UNUSED_HEADER):
             self._delete_if_unused(group_exchange)
 
-    def _expire_membership(self, headers):
+    def _expire_membership(self, headers: Headers) -> None:
         group = _text(headers.get(naming.GROUP_HEADER))
         channel = _text(headers.get(naming.CHANNEL_HEADER))
         if not group or not channel:
             return
         marker_queue = self._topology.marker_queue(group, channel)
         try:
-            fresh = self._actions.queue_declare(marker_queue, passive=True).method.message_count
+            declared = self._topology_channel().queue_declare(marker_queue, passive=True)
+            fresh = declared.method.message_count
         except pika.exceptions.ChannelClosedByBroker:
-            self._actions = self._connection.channel()  # no marker queue: not renewed
+            self._actions = self._connected().channel()  # no marker queue: not renewed
             fresh = 0
         if fresh:
             return
         logger.debug("group membership expired: %s in %s", channel, group)
         group_exchange = self._topology.group_exchange(group)
-        self._actions.exchange_unbind(
+        self._topology_channel().exchange_unbind(
             destination=self._topology.member_exchange(channel), source=group_exchange
         )
         self._delete_if_unused(group_exchange)
 
-    def _delete_if_unused(self, exchange):
+    def _delete_if_unused(self, exchange: str) -> None:
         """Delete a group exchange left without members; one in use stays (a 406).
 
         A group exchange declared auto-delete is gone already; this is for
         those an older version made, which would otherwise stay until flush.
         """
         try:
-            self._actions.exchange_delete(exchange, if_unused=True)
+            self._topology_channel().exchange_delete(exchange, if_unused=True)
         except pika.exceptions.ChannelClosedByBroker:
-            self._actions = self._connection.channel()  # still in use
+            self._actions = self._connected().channel()  # still in use
 
-    def _drop_channel(self, headers, deaths):
+    def _drop_channel(self, headers: Headers, deaths: List[Headers]) -> None:
         channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(
             headers, deaths
         )
@@ -398,9 +432,9 @@ class DeadLetterWorker(object):
         logger.debug("message expired in %s: dropping it from its groups", channel)
         if channel_names.is_process_local(channel):
             self._drop_local_member(channel)
-        self._actions.exchange_delete(self._topology.member_exchange(channel))
+        self._topology_channel().exchange_delete(self._topology.member_exchange(channel))
 
-    def _drop_local_member(self, channel):
+    def _drop_local_member(self, channel: str) -> None:
         """Unbind a process-local channel from every group, and tell its process.
 
         Once per ``expiry`` per channel: each of its expired messages comes here.
@@ -414,7 +448,7 @@ class DeadLetterWorker(object):
         topology = self._topology
         queue = topology.channel_queue(channel)
         member = topology.member_exchange(channel_names.non_local_name(channel))
-        bindings = []
+        bindings: List[Dict[str, Any]] = []
         if self._bindings_to is not None:
             try:
                 bindings = self._bindings_to(member)
@@ -427,15 +461,15 @@ class DeadLetterWorker(object):
                 continue
             if topology.member_of_binding(member, "exchange", arguments) != channel:
                 continue
-            self._actions.exchange_unbind(
+            self._topology_channel().exchange_unbind(
                 destination=member, source=source, routing_key="", arguments=arguments
             )
         notice = pika.BasicProperties(
             headers={naming.KIND_HEADER: naming.DROP_KIND, naming.MEMBER_HEADER: channel}
         )
-        self._actions.basic_publish("", queue, b"", notice)
+        self._topology_channel().basic_publish("", queue, b"", notice)
 
-    def _channel_from_deaths(self, headers, deaths):
+    def _channel_from_deaths(self, headers: Headers, deaths: List[Headers]) -> Optional[str]:
         """The channel a dead message belonged to, from its x-death history."""
         topology = self._topology
         local = topology.member_queue_channel(headers)
@@ -447,7 +481,7 @@ class DeadLetterWorker(object):
         return None
 
 
-def _describe_error(exc):
+def _describe_error(exc: BaseException) -> str:
     """The exception's class, and the broker's reply where there is one (a 403
     says the user lacks a permission; see docs/permissions.rst)."""
     code = getattr(exc, "reply_code", None)
@@ -456,7 +490,7 @@ def _describe_error(exc):
     return "%s %s %s" % (type(exc).__name__, code, getattr(exc, "reply_text", ""))
 
 
-def _text(value):
+def _text(value: object) -> str:
     """A header's text: bytes decoded; "" for a missing one or one that is not text."""
     if isinstance(value, bytes):
         return value.decode("utf8", "replace")

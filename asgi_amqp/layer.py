@@ -238,7 +238,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             expiry,
         )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<%s %s prefix=%r>" % (
             type(self).__name__,
             ", ".join(redact(u) for u in self._urls),
@@ -430,7 +430,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         return True
 
 
-def _urls_from_hosts(hosts, url):
+def _urls_from_hosts(hosts: Sequence[str], url: object) -> List[str]:
     """``hosts`` (asgi_redis's name for the node list) as the ``url`` list."""
     if url is not None:
         raise TypeError("give the broker as 'url' or as 'hosts', not both")
@@ -447,7 +447,7 @@ def _urls_from_hosts(hosts, url):
     return hosts
 
 
-def _positive(name, value):
+def _positive(name: str, value: object) -> None:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))

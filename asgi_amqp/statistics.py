@@ -45,10 +45,24 @@ import collections
 import threading
 import time
 import weakref
-from typing import Any
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Tuple,
+    Union,
+)
 
 from .channel_names import non_local_name
 from .errors import ManagementAPIError
+from .management import ManagementClient
+from .naming import Topology
 
 __all__ = [
     "KEYS",
@@ -74,6 +88,23 @@ KEYS = (
 _AVAILABLE_FOR = 300.0  # seconds a "the management API answers" is trusted
 _UNAVAILABLE_FOR = 30.0  # seconds before an unanswered probe is tried again
 
+Figures = Dict[str, Union[int, float]]  # the KEYS: counts are int, rates float
+
+
+class Source(Protocol):
+    """What the statistics read of a layer (``AMQPChannelLayer`` is one).
+
+    Its ``_stats`` (a :class:`Counters`) is optional and read with ``getattr``:
+    a layer without one reports 0 for the ``channel_full`` figures.
+    """
+
+    @property
+    def topology(self) -> Topology: ...
+
+    def management_client(self) -> ManagementClient: ...
+
+    def valid_channel_name(self, name: str, receive: bool = False) -> bool: ...
+
 
 class Counters(object):
     """Thread-safe ``ChannelFull`` counters, owned by a layer.
@@ -88,7 +119,13 @@ class Counters(object):
     forgotten beyond that, but still count in the totals.
     """
 
-    def __init__(self, window=1.0, buckets=10, max_channels=10000, clock=time.monotonic):
+    def __init__(
+        self,
+        window: float = 1.0,
+        buckets: int = 10,
+        max_channels: int = 10000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if window <= 0 or buckets < 1 or max_channels < 1:
             raise ValueError("window, buckets and max_channels must be positive")
         self.window = float(window)
@@ -98,23 +135,23 @@ class Counters(object):
         self._clock = clock
         self._lock = threading.Lock()
         self._total = _Series()
-        self._channels = collections.OrderedDict()  # queue channel -> _Series
+        self._channels: "collections.OrderedDict[str, _Series]" = collections.OrderedDict()
         self.undecodable = 0  # messages dropped because they could not be decoded
         self.group_sends_dropped = 0  # send_group messages a resource alarm refused
 
-    def count_undecodable(self):
+    def count_undecodable(self) -> None:
         with self._lock:
             self.undecodable += 1
 
-    def count_group_send_dropped(self):
+    def count_group_send_dropped(self) -> None:
         with self._lock:
             self.group_sends_dropped += 1
 
     @staticmethod
-    def _key(channel):
+    def _key(channel: str) -> str:
         return non_local_name(channel)
 
-    def count_full(self, channel):
+    def count_full(self, channel: str) -> None:
         bucket = int(self._clock() // self._step)
         key = self._key(channel)
         with self._lock:
@@ -128,17 +165,17 @@ class Counters(object):
                 self._channels.move_to_end(key)
             series.add(bucket, self._buckets)
 
-    def _series(self, channel):
+    def _series(self, channel: Optional[str]) -> Optional["_Series"]:
         if channel is None:
             return self._total
         return self._channels.get(self._key(channel))
 
-    def full_count(self, channel=None):
+    def full_count(self, channel: Optional[str] = None) -> int:
         with self._lock:
             series = self._series(channel)
             return series.count if series is not None else 0
 
-    def full_rate(self, channel=None):
+    def full_rate(self, channel: Optional[str] = None) -> float:
         bucket = int(self._clock() // self._step)
         with self._lock:
             series = self._series(channel)
@@ -146,7 +183,7 @@ class Counters(object):
                 return 0.0
             return series.recent(bucket, self._buckets) / self.window
 
-    def channels(self):
+    def channels(self) -> List[str]:
         """The channels (queue names' channel part) with a ChannelFull on record."""
         with self._lock:
             return list(self._channels)
@@ -157,11 +194,11 @@ class _Series(object):
 
     __slots__ = ("count", "_recent")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0
-        self._recent = collections.deque()  # [bucket, count], oldest first
+        self._recent: Deque[List[int]] = collections.deque()  # [bucket, count], oldest first
 
-    def add(self, bucket, keep):
+    def add(self, bucket: int, keep: int) -> None:
         self.count += 1
         recent = self._recent
         if recent and recent[-1][0] == bucket:
@@ -171,14 +208,14 @@ class _Series(object):
         while recent and recent[0][0] <= bucket - keep:
             recent.popleft()
 
-    def recent(self, bucket, keep):
+    def recent(self, bucket: int, keep: int) -> int:
         return sum(n for b, n in self._recent if b > bucket - keep)
 
 
 # -- the extension ------------------------------------------------------------
 
 
-def _empty():
+def _empty() -> Figures:
     return {
         "messages_count": 0,
         "messages_count_per_second": 0.0,
@@ -189,7 +226,7 @@ def _empty():
     }
 
 
-def _from_queue(record, now):
+def _from_queue(record: Optional[Mapping[str, Any]], now: float) -> Figures:
     """The broker's figures of one queue record (a management API dict)."""
     figures = _empty()
     if not record:
@@ -207,7 +244,7 @@ def _from_queue(record, now):
     return figures
 
 
-def messages_taken_in(record: Any) -> int:
+def messages_taken_in(record: Mapping[str, Any]) -> int:
     """How many messages a queue (a management API record) took in since it exists.
 
     A classic queue numbers what it takes in (``next_seq_id``); returned and
@@ -232,32 +269,32 @@ def messages_taken_in(record: Any) -> int:
     return _int(record.get("messages")) + max(0, delivered)
 
 
-def _int(value):
+def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _counters(layer):
+def _counters(layer: Source) -> Optional[Counters]:
     return getattr(layer, "_stats", None)
 
 
-def _add_full(figures, counters, channel):
+def _add_full(figures: Figures, counters: Optional[Counters], channel: Optional[str]) -> Figures:
     if counters is not None:
         figures["channel_full_count"] = counters.full_count(channel)
         figures["channel_full_count_per_second"] = counters.full_rate(channel)
     return figures
 
 
-def _check_channel(layer, channel):
+def _check_channel(layer: Source, channel: object) -> None:
     if not isinstance(channel, str):
         raise TypeError("channel name must be a str, not %s" % type(channel).__name__)
     layer.valid_channel_name(channel)  # raises TypeError; "foo!" is valid
 
 
-def missing_channels(layer, channels):
+def missing_channels(layer: Source, channels: Iterable[str]) -> List[str]:
     """Those of ``channels`` that have no queue on the broker (never used,
     expired, or flushed): their figures are all 0."""
     client = layer.management_client()
-    missing = []
+    missing: List[str] = []
     for channel in channels:
         _check_channel(layer, channel)
         if client.queue(layer.topology.channel_queue(channel)) is None:
@@ -265,7 +302,7 @@ def missing_channels(layer, channels):
     return missing
 
 
-def channel_statistics(layer, channel):
+def channel_statistics(layer: Source, channel: str) -> Figures:
     """The statistics of one channel (of its queue, for ``foo!bar``)."""
     _check_channel(layer, channel)
     record = layer.management_client().queue(layer.topology.channel_queue(channel))
@@ -273,7 +310,7 @@ def channel_statistics(layer, channel):
     return _add_full(figures, _counters(layer), channel)
 
 
-def all_channel_statistics(layer):
+def all_channel_statistics(layer: Source) -> Dict[str, Figures]:
     """``{channel: statistics}`` for every channel queue of the layer's prefix.
 
     Channels of process-local queues are named ``foo!``. Channels with a
@@ -282,7 +319,7 @@ def all_channel_statistics(layer):
     topology = layer.topology
     now = time.time()
     counters = _counters(layer)
-    found = {}
+    found: Dict[str, Figures] = {}
     for record in layer.management_client().queues(topology.channel_queue("")):
         channel = topology.channel_of_queue(record.get("name", ""))
         if channel:
@@ -294,12 +331,12 @@ def all_channel_statistics(layer):
     return found
 
 
-def global_statistics(layer):
+def global_statistics(layer: Source) -> Figures:
     """The statistics of all the layer's channels together."""
     return summarize(all_channel_statistics(layer).values(), _counters(layer))
 
 
-def summarize(per_channel, counters=None):
+def summarize(per_channel: Iterable[Figures], counters: Optional[Counters] = None) -> Figures:
     """Totals of several channels' statistics (the maximum for the age)."""
     total = _empty()
     for figures in per_channel:
@@ -313,12 +350,11 @@ def summarize(per_channel, counters=None):
 # -- is the extension available? --------------------------------------------------
 
 _probe_lock = threading.Lock()
-_probes: "weakref.WeakKeyDictionary[Any, Any]" = (
-    weakref.WeakKeyDictionary()
-)  # layer -> (answer, valid until)
+# layer -> (answer, valid until)
+_probes: "weakref.WeakKeyDictionary[Source, Tuple[bool, float]]" = weakref.WeakKeyDictionary()
 
 
-def is_available(layer):
+def is_available(layer: Source) -> bool:
     """Whether the layer's management API answers (cached: 5 min if yes, 30 s if no)."""
     now = time.monotonic()
     with _probe_lock:
@@ -343,10 +379,10 @@ class Extensions(object):
     answers (see :func:`is_available`). Each access returns a new list.
     """
 
-    def __init__(self, base):
+    def __init__(self, base: Iterable[str]) -> None:
         self.base = tuple(base)
 
-    def __get__(self, layer, owner=None):
+    def __get__(self, layer: Optional[Source], owner: Optional[type] = None) -> List[str]:
         found = list(self.base)
         if layer is not None and "statistics" not in found and is_available(layer):
             found.append("statistics")

@@ -27,7 +27,7 @@ Twisted is optional: without it the extension is not listed.
 
 import collections.abc
 import sys
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple, TypeVar
 
 try:
     from twisted.internet import defer, threads
@@ -35,7 +35,15 @@ except ImportError:  # pragma: no cover - exercised by installs without Twisted
     defer = threads = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
     from .receiving import Receiver
+    from .serialization import Message
+
+    # What receive_twisted's Deferred fires with: receive()'s (channel, message).
+    Received = Tuple[Optional[str], Optional[Message]]
+
+_T = TypeVar("_T")
 
 AVAILABLE = threads is not None
 
@@ -48,7 +56,7 @@ def on_reactor_thread() -> bool:
     return threadable is not None and bool(threadable.isInIOThread())
 
 
-def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> Any:
+def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> "Deferred[Received]":
     """``receiver.receive(channels, block=True)`` as a Twisted Deferred."""
     if threads is None:
         raise RuntimeError("receive_twisted needs Twisted: pip install twisted")
@@ -58,17 +66,19 @@ def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> Any:
         channels = list(channels)
     queues = receiver.queues(channels)
     if not queues:
-        return defer.succeed((None, None))
+        nothing: Received = (None, None)
+        return defer.succeed(nothing)
     held = receiver.take_held(queues)
     if held is not None:
         return _on_next_turn(held)
     return threads.deferToThread(receiver.receive, channels, True)
 
 
-def _on_next_turn(result):
+def _on_next_turn(result: _T) -> "Deferred[_T]":
     """A Deferred that fires with ``result`` on the reactor's next iteration."""
     from twisted.internet import reactor  # the running one: daphne installed it
 
-    deferred = defer.Deferred()
-    reactor.callLater(0, deferred.callback, result)
+    deferred: Deferred[_T] = defer.Deferred()
+    # Without the mypy-zope plugin mypy reads IReactorTime.callLater's delay as self.
+    reactor.callLater(0, deferred.callback, result)  # type: ignore[arg-type]
     return deferred

@@ -11,10 +11,13 @@ read their rows and say how a failure is reported.
 """
 
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from ..errors import AuthenticationError, BrokerBlocked, BrokerConnectionError, ChannelFull
 from ..pipeline import NotAttempted, SendPipeline
+
+if TYPE_CHECKING:
+    from ..layer import AMQPChannelLayer
 
 ON_FULL = ("fail", "skip", "retry")
 RETRY_FIRST_DELAY = 0.1
@@ -24,7 +27,7 @@ PROGRESS_EVERY = 5.0  # seconds between progress lines while retries wait
 
 
 def send_one(
-    layer: Any,
+    layer: "AMQPChannelLayer",
     kind: str,
     name: str,
     message: Dict[str, Any],
@@ -82,7 +85,7 @@ class BulkSender(object):
 
     def __init__(
         self,
-        layer: Any,
+        layer: "AMQPChannelLayer",
         on_full: str = "fail",
         retries: int = 5,
         jobs: int = 1,

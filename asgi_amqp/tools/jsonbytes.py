@@ -17,13 +17,14 @@ import base64
 import binascii
 import json
 import math
+from typing import Any, Dict, Union
 
 BYTES_KEY = "__bytes__"
 FLOAT_KEY = "__float__"
 _FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def _decode_special(obj):
+def _decode_special(obj: Dict[str, Any]) -> Any:
     if len(obj) != 1:
         return obj
     if BYTES_KEY in obj:
@@ -42,18 +43,18 @@ def _decode_special(obj):
     return obj
 
 
-def loads(text):
+def loads(text: Union[str, bytes]) -> Any:
     """JSON text -> Python, with the ``__bytes__`` and ``__float__`` objects decoded."""
     return json.loads(text, object_hook=_decode_special)
 
 
-def _special_float(value):
+def _special_float(value: float) -> Dict[str, str]:
     if math.isnan(value):
         return {FLOAT_KEY: "nan"}
     return {FLOAT_KEY: "inf" if value > 0 else "-inf"}
 
 
-def _strict(value):
+def _strict(value: Any) -> Any:
     """``value`` with every non-finite float replaced by its ``__float__`` object."""
     if isinstance(value, float):
         return value if math.isfinite(value) else _special_float(value)
@@ -64,13 +65,13 @@ def _strict(value):
     return value
 
 
-def _encode_bytes(value):
+def _encode_bytes(value: object) -> Dict[str, str]:
     if isinstance(value, bytes):
         return {BYTES_KEY: base64.b64encode(value).decode("ascii")}
     raise TypeError("%s is not JSON serializable" % type(value).__name__)
 
 
-def dumps(value):
+def dumps(value: Any) -> str:
     """Python -> one line of strict JSON, bytes and non-finite floats as objects."""
     return json.dumps(
         _strict(value),

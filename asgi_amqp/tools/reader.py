@@ -16,10 +16,13 @@ exist is simply empty, and one that exists is read whatever its arguments.
 """
 
 import logging
-from typing import Any, Dict, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 import pika
+import pika.connection
 import pika.exceptions
+import pika.spec
+from pika.adapters.blocking_connection import BlockingChannel
 
 from .. import channel_names, naming
 from ..errors import BrokerConnectionError, BrokerOperationError, ChannelFull
@@ -39,7 +42,9 @@ class Fetched(object):
 
     __slots__ = ("queue", "tag", "properties", "body")
 
-    def __init__(self, queue: str, tag: int, properties: Any, body: bytes) -> None:
+    def __init__(
+        self, queue: str, tag: int, properties: pika.spec.BasicProperties, body: bytes
+    ) -> None:
         self.queue = queue
         self.tag = tag
         self.properties = properties
@@ -60,7 +65,7 @@ class QueueReader(object):
 
     def __init__(
         self,
-        parameters: Sequence[pika.ConnectionParameters],
+        parameters: Sequence[pika.connection.Parameters],
         topology: naming.Topology,
         serializer: Serializer,
         encrypted: bool = False,
@@ -79,7 +84,7 @@ class QueueReader(object):
     # -- connection --------------------------------------------------------------
 
     @staticmethod
-    def _connect(parameters):
+    def _connect(parameters: List[pika.connection.Parameters]) -> pika.BlockingConnection:
         where = ", ".join(describe_parameters(p) for p in parameters)
         try:
             return pika.BlockingConnection(parameters)
@@ -90,12 +95,12 @@ class QueueReader(object):
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise BrokerConnectionError("%s: %s" % (where, type(exc).__name__)) from None
 
-    def _open_channel(self):
+    def _open_channel(self) -> BlockingChannel:
         channel = self._connection.channel()
         channel.confirm_delivery()
         return channel
 
-    def _reopen(self):
+    def _reopen(self) -> None:
         """A channel error (404, 406) closes the AMQP channel: carry on on a new one."""
         if not self._channel.is_open:
             self._channel = self._open_channel()
@@ -141,7 +146,10 @@ class QueueReader(object):
             raise BrokerOperationError(exc.reply_code, exc.reply_text) from None
         if method is None:
             return None
-        return Fetched(queue, method.delivery_tag, properties, body)
+        # A GetOk comes with its tag, properties and body (bytes): types-pika
+        # makes them Optional, and the body a str.
+        tag = cast(int, method.delivery_tag)
+        return Fetched(queue, tag, cast(pika.spec.BasicProperties, properties), cast(bytes, body))
 
     def decode(self, fetched: Fetched) -> Tuple[str, Dict[str, Any]]:
         """(channel, message), or UndecodableMessage saying why not."""
@@ -209,7 +217,7 @@ class QueueReader(object):
                 raise ChannelFull("channel %s is full" % channel) from None
         raise BrokerOperationError(NOT_FOUND, "%s vanished while sending to it" % queue)
 
-    def _declare(self, channel, queue):
+    def _declare(self, channel: str, queue: str) -> None:
         try:
             self._control.queue_declare(
                 queue, durable=True, arguments=self.topology.channel_queue_arguments(channel)
@@ -220,7 +228,9 @@ class QueueReader(object):
             raise BrokerOperationError(exc.reply_code, exc.reply_text) from None
 
     @staticmethod
-    def _properties_for(channel, original):
+    def _properties_for(
+        channel: str, original: pika.spec.BasicProperties
+    ) -> pika.spec.BasicProperties:
         headers = {
             key: value
             for key, value in (original.headers or {}).items()

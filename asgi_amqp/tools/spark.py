@@ -28,7 +28,7 @@ Needs pyspark: ``pip install 'asgi-amqp-layer[spark]'``.
 import collections
 import functools
 import os
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from . import layerconfig
 from .bulk import ON_FULL
@@ -41,7 +41,10 @@ except ImportError:  # pragma: no cover - depends on the installation
     ) from None
 
 from .spark_messages import plan
-from .spark_partition import SAMPLED_FAILURES, send_partition
+from .spark_partition import SAMPLED_FAILURES, FailureRecord, send_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 __all__ = ["send_dataframe", "SendResult", "Failure"]
 
@@ -64,29 +67,39 @@ class SendResult(collections.namedtuple("SendResult", "sent channel_full failed"
     of the tuple, so ``result == (sent, channel_full, failed)`` still holds.
     """
 
-    def __new__(cls, sent, channel_full, failed, failures=()):
+    failures: List[Failure]
+
+    def __new__(
+        cls,
+        sent: int,
+        channel_full: int,
+        failed: int,
+        failures: Iterable[Sequence[Any]] = (),
+    ) -> "SendResult":
         result = super(SendResult, cls).__new__(cls, sent, channel_full, failed)
         result.failures = [Failure(*failure) for failure in failures]
         return result
 
     @property
-    def rows(self):
+    def rows(self) -> int:
         return self.sent + self.channel_full + self.failed
 
 
-class _FirstFailures(AccumulatorParam):
+class _FirstFailures(AccumulatorParam[List[FailureRecord]]):
     """Accumulates (partition, row, channel, reason), keeping the first
     SAMPLED_FAILURES in the DataFrame's order."""
 
-    def zero(self, value):
+    def zero(self, value: List[FailureRecord]) -> List[FailureRecord]:
         return []
 
-    def addInPlace(self, value1, value2):
+    def addInPlace(
+        self, value1: List[FailureRecord], value2: List[FailureRecord]
+    ) -> List[FailureRecord]:
         return sorted(value1 + value2, key=lambda failure: failure[:2])[:SAMPLED_FAILURES]
 
 
 def send_dataframe(
-    df: Any,
+    df: "DataFrame",
     url: Union[None, str, Sequence[str]] = None,
     channel_col: Optional[str] = None,
     group_col: Optional[str] = None,
@@ -182,11 +195,13 @@ def send_dataframe(
             accumulators=accumulators,
         )
     )
-    sent, full, failed, failures = (a.value for a in accumulators)
-    return SendResult(sent, full, failed, [failure[2:] for failure in failures])
+    sent, full, failed, failures = accumulators
+    return SendResult(
+        sent.value, full.value, failed.value, [failure[2:] for failure in failures.value]
+    )
 
 
-def _check_layer_config(config):
+def _check_layer_config(config: Dict[str, Any]) -> None:
     """Fail on the driver, not in every task, for options the layer refuses."""
     from ..layer import AMQPChannelLayer
 

@@ -11,6 +11,8 @@ Imported through ``asgi_amqp.tools.spark``, which first says how to install
 pyspark when it is missing.
 """
 
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
 from pyspark.sql import Row
 from pyspark.sql import types as T
 
@@ -36,7 +38,7 @@ _SCALARS = _STRINGS + (
 )
 
 
-def _unsupported(column, path, data_type):
+def _unsupported(column: str, path: str, data_type: T.DataType) -> TypeError:
     where = "column %r" % column + (" (field %s)" % path if path else "")
     return TypeError(
         "%s has type %s, which an ASGI message cannot carry (strings, bytes, numbers, "
@@ -45,7 +47,7 @@ def _unsupported(column, path, data_type):
     )
 
 
-def _check_message_type(column, data_type, path=""):
+def _check_message_type(column: str, data_type: T.DataType, path: str = "") -> None:
     if isinstance(data_type, _SCALARS):
         return
     if isinstance(data_type, T.ArrayType):
@@ -69,7 +71,7 @@ def _check_message_type(column, data_type, path=""):
     raise _unsupported(column, path, data_type)
 
 
-def _field(schema, column, role):
+def _field(schema: T.StructType, column: object, role: str) -> T.StructField:
     if not isinstance(column, str):
         raise TypeError("%s must be a column name, not %r" % (role, column))
     for field in schema.fields:
@@ -81,18 +83,24 @@ def _field(schema, column, role):
     )
 
 
-def plan(schema, channel_col, group_col, message_col, message_cols):
+def plan(
+    schema: T.StructType,
+    channel_col: Optional[str],
+    group_col: Optional[str],
+    message_col: Optional[str],
+    message_cols: Optional[Sequence[str]],
+) -> Tuple[str, str, List[str], str]:
     """Check the schema; (kind, name column, message columns, how to read the message)."""
     if (channel_col is None) == (group_col is None):
         raise ValueError("give exactly one of channel_col and group_col")
     if (message_col is None) == (message_cols is None):
         raise ValueError("give exactly one of message_col and message_cols")
     kind, name_col = ("channel", channel_col) if channel_col is not None else ("group", group_col)
-    field = _field(schema, name_col, kind + "_col")
-    if not isinstance(field.dataType, _STRINGS):
+    name_field = _field(schema, name_col, kind + "_col")
+    if not isinstance(name_field.dataType, _STRINGS):
         raise TypeError(
             "%s_col %r must be a string column, not %s"
-            % (kind, name_col, field.dataType.simpleString())
+            % (kind, name_col, name_field.dataType.simpleString())
         )
     if message_col is not None:
         field = _field(schema, message_col, "message_col")
@@ -107,7 +115,7 @@ def plan(schema, channel_col, group_col, message_col, message_cols):
                 "message_col %r must be a string (JSON), struct or map column, not %s"
                 % (message_col, data_type.simpleString())
             )
-        return kind, name_col, [message_col], mode
+        return kind, name_field.name, [message_col], mode
     if isinstance(message_cols, str) or not message_cols:
         raise ValueError("message_cols must be a non-empty list of column names")
     message_cols = list(message_cols)
@@ -115,13 +123,13 @@ def plan(schema, channel_col, group_col, message_col, message_cols):
         raise ValueError("message_cols names a column twice")
     for column in message_cols:
         _check_message_type(column, _field(schema, column, "message_cols").dataType)
-    return kind, name_col, message_cols, "columns"
+    return kind, name_field.name, message_cols, "columns"
 
 
 # -- rows to messages -------------------------------------------------------------------
 
 
-def _plain(value):
+def _plain(value: Any) -> Any:
     """A Spark value as plain Python: Rows to dicts, bytearrays to bytes."""
     if isinstance(value, Row):
         return {key: _plain(item) for key, item in value.asDict(recursive=False).items()}
@@ -134,7 +142,7 @@ def _plain(value):
     return value
 
 
-def to_message(row, columns, mode):
+def to_message(row: Row, columns: Sequence[str], mode: str) -> Dict[str, Any]:
     if mode == "columns":
         return {column: _plain(row[column]) for column in columns}
     value = row[columns[0]]

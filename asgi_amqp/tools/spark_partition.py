@@ -11,9 +11,15 @@ adds its counts and its first failures to the driver's accumulators.
 
 import itertools
 import logging
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .bulk import BulkSender
 from .spark_messages import to_message
+
+if TYPE_CHECKING:
+    from pyspark.accumulators import Accumulator
+    from pyspark.sql import Row
+
 
 # The name the Spark sender's warnings have always had, so that a logging
 # configuration written for them still applies.
@@ -22,32 +28,44 @@ logger = logging.getLogger("asgi_amqp.tools.spark")
 LOGGED_ERRORS = 10  # per partition
 SAMPLED_FAILURES = 20  # in SendResult.failures
 
+# A failed row: (partition, row number, its channel or group name, the reason).
+FailureRecord = Tuple[int, int, Optional[str], str]
+# The driver's accumulators: rows sent, channel full, failed, and the first failures.
+Accumulators = Tuple[
+    "Accumulator[int]",
+    "Accumulator[int]",
+    "Accumulator[int]",
+    "Accumulator[List[FailureRecord]]",
+]
+
 
 class _Row(object):
     """Where a row is, for the BulkSender's reports: printed as "row N of partition P"."""
 
     __slots__ = ("partition", "number", "name")
 
-    def __init__(self, partition, number, name):
+    def __init__(self, partition: int, number: int, name: Optional[str]) -> None:
         self.partition = partition
         self.number = number
         self.name = name
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "row %d of partition %d" % (self.number, self.partition)
 
 
-def _one_line(exc):
+def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _log_failure(sample, counter=None):
+def _log_failure(
+    sample: List[FailureRecord], counter: Optional[Iterator[int]] = None
+) -> Callable[[_Row, BaseException], None]:
     """report(where, exc) for a partition's BulkSender: at most LOGGED_ERRORS
     warnings, and the first SAMPLED_FAILURES rows kept in ``sample``."""
-    counter = counter or itertools.count(1)
+    numbers = counter or itertools.count(1)
 
-    def report(where, exc):
-        count = next(counter)
+    def report(where: _Row, exc: BaseException) -> None:
+        count = next(numbers)
         if count <= LOGGED_ERRORS:
             logger.warning("asgi_amqp.spark: %s (%s): %s", where, where.name, exc)
         if count <= SAMPLED_FAILURES:
@@ -56,7 +74,7 @@ def _log_failure(sample, counter=None):
     return report
 
 
-def _partition_index():
+def _partition_index() -> int:
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -64,8 +82,17 @@ def _partition_index():
 
 
 def send_partition(
-    rows, kind, name_col, columns, mode, on_full, retries, jobs, layer_config, accumulators
-):
+    rows: Iterable["Row"],
+    kind: str,
+    name_col: str,
+    columns: List[str],
+    mode: str,
+    on_full: str,
+    retries: int,
+    jobs: int,
+    layer_config: Dict[str, Any],
+    accumulators: Accumulators,
+) -> None:
     """Send one partition's ``rows``; the other arguments are ``send_dataframe``'s,
     already checked on the driver (``kind, name_col, columns, mode`` from
     :func:`~asgi_amqp.tools.spark_messages.plan`).
@@ -78,13 +105,13 @@ def send_partition(
     """
     from ..layer import AMQPChannelLayer
 
-    layer = None
-    sender = None
-    sample = []
+    layer: Optional[AMQPChannelLayer] = None
+    sender: Optional[BulkSender] = None
+    sample: List[FailureRecord] = []
     partition = _partition_index()
     try:
         for number, row in enumerate(rows, 1):
-            if layer is None:
+            if sender is None:
                 layer = AMQPChannelLayer(**layer_config)
                 sender = BulkSender(
                     layer,
@@ -100,9 +127,9 @@ def send_partition(
                 if not isinstance(name, str):
                     raise ValueError("the %s name is null" % kind)
                 if kind == "channel":
-                    layer.valid_channel_name(name)
+                    sender.layer.valid_channel_name(name)
                 else:
-                    layer.valid_group_name(name)
+                    sender.layer.valid_group_name(name)
                 message = to_message(row, columns, mode)
             except (TypeError, ValueError) as exc:
                 sender.invalid(where, exc)
@@ -117,7 +144,9 @@ def send_partition(
             _account(sender, sample, partition, accumulators)
 
 
-def _account(sender, sample, partition, accumulators):
+def _account(
+    sender: BulkSender, sample: List[FailureRecord], partition: int, accumulators: Accumulators
+) -> None:
     """Add a partition's counts and failures to the driver's accumulators."""
     sent, full, failed, failures = accumulators
     sent.add(sender.sent)

@@ -7,12 +7,14 @@ One module per command family; ``base`` holds the group, the global options
 and the error handling they share.
 """
 
+from typing import Any, Optional, Sequence
+
 from . import groups, permissions, queues, receive, send, stats, top  # noqa: F401
 from .base import PROG, cli
 
 __all__ = ["cli", "main"]
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> Any:
     """The ``asgi-amqp`` console script."""
     return cli.main(args=argv, prog_name=PROG)

@@ -8,6 +8,7 @@ on stderr and an exit status.
 """
 
 import sys
+from typing import Any, Dict, Optional, Sequence
 
 import click
 
@@ -52,7 +53,7 @@ than --url: a command line is visible to other users of the machine.
 """
 
 
-def _message_argument(text):
+def _message_argument(text: str) -> Dict[str, Any]:
     try:
         message = loads(text)
     except ValueError as exc:
@@ -72,7 +73,14 @@ class _Group(click.Group):
     separate lines; here it is one line that ends with the hint to --help.
     """
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(
+        self,
+        args: Optional[Sequence[str]] = None,
+        prog_name: Optional[str] = None,
+        complete_var: Optional[str] = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         if not standalone_mode:
             return super(_Group, self).main(args, prog_name, complete_var, False, **extra)
         try:
@@ -95,7 +103,7 @@ class _Group(click.Group):
             sys.exit(EXIT_ERROR)
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
-    def add_command(self, cmd, name=None):
+    def add_command(self, cmd: click.Command, name: Optional[str] = None) -> None:
         """Every command takes the shared options, after its own."""
         options.add_shared(cmd)
         super(_Group, self).add_command(cmd, name)
@@ -108,7 +116,7 @@ class _Group(click.Group):
 )
 @click.version_option(__version__, "-V", "--version", prog_name=PROG)
 @click.pass_context
-def cli(ctx):
+def cli(ctx: click.Context) -> None:
     """Send, receive, inspect and move ASGI 1.0 messages on RabbitMQ through asgi_amqp.
 
     Load the application's layer settings (--django-settings, --config, or

@@ -1,5 +1,8 @@
 """The command's exit statuses and errors: one line on stderr, never a traceback."""
 
+from types import TracebackType
+from typing import IO, Any, Literal, Optional, Type
+
 import click
 
 from ...errors import (
@@ -21,20 +24,21 @@ PROG = "asgi-amqp"
 class CLIError(click.ClickException):
     """One line on stderr and an exit status (2 unless said otherwise)."""
 
-    def __init__(self, message, exit_code=EXIT_ERROR):
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
         super(CLIError, self).__init__(message)
-        self.exit_code = exit_code
+        # click declares exit_code a ClassVar; each CLIError carries its own.
+        self.exit_code = exit_code  # type: ignore[misc]
 
-    def show(self, file=None):
+    def show(self, file: Optional[IO[Any]] = None) -> None:
         click.echo("%s: error: %s" % (PROG, self.format_message()), err=True)
 
 
-def _one_line(exc):
+def _one_line(exc: object) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
 
 
-def _error_for(exc):
+def _error_for(exc: BaseException) -> Optional[CLIError]:
     """A CLIError for an exception the layer raised, or None for anything else."""
     if isinstance(exc, BrokerBlocked):  # names the alarm; a ChannelFull otherwise
         return CLIError(_one_line(exc))
@@ -62,13 +66,13 @@ _COMMAND_TERMS = (
 )
 
 
-def _in_command_terms(text):
+def _in_command_terms(text: str) -> str:
     for library, command in _COMMAND_TERMS:
         text = text.replace(library, command)
     return text
 
 
-def _mismatch_hint(exc):
+def _mismatch_hint(exc: BaseException) -> str:
     if getattr(exc, "reply_code", None) == 406:
         return (
             " (load the application's settings with --django-settings or --config, "
@@ -80,10 +84,15 @@ def _mismatch_hint(exc):
 class _LayerErrors(object):
     """Turns the layer's exceptions into one-line CLI errors."""
 
-    def __enter__(self):
+    def __enter__(self) -> "_LayerErrors":
         return self
 
-    def __exit__(self, kind, exc, tb):
+    def __exit__(
+        self,
+        kind: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> Literal[False]:
         if exc is None or isinstance(exc, click.exceptions.Exit):
             return False
         error = _error_for(exc)

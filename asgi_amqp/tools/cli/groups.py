@@ -11,6 +11,7 @@ from .base import (
     cli,
     click,
 )
+from .settings import Settings
 
 # -- channels and groups ------------------------------------------------------------------
 
@@ -18,7 +19,7 @@ from .base import (
 @cli.command("new-channel", epilog=EPILOG)
 @click.argument("pattern")
 @click.pass_obj
-def new_channel(settings, pattern):
+def new_channel(settings: Settings, pattern: str) -> None:
     """Print a new, unused channel name made from PATTERN (which ends with '?')."""
     with _LayerErrors():
         click.echo(settings.layer().new_channel(pattern))
@@ -28,7 +29,7 @@ def new_channel(settings, pattern):
 @click.argument("group")
 @click.argument("channel")
 @click.pass_obj
-def group_add(settings, group, channel):
+def group_add(settings: Settings, group: str, channel: str) -> None:
     """Add CHANNEL to GROUP (for the layer's group_expiry)."""
     with _LayerErrors():
         settings.layer().group_add(group, channel)
@@ -38,7 +39,7 @@ def group_add(settings, group, channel):
 @click.argument("group")
 @click.argument("channel")
 @click.pass_obj
-def group_discard(settings, group, channel):
+def group_discard(settings: Settings, group: str, channel: str) -> None:
     """Remove CHANNEL from GROUP."""
     with _LayerErrors():
         settings.layer().group_discard(group, channel)
@@ -48,7 +49,7 @@ def group_discard(settings, group, channel):
 @click.argument("group")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.pass_obj
-def group_members(settings, group, as_json):
+def group_members(settings: Settings, group: str, as_json: bool) -> None:
     """Print the channels in GROUP, one a line (needs the management API)."""
     with _LayerErrors():
         members = sorted(settings.layer().group_channels(group))
@@ -62,7 +63,7 @@ def group_members(settings, group, as_json):
 @cli.command(epilog=EPILOG)
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def flush(settings, yes):
+def flush(settings: Settings, yes: bool) -> None:
     """Delete every channel, group and message under the prefix.
 
     Asks for confirmation unless --yes is given (needs the management API).

@@ -6,20 +6,23 @@ remembered in the context's ``meta``, which click shares between a group
 and its command (``_remember``). ``settings.Settings`` resolves them.
 """
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import click
 
 ENV_PREFIX = "ASGI_AMQP_"
 
 _GIVEN = "asgi_amqp.given"  # ctx.meta key: {option name: (rank, value)}
-_RANK = {
+_RANK: Dict[Optional[click.core.ParameterSource], int] = {
     click.core.ParameterSource.COMMANDLINE: 2,
     click.core.ParameterSource.ENVIRONMENT: 1,
 }
 
 
-def _remember(ctx, param, value):
+_V = TypeVar("_V")
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: _V) -> _V:
     """Keep an option that was given; the command's own wins over the group's."""
     rank = _RANK.get(ctx.get_parameter_source(param.name))
     if rank is not None:
@@ -34,11 +37,13 @@ class _ListOf(click.ParamType):
 
     envvar_list_splitter = ","
 
-    def __init__(self, name, convert=None):
+    def __init__(self, name: str, convert: Optional[Callable[[str], Any]] = None) -> None:
         self.name = name
         self._convert = convert
 
-    def convert(self, value, param, ctx):
+    def convert(
+        self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]
+    ) -> Any:
         if self._convert is None or not isinstance(value, str):
             return value
         try:
@@ -46,11 +51,11 @@ class _ListOf(click.ParamType):
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
-    def split_envvar_value(self, rv):
+    def split_envvar_value(self, rv: str) -> List[str]:
         return [item.strip() for item in rv.split(",") if item.strip()]
 
 
-def _capacity_pattern(text):
+def _capacity_pattern(text: str) -> Tuple[str, int]:
     pattern, sep, number = text.rpartition("=")
     if not sep or not pattern:
         raise ValueError("%r is not PATTERN=N, e.g. 'http.request=200'" % text)
@@ -215,7 +220,7 @@ class _Option(click.Option):
     """An option whose error names its environment variable only when the bad
     value came from it (click names it whenever the help shows it)."""
 
-    def get_error_hint(self, ctx):
+    def get_error_hint(self, ctx: Optional[click.Context]) -> str:
         hint = click.Parameter.get_error_hint(self, ctx)
         if ctx is not None and self.envvar:
             if ctx.get_parameter_source(self.name) == click.core.ParameterSource.ENVIRONMENT:

@@ -2,6 +2,7 @@
 
 from ... import permissions as roles
 from .base import EPILOG, _LayerErrors, cli, click
+from .settings import Settings
 
 
 @cli.command(epilog=EPILOG)
@@ -9,7 +10,7 @@ from .base import EPILOG, _LayerErrors, cli, click
 @click.argument("user")
 @click.option("--vhost", default="/", show_default=True, help="The vhost the layer uses.")
 @click.pass_obj
-def permissions(settings, role, user, vhost):
+def permissions(settings: Settings, role: str, user: str, vhost: str) -> None:
     """Print the rabbitmqctl commands that give USER the rights of ROLE on the prefix.
 
     ROLE is "application" (daphne, runworker), "sender" (a job that only

@@ -8,11 +8,12 @@ an interrupted move loses nothing but may leave a message in both channels
 """
 
 import sys
+from typing import List, Optional
 
 from ...channel_names import check_channel_name
 from ...errors import ChannelFull
 from ..jsonbytes import dumps
-from ..reader import UndecodableMessage
+from ..reader import Fetched, UndecodableMessage
 from .base import (
     EPILOG,
     EXIT_ERROR,
@@ -24,6 +25,7 @@ from .base import (
     click,
 )
 from .receive import report_unreadable
+from .settings import Settings
 
 
 @cli.command(epilog=EPILOG)
@@ -38,7 +40,7 @@ from .receive import report_unreadable
     help="Show at most N messages.",
 )
 @click.pass_obj
-def peek(settings, channel, count):
+def peek(settings: Settings, channel: str, count: int) -> None:
     """Print the next N messages of CHANNEL as JSON Lines, without consuming them.
 
     The messages stay in the channel, in their order. A process-local
@@ -49,7 +51,7 @@ def peek(settings, channel, count):
     with _LayerErrors():
         with settings.reader() as reader:
             queue = reader.queue_of(channel)
-            taken = []
+            taken: List[Fetched] = []
             try:
                 while len(taken) < count:
                     fetched = reader.get(queue)
@@ -81,7 +83,7 @@ def peek(settings, channel, count):
     help="Move at most N messages [default: all that are waiting].",
 )
 @click.pass_obj
-def requeue(settings, source, destination, count):
+def requeue(settings: Settings, source: str, destination: str, count: Optional[int]) -> None:
     """Move the messages waiting in channel SRC to channel DST, oldest first.
 
     For replaying a channel nobody reads. Each message is sent to DST, and

@@ -9,9 +9,10 @@ reason, never the body), and the command stops with exit status 2.
 import os
 import sys
 import time
+from typing import Dict, List, Optional, Set, Tuple
 
 from ..jsonbytes import dumps
-from ..reader import UndecodableMessage
+from ..reader import Fetched, QueueReader, UndecodableMessage
 from .base import (
     EPILOG,
     EXIT_ERROR,
@@ -22,6 +23,7 @@ from .base import (
     cli,
     click,
 )
+from .settings import Settings
 
 # Waits between polls of empty queues: short at first, at most IDLE_MAX.
 IDLE_FIRST = 0.01
@@ -32,7 +34,7 @@ class Unreadable(Exception):
     """A message left in its queue because it cannot be read; ``str`` says where and why."""
 
 
-def report_unreadable(channel, exc):
+def report_unreadable(channel: str, exc: BaseException) -> None:
     """The stderr line for a message that stays in its queue: channel and reason only."""
     click.echo(
         "%s: error: a message in channel %s cannot be read and was left in the queue: %s"
@@ -57,7 +59,9 @@ def report_unreadable(channel, exc):
     "waiting now, 'inf' waits for ever.",
 )
 @click.pass_obj
-def receive(settings, channels, count, timeout):
+def receive(
+    settings: Settings, channels: Tuple[str, ...], count: Optional[int], timeout: float
+) -> None:
     """Receive messages from CHANNEL... and print them as JSON Lines.
 
     Each line is {"channel": ..., "message": {...}}. A process-local
@@ -86,16 +90,18 @@ def receive(settings, channels, count, timeout):
 class _Receiver(object):
     """The receive loop: poll the queues in turn, print, then ack."""
 
-    def __init__(self, reader, queues, count, timeout):
+    def __init__(
+        self, reader: QueueReader, queues: Dict[str, str], count: Optional[int], timeout: float
+    ) -> None:
         self.reader = reader
         self.queues = queues  # queue -> the name it was asked for
         self.count = count
         self.timeout = timeout
         self.received = 0
-        self._printed_ids = set()  # to drop a republished copy of a message printed here
-        self._order = list(queues)
+        self._printed_ids: Set[str] = set()  # to drop a republished copy of a message printed here
+        self._order: List[str] = list(queues)
 
-    def run(self):
+    def run(self) -> int:
         """The number of messages printed."""
         deadline = time.monotonic() + self.timeout
         idle = IDLE_FIRST
@@ -114,7 +120,7 @@ class _Receiver(object):
                 deadline = time.monotonic() + self.timeout
         return self.received
 
-    def _next(self):
+    def _next(self) -> Optional[Fetched]:
         for _ in range(len(self._order)):
             queue = self._order.pop(0)
             self._order.append(queue)  # round robin: no channel starves another
@@ -123,7 +129,7 @@ class _Receiver(object):
                 return fetched
         return None
 
-    def _handle(self, fetched):
+    def _handle(self, fetched: Fetched) -> bool:
         """Print and ack one message; True if it was printed."""
         try:
             channel, message = self.reader.decode(fetched)
@@ -149,7 +155,7 @@ class _Receiver(object):
         return True
 
 
-def _quiet_stdout():
+def _quiet_stdout() -> None:
     # Python would complain about the closed pipe again when it flushes at exit.
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

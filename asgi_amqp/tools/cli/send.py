@@ -10,6 +10,8 @@ import stat
 import sys
 import threading
 import time
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ...errors import AuthenticationError, BrokerConnectionError, MessageTooLarge
 from ...serialization import validate_message
@@ -31,28 +33,34 @@ from .base import (
     cli,
     click,
 )
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from ...layer import AMQPChannelLayer
 
 # -- send -----------------------------------------------------------------------------
 
 ON_FULL = click.Choice(list(bulk.ON_FULL))
 
 
-def _reporter(write=None):
+def _reporter(
+    write: Optional[Callable[[str], None]] = None,
+) -> Callable[[Any, BaseException], None]:
     """report(where, exc) for a BulkSender: one line each, at most MAX_REPORTED_ERRORS."""
-    write = write or (lambda text: click.echo(text, err=True))
+    say = write or (lambda text: click.echo(text, err=True))
     counter = itertools.count(1)
 
-    def report(where, exc):
+    def report(where: Any, exc: BaseException) -> None:
         count = next(counter)
         if count <= MAX_REPORTED_ERRORS:
-            write("%s: %s" % (where, _describe(exc)))
+            say("%s: %s" % (where, _describe(exc)))
         elif count == MAX_REPORTED_ERRORS + 1:
-            write("(further errors are not shown)")
+            say("(further errors are not shown)")
 
     return report
 
 
-def _describe(exc):
+def _describe(exc: BaseException) -> str:
     if isinstance(exc, AuthenticationError):  # the broker answered: it was reached
         return _one_line(exc)
     if isinstance(exc, BrokerConnectionError):
@@ -60,7 +68,7 @@ def _describe(exc):
     return _one_line(exc) + _mismatch_hint(exc)
 
 
-def _summary(sender, elapsed):
+def _summary(sender: bulk.BulkSender, elapsed: float) -> str:
     rate = sender.sent / elapsed if elapsed > 0 else 0.0
     return "sent %d, channel full %d, failed %d, not attempted %d in %.2f s (%s msg/s)" % (
         sender.sent,
@@ -72,7 +80,7 @@ def _summary(sender, elapsed):
     )
 
 
-def _resume_line(sender):
+def _resume_line(sender: bulk.BulkSender) -> Optional[str]:
     """Where a run that did not send every line can start again, or None."""
     first = sender.first_unconfirmed
     if first is None:
@@ -96,35 +104,35 @@ class _StopSignals(object):
     got (the reverse). A second signal ends the wait at once.
     """
 
-    NAMES = {signal.SIGINT: "an interrupt", signal.SIGTERM: "SIGTERM"}
+    NAMES: Dict[int, str] = {signal.SIGINT: "an interrupt", signal.SIGTERM: "SIGTERM"}
 
-    def __init__(self):
-        self.received = None  # the first signal's number
-        self._saved = {}
+    def __init__(self) -> None:
+        self.received: Optional[int] = None  # the first signal's number
+        self._saved: Dict[int, Any] = {}  # signal -> the handler it had
 
-    def __enter__(self):
+    def __enter__(self) -> "_StopSignals":
         if threading.current_thread() is threading.main_thread():
             for signum in self.NAMES:
                 self._saved[signum] = signal.signal(signum, self._note)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for signum, handler in self._saved.items():
             signal.signal(signum, handler)
         self._saved = {}
 
-    def _note(self, signum, frame):
+    def _note(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.received is not None:
             self.__exit__()
             raise KeyboardInterrupt("a second %s" % self.NAMES[signum])
         self.received = signum
 
     @property
-    def reason(self):
-        return self.NAMES.get(self.received)
+    def reason(self) -> Optional[str]:
+        return self.NAMES.get(self.received) if self.received is not None else None
 
 
-def _exit_code(sender, signals=None):
+def _exit_code(sender: bulk.BulkSender, signals: Optional[_StopSignals] = None) -> int:
     if signals is not None and signals.received is not None:
         return 128 + signals.received  # 130 for an interrupt, 143 for SIGTERM
     if sender.fatal is not None:
@@ -134,11 +142,11 @@ def _exit_code(sender, signals=None):
     return EXIT_OK
 
 
-def _fatal_error(sender):
-    return _error_for(sender.fatal) or CLIError(_one_line(sender.fatal))
+def _fatal_error(fatal: BaseException) -> CLIError:
+    return _error_for(fatal) or CLIError(_one_line(fatal))
 
 
-def _parse_line(text, layer):
+def _parse_line(text: str, layer: "AMQPChannelLayer") -> Tuple[str, str, Dict[str, Any]]:
     """(kind, name, message) of one JSON Lines record, or raise ValueError."""
     try:
         record = loads(text)
@@ -172,7 +180,7 @@ def _parse_line(text, layer):
     return kind, name, message
 
 
-def _text(line):
+def _text(line: bytes) -> str:
     """A line of input as text; one that is not UTF-8 is an error of that line only."""
     try:
         return line.decode("utf-8")
@@ -182,7 +190,7 @@ def _text(line):
         ) from None
 
 
-def _count_lines(stream):
+def _count_lines(stream: IO[bytes]) -> Optional[int]:
     """Number of non-blank lines of a regular file (for the progress bar), else None."""
     try:
         if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
@@ -199,7 +207,7 @@ def _count_lines(stream):
     return count
 
 
-def _progress(total, stream=None):
+def _progress(total: Optional[int], stream: Optional[IO[str]] = None) -> Any:
     """A tqdm bar when ``stream`` (stderr) is a terminal, else None."""
     stream = stream or sys.stderr
     try:
@@ -211,11 +219,21 @@ def _progress(total, stream=None):
     return tqdm(total=total, unit="msg", file=stream, dynamic_ncols=True, leave=False)
 
 
-def _send_bulk(settings, stream, on_full, retries, jobs, skip=0, retry_for=None):
+def _send_bulk(
+    settings: Settings,
+    stream: IO[bytes],
+    on_full: str,
+    retries: int,
+    jobs: int,
+    skip: int = 0,
+    retry_for: Optional[float] = None,
+) -> int:
     layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)
-    write = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else None
+    write: Optional[Callable[[str], None]] = None
+    if bar is not None:
+        write = lambda text: bar.write(text, file=sys.stderr)  # noqa: E731
     if settings.silent:
         write = lambda text: None  # noqa: E731
     sender = bulk.BulkSender(
@@ -252,7 +270,7 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0, retry_for=None)
                 if bar is not None:
                     bar.update(1)
             if signals.received is not None:
-                sender.stop(signals.reason)
+                sender.stop(signals.reason or "a signal")
         finally:
             sender.close()
             if bar is not None:
@@ -262,9 +280,9 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0, retry_for=None)
         sender.skipped(total - counted if total is not None else 0, stopped_before)
     elapsed = time.monotonic() - started
     if sender.fatal is not None and sender.processed - sender.not_attempted <= 1:
-        raise _fatal_error(sender)
+        raise _fatal_error(sender.fatal)
     if sender.fatal is not None:
-        click.echo("%s: error: %s" % (PROG, _fatal_error(sender).format_message()), err=True)
+        click.echo("%s: error: %s" % (PROG, _fatal_error(sender.fatal).format_message()), err=True)
     if sender.stopped:
         click.echo(
             "%s: stopped at %s"
@@ -342,7 +360,17 @@ def _send_bulk(settings, stream, on_full, retries, jobs, skip=0, retry_for=None)
     "summary names as the first not confirmed.",
 )
 @click.pass_obj
-def send(settings, channel, message_json, source, on_full, retries, jobs, skip, retry_for):
+def send(
+    settings: Settings,
+    channel: Optional[str],
+    message_json: Optional[str],
+    source: Optional[IO[bytes]],
+    on_full: str,
+    retries: int,
+    jobs: int,
+    skip: int,
+    retry_for: Optional[float],
+) -> None:
     """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
 
     Bulk mode shows a progress bar on a terminal, reports bad lines with
@@ -363,7 +391,7 @@ def send(settings, channel, message_json, source, on_full, retries, jobs, skip, 
 @click.argument("group")
 @click.argument("message_json", metavar="MESSAGE_JSON")
 @click.pass_obj
-def send_group(settings, group, message_json):
+def send_group(settings: Settings, group: str, message_json: str) -> None:
     """Send MESSAGE_JSON (a JSON object) to every channel in GROUP.
 
     Members whose channel is full miss the message, as ASGI says.
@@ -372,7 +400,14 @@ def send_group(settings, group, message_json):
     _send_one(settings, "group", group, message, "fail", 0)
 
 
-def _send_one(settings, kind, name, message, on_full, retries):
+def _send_one(
+    settings: Settings,
+    kind: str,
+    name: str,
+    message: Dict[str, Any],
+    on_full: str,
+    retries: int,
+) -> None:
     layer = settings.layer(existing_capacities=True)
     with _LayerErrors():
         if kind == "channel":
@@ -383,7 +418,7 @@ def _send_one(settings, kind, name, message, on_full, retries):
         validate_message(message)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
-    reported = []
+    reported: List[BaseException] = []
     sender = bulk.BulkSender(
         layer,
         on_full=on_full,
@@ -394,7 +429,7 @@ def _send_one(settings, kind, name, message, on_full, retries):
     sender.submit(kind, name, message, "%s %s" % (kind, name))
     sender.close()
     if sender.fatal is not None:
-        raise _fatal_error(sender)
+        raise _fatal_error(sender.fatal)
     for problem in reported:
         # The message itself (too large, say): an invalid message, exit 2.
         if isinstance(problem, (MessageTooLarge, TypeError, ValueError)):

@@ -8,7 +8,7 @@ defaults (``tools.layerconfig``).
 import logging
 import os
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 import click
@@ -17,6 +17,10 @@ from ...urls import parse_urls, redact
 from .. import layerconfig
 from .errors import PROG, CLIError, _LayerErrors, _one_line
 from .options import _NOT_LAYER, _RANK
+
+if TYPE_CHECKING:  # imported on first use: a command's start stays quick
+    from ...layer import AMQPChannelLayer
+    from ..reader import QueueReader
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +31,7 @@ class Settings(object):
     def __init__(self, given: Dict[str, Tuple[int, Any]]) -> None:
         self._given = given
         self._config: Optional[Dict[str, Any]] = None
-        self._layer: Any = None
+        self._layer: Optional[AMQPChannelLayer] = None
 
     def given(self, name: str, default: Any = None) -> Any:
         entry = self._given.get(name)
@@ -58,13 +62,13 @@ class Settings(object):
             self._config = config
         return self._config
 
-    def urls(self):
+    def urls(self) -> List[str]:
         from ...layer import DEFAULT_URL
 
         url = self.config().get("url") or os.environ.get("AMQP_URL") or DEFAULT_URL
         return [url] if isinstance(url, str) else list(url)
 
-    def layer(self, existing_capacities: bool = False):
+    def layer(self, existing_capacities: bool = False) -> "AMQPChannelLayer":
         """The layer (made on first use). With ``existing_capacities``, for
         sending: channels whose queue exists count as full at the queue's own
         capacity (read through the management API when it answers)."""
@@ -78,7 +82,7 @@ class Settings(object):
                 self._layer = AMQPChannelLayer(**config)
         return self._layer
 
-    def reader(self):
+    def reader(self) -> "QueueReader":
         """A QueueReader on the same broker, names and keys as the layer."""
         from ...serialization import Serializer
         from ..reader import QueueReader
@@ -111,15 +115,15 @@ class Settings(object):
         if not self.quiet:
             click.echo("%s: %s" % (PROG, text), err=True)
 
-    def where(self):
+    def where(self) -> str:
         return ", ".join(redact(url) for url in self.urls())
 
-    def close(self):
+    def close(self) -> None:
         if self._layer is not None:
             self._layer.close()
 
 
-def _printable(config):
+def _printable(config: Dict[str, Any]) -> str:
     """The resolved settings for the log: no passwords, no keys."""
     shown = dict(config)
     if shown.get("url"):
@@ -132,7 +136,7 @@ def _printable(config):
     return ", ".join("%s=%r" % item for item in sorted(shown.items(), key=lambda kv: kv[0]))
 
 
-def _layer_value(name, value):
+def _layer_value(name: str, value: Any) -> Any:
     """A command-line or environment value as the layer takes it."""
     if name == "url" and isinstance(value, str) and "," in value:
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -146,7 +150,7 @@ def _layer_value(name, value):
 _LOG_HANDLER = "asgi_amqp.cli"
 
 
-def _configure_logging(verbosity):
+def _configure_logging(verbosity: int) -> None:
     """Log records on stderr: errors by default (the command reports failures
     itself, in one line), -v adds warnings and information, -vv debug, -q nothing."""
     levels = {-1: logging.CRITICAL + 1, 0: logging.ERROR, 1: logging.INFO}
@@ -170,18 +174,18 @@ def _configure_logging(verbosity):
     logging.getLogger("pika").setLevel(level if verbosity >= 2 else logging.CRITICAL)
 
 
-def _not_pika(record):
+def _not_pika(record: logging.LogRecord) -> bool:
     return not (record.name == "pika" or record.name.startswith("pika."))
 
 
-def _has_password(url):
+def _has_password(url: str) -> bool:
     try:
         return bool(url) and any(urlsplit(u).password is not None for u in url.split(","))
     except ValueError:
         return False
 
 
-def _note_passwords(given):
+def _note_passwords(given: Dict[str, Tuple[int, Any]]) -> None:
     for name, variable in (("url", "AMQP_URL"), ("management_url", "AMQP_MANAGEMENT_URL")):
         entry = given.get(name)
         if entry is not None and entry[0] == _RANK[click.core.ParameterSource.COMMANDLINE]:

@@ -1,6 +1,7 @@
 """``asgi-amqp stats``: queue figures of channels, as a table or JSON."""
 
 import json
+from typing import List, Tuple
 
 from ... import statistics
 from .base import (
@@ -9,6 +10,7 @@ from .base import (
     cli,
     click,
 )
+from .settings import Settings
 
 # -- statistics -------------------------------------------------------------------------------
 
@@ -23,7 +25,7 @@ _COLUMNS = (
 )
 
 
-def _cell(value):
+def _cell(value: object) -> str:
     if isinstance(value, float):
         return "%.1f" % value
     return str(value)
@@ -38,7 +40,7 @@ def _cell(value):
     help='Print {"global": {...}, "channels": {name: {...}}} as JSON.',
 )
 @click.pass_obj
-def stats(settings, channels, as_json):
+def stats(settings: Settings, channels: Tuple[str, ...], as_json: bool) -> None:
     """Queue figures of the given channels, or of every channel of the prefix.
 
     From the management API, which updates them every few seconds (5 s by
@@ -69,7 +71,7 @@ def stats(settings, channels, as_json):
     header = [title for title, _ in _COLUMNS]
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
 
-    def line(cells):
+    def line(cells: List[str]) -> str:
         first = cells[0].ljust(widths[0])
         rest = [cell.rjust(width) for cell, width in zip(cells[1:], widths[1:])]
         return "  ".join([first] + rest).rstrip()

@@ -44,6 +44,7 @@ from ..snapshot import (
 )
 from . import keyboard
 from .base import EPILOG, _LayerErrors, cli, click
+from .settings import Settings
 
 BAR_WIDTH = 10  # the fill bar of --once text
 BAR_WIDTHS = (5, 20)  # on a terminal: the narrowest and the widest bar
@@ -651,7 +652,15 @@ class LiveView(object):
 @click.option("--once", is_flag=True, help="Print one snapshot as text and exit.")
 @click.option("--json", "as_json_output", is_flag=True, help="With --once: print JSON instead.")
 @click.pass_obj
-def top(settings, sort, pattern, interval, iterations, once, as_json_output):
+def top(
+    settings: Settings,
+    sort: str,
+    pattern: Optional[str],
+    interval: float,
+    iterations: int,
+    once: bool,
+    as_json_output: bool,
+) -> None:
     """A live view of the prefix: channels by kind, groups and dead letters.
 
     Each channel shows its messages against its capacity as a bar, the

@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import pika
 
 from ..errors import LayerClosed, OperationTimeout
+from ..naming import Topology
 from .consumers import THREADS_WINDOW, ConsumerSettings
 from .deadletter import DeadLetterWorker
 from .declares import (
@@ -117,7 +118,7 @@ class Engine(object):
     def __init__(
         self,
         parameters: Sequence[pika.connection.Parameters],
-        topology: Any,
+        topology: Topology,
         *,
         operation_timeout: float,
         consumers: ConsumerSettings,

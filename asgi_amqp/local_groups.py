@@ -35,10 +35,11 @@ the callers' threads under ``_lock``; nothing here runs on the I/O thread.
 """
 
 import collections
+import enum
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from . import naming
 
@@ -47,7 +48,16 @@ logger = logging.getLogger(__name__)
 # A copy waiting for a receive: (channel, body, give up at (the clock's s)).
 _Copy = Tuple[str, bytes, float]
 
-NOTICE = "notice"  # what ``members_of`` says of a notice: applied, nothing to hand out
+
+class _Notice(enum.Enum):
+    """What ``members_of`` says of a notice: applied, nothing to hand out."""
+
+    NOTICE = "notice"
+
+
+NOTICE = _Notice.NOTICE
+# members_of's answer: None, the member channels, or NOTICE.
+Members = Union[None, List[str], Literal[_Notice.NOTICE]]
 
 
 def _text(value: object) -> str:
@@ -78,7 +88,7 @@ class LocalGroups(object):
 
     # -- what arrives through a process-local queue ---------------------------
 
-    def members_of(self, queue: str, headers: Mapping[str, Any]) -> object:
+    def members_of(self, queue: str, headers: Mapping[str, Any]) -> Members:
         """For a delivery from a process-local ``queue``:
 
         * ``NOTICE`` for a join or leave notice, which is applied here;

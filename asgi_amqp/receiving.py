@@ -19,7 +19,7 @@ from . import naming
 from .channel_names import check_channel_name
 from .engine import Delivery, Engine, Queues
 from .errors import BrokerOperationError, settings_mismatch
-from .local_groups import NOTICE, LocalGroups
+from .local_groups import NOTICE, LocalGroups, Members
 from .serialization import Message, Serializer, UndecodableMessage
 from .statistics import Counters
 
@@ -118,7 +118,7 @@ class Receiver(object):
             delivery = next_delivery()
             if delivery is None:
                 return None
-            members: Any = None  # or LocalGroups.members_of's list of channels, or NOTICE
+            members: Members = None
             if naming.is_process_local_queue(delivery.queue):
                 members = self.local_groups.members_of(delivery.queue, delivery.headers)
             if members is NOTICE:

@@ -18,7 +18,7 @@ import select
 import signal
 import sys
 from types import FrameType, TracebackType
-from typing import Any, List, Optional, Type
+from typing import IO, Any, Callable, List, Optional, Type, Union
 
 try:
     import termios
@@ -91,14 +91,18 @@ def parse(text: str) -> List[str]:
     return keys
 
 
+# What signal.signal returns: a function, SIG_DFL or SIG_IGN, or None (set outside Python).
+SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
+
+
 class Keyboard(object):
     """Key presses and resizes of the terminal on ``stream`` (stdin), in cbreak mode."""
 
-    def __init__(self, stream: Any = None) -> None:
+    def __init__(self, stream: Optional[IO[Any]] = None) -> None:
         self._fd = (stream or sys.stdin).fileno()
         self._saved: Optional[List[Any]] = None
         self._wake_read = self._wake_write = -1
-        self._previous_handler: Any = None
+        self._previous_handler: SignalHandler = None
 
     def __enter__(self) -> "Keyboard":
         self._saved = termios.tcgetattr(self._fd)

@@ -33,6 +33,7 @@ from .base import (
     cli,
     click,
 )
+from .keyboard import SignalHandler
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class _StopSignals(object):
 
     def __init__(self) -> None:
         self.received: Optional[int] = None  # the first signal's number
-        self._saved: Dict[int, Any] = {}  # signal -> the handler it had
+        self._saved: Dict[int, SignalHandler] = {}  # signal -> the handler it had
 
     def __enter__(self) -> "_StopSignals":
         if threading.current_thread() is threading.main_thread():

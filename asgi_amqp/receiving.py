@@ -11,6 +11,7 @@ gets and waits themselves run on the I/O thread (``engine``).
 """
 
 import logging
+import math
 import random
 import time
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
@@ -55,7 +56,7 @@ class Receiver(object):
         self._serializer = serializer
         self._stats = stats  # undecodable counts (thread-safe, the layer's)
         # Seconds a blocking receive waits: the layer's ``receive_timeout``
-        # (callers' threads; set there only).
+        # (callers' threads; set there only, checked by the property below).
         self.timeout = receive_timeout
         # Channel names -> queues, cached (callers' threads; see ReceiveTargets).
         self.queues = ReceiveTargets(topology)
@@ -63,6 +64,21 @@ class Receiver(object):
         # (callers' threads, under its lock). This receiver fills and reads it;
         # ``Groups.flush`` empties it.
         self.local_groups = LocalGroups(topology, get_capacity)
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        """A positive, finite number: a blocking receive always ends. The
+        layer's constructor checks it so; its ``receive_timeout`` setter
+        comes here, where ``inf`` would have waited for ever."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise ValueError("receive_timeout must be a number of seconds, not %r" % (seconds,))
+        if not 0 < seconds < math.inf:  # nan compares False
+            raise ValueError("receive_timeout must be positive and finite, not %r" % (seconds,))
+        self._timeout = seconds
 
     def receive(
         self, channels: Iterable[str], block: bool = False

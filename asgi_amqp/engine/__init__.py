@@ -15,7 +15,8 @@ Inside, by module:
 ``session``
     the parts of one connection pair: a channel for each kind of work;
 ``work``
-    what callers hand the I/O thread, one small class per kind;
+    ``Work``, what callers hand the I/O thread; each kind lives with the
+    part that serves it (``publisher.Publish``, ``declares.Declare``...);
 ``futures``
     ``Pending``, the one wait protocol between a caller and the I/O thread;
 ``publisher``, ``declares``, ``consumers``, ``getter``
@@ -45,8 +46,10 @@ import pika
 from ..errors import LayerClosed, OperationTimeout
 from ..naming import Topology
 from .consumers import THREADS_WINDOW, ConsumerSettings
+from .consumers.pool import BlockingReceive
 from .deadletter import DeadLetterWorker
 from .declares import (
+    Declare,
     Step,
     exchange_bind,
     exchange_declare,
@@ -57,12 +60,13 @@ from .declares import (
     queue_delete,
     queue_purge,
 )
-from .deliveries import Delivery, HandedOff
+from .deliveries import Delivery, ForgetQueues, HandedOff
 from .futures import Pending
+from .getter.waves import Poll
 from .io import IOThread
 from .outages import OutageNotice, WorkerThread
 from .publisher import ACKED, NACKED, RETURNED, Publish
-from .work import BlockingReceive, Declare, ForgetQueues, Poll, Queues, Work
+from .work import Queues, Work
 
 logger = logging.getLogger(__name__)
 

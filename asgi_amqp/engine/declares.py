@@ -42,7 +42,7 @@ creating a queue costs it a few milliseconds.
 
 import collections
 import logging
-from typing import Any, Callable, Deque, Dict, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, NamedTuple, Optional, Sequence, Union
 
 import pika
 import pika.exceptions
@@ -50,6 +50,10 @@ import pika.exceptions
 from ..errors import BrokerConnectionError, BrokerOperationError
 from .futures import Pending
 from .reopening_channel import ReopeningChannel
+from .work import Work
+
+if TYPE_CHECKING:
+    from .session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +168,21 @@ def exchange_unbind(
         dict(destination=destination, source=source, routing_key="", arguments=arguments),
         True,
     )
+
+
+class Declare(Work):
+    """Run topology ``steps`` in order on an admin channel: the work a caller
+    hands the I/O thread for them (``Engine.declare``), which calls it with
+    the session and gets the run started here (``AdminChannels.run``)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, pending: Pending, steps: Sequence[Step]) -> None:
+        super().__init__(pending)
+        self.steps = steps
+
+    def __call__(self, session: "Session") -> None:
+        session.declares.run(self.pending, self.steps)
 
 
 def broker_call_error(exc: BaseException, what: str) -> Exception:

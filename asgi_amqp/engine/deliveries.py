@@ -38,6 +38,7 @@ from typing import (
 import pika
 
 from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
+from .work import Work
 
 # After a marked copy arrives, unmarked messages are compared with the
 # copies for this long (seconds): its original, routed late from the closed
@@ -47,6 +48,7 @@ COPY_WINDOW = 60.0
 
 if TYPE_CHECKING:
     from .consumers.pool import Consumer
+    from .session import Session
 
 # (queue, message id, channel): see ``delivery_key``.
 DeliveryKey = Tuple[str, Optional[str], Any]
@@ -206,6 +208,18 @@ class Liveness(object):
             self._until.clear()
         else:
             self._until.pop(queue, None)
+
+
+class ForgetQueues(Work):
+    """Forget which queues are known to exist (after a flush deleted them):
+    the work ``Engine.forget_queues`` hands the I/O thread for the session's
+    ``Liveness``."""
+
+    __slots__ = ()
+
+    def __call__(self, session: "Session") -> None:
+        session.liveness.forget()
+        self.pending.resolve(None)
 
 
 class Held(object):

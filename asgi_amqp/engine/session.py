@@ -5,9 +5,10 @@ confirms, declares, consumers for blocking receives, ``basic_get`` lanes for
 non-blocking ones) and offers each kind as one method. Publishing runs on a
 connection of its own, which the broker blocks during a resource alarm;
 everything else shares the other one and goes on. Callers never touch a
-session: they hand the I/O thread a piece of work (``work.py``: one class
-per kind, or a ``publisher.Publish``) that calls the part it needs, and
-wait on its ``Pending``.
+session: they hand the I/O thread a piece of work (a ``work.Work``, whose
+kinds live with the parts they call: ``publisher.Publish``,
+``declares.Declare``...) that calls the part it needs, and wait on its
+``Pending``.
 
 Every kind of work is safe to run again on the next connection when the
 one it ran on dropped before it finished: declares and binds are

@@ -42,13 +42,33 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ...naming import is_process_local_queue
 from ..deliveries import Held
+from ..work import Work
 
 if TYPE_CHECKING:
+    from ..session import Session
     from .pool import ConsumerPool
 
 # Acks that may wait together; half the default consumer_prefetch of 16, so
 # that the broker still has room to push while they wait.
 ACK_BATCH = 8
+
+
+class SendTakenAcks(Work):
+    """Ack the held messages callers took in their own threads (``Acks.send_taken``).
+
+    The I/O thread already sends them when it drains its inbox; this work
+    is what wakes it for them (``IOThread.take_pushed`` submits it), and
+    finds nothing left as a rule. Nobody waits for it, and it never runs on
+    a next connection: the lost connection's deliveries are back in their
+    queues.
+    """
+
+    __slots__ = ()
+    retry = False
+
+    def __call__(self, session: "Session") -> None:
+        session.consumers.acks.send_taken()
+        self.pending.resolve(None)
 
 
 class TakenAcks(object):

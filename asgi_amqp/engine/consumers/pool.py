@@ -49,7 +49,19 @@ callers' threads, each under its own lock.
 import collections
 import logging
 import time
-from typing import Any, Callable, Deque, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import pika
 import pika.channel
@@ -63,10 +75,13 @@ from ..declares import AdminChannels
 from ..deliveries import Delivery, HandedOff, Held, HeldMessages, Liveness
 from ..futures import Pending
 from ..reopening_channel import ReopeningChannel
-from ..work import Queues
+from ..work import Queues, Work
 from .acks import Acks, TakenAcks
 from .polls import Polls
 from .sweep import Sweep
+
+if TYPE_CHECKING:
+    from ..session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +130,29 @@ class Consumer(object):
         self.fills = 0  # how often its window filled (the broker then keeps messages back)
         self.checked = -1  # ``fills`` when a poll last found nothing (``Polls.checked``)
         self.polled = False  # started for non-blocking receives: see ``Sweep``
+
+
+class BlockingReceive(Work):
+    """A blocking receive: a Delivery from one of ``queues``, or None at ``deadline``.
+
+    The work ``Engine.wait`` hands the I/O thread; called with the session,
+    it adds a waiter to the session's ``ConsumerPool`` (``add_waiter``).
+    ``deadline`` is a ``time.monotonic()`` time, so a receive handed to the
+    next connection after an outage keeps its caller's limit. ``threads``:
+    how many of the process's threads make blocking receives (the
+    consumers' prefetch window follows it).
+    """
+
+    __slots__ = ("queues", "deadline", "threads")
+
+    def __init__(self, pending: Pending, queues: Queues, deadline: float, threads: int) -> None:
+        super().__init__(pending)
+        self.queues = queues
+        self.deadline = deadline
+        self.threads = threads
+
+    def __call__(self, session: "Session") -> None:
+        session.consumers.add_waiter(self.pending, self.queues, self.deadline, self.threads)
 
 
 class _Waiter(object):

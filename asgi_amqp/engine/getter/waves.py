@@ -15,15 +15,18 @@ import collections
 import functools
 import logging
 import time
-from typing import Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 import pika
 
 from ..consumers import ConsumerPool
 from ..deliveries import HandedOff, Liveness
 from ..futures import Pending
-from ..work import Queues
+from ..work import Queues, Work
 from .lanes import EMPTY, Answer, Lane, Taken
+
+if TYPE_CHECKING:
+    from ..session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,22 @@ PUSH_WAIT = 0.05
 # have messages, only after this many seconds (it is always asked before a
 # call returns nothing).
 RECHECK_EMPTY = 0.01
+
+
+class Poll(Work):
+    """A non-blocking receive: a Delivery from one of ``queues``, or None at once.
+
+    The work ``Engine.get`` hands the I/O thread; called with the session,
+    it asks the session's ``Getter`` (``get``)."""
+
+    __slots__ = ("queues",)
+
+    def __init__(self, pending: Pending, queues: Queues) -> None:
+        super().__init__(pending)
+        self.queues = queues
+
+    def __call__(self, session: "Session") -> None:
+        session.getter.get(self.pending, self.queues)
 
 
 class _GetRequest(object):

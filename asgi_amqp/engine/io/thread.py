@@ -59,12 +59,12 @@ from pika.adapters.select_connection import IOLoop
 from ...errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ...urls import describe_parameters
 from ..consumers import ConsumerSettings
-from ..consumers.acks import TakenAcks
+from ..consumers.acks import SendTakenAcks, TakenAcks
 from ..deliveries import Delivery, HandedOff, HeldMessages, Liveness
 from ..futures import Pending
 from ..publisher import Publisher
 from ..session import Session
-from ..work import SendTakenAcks, Work
+from ..work import Work
 from .alarms import AlarmGate
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason

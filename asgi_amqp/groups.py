@@ -106,7 +106,10 @@ class Groups(object):
 
     Made by ``AMQPChannelLayer`` with what it needs; used from callers'
     threads only, several at once. It publishes and declares through the
-    layer's ``Sender``.
+    engine itself (``Engine.publish`` waits through a resource alarm,
+    ``Engine.declare`` names a queue that exists with other settings), and
+    takes from the layer's ``Sender`` its message properties, a channel
+    queue's declare, ``operation_timeout`` and ``finish_send``.
     """
 
     def __init__(
@@ -119,8 +122,8 @@ class Groups(object):
         management_client: Callable[[], ManagementClient],
         expiry: float,
     ) -> None:
-        self._sender = sender
-        self._engine = engine  # told to forget the queues a flush deleted
+        self._sender = sender  # message properties, ``finish_send``, operation_timeout
+        self._engine = engine  # publishes, declares, and the queues a flush deleted
         self._topology = topology
         self._stats = stats  # group sends dropped (thread-safe, the layer's)
         # The Receiver's process-local members: a flush empties it.
@@ -145,7 +148,7 @@ class Groups(object):
         legacy: List[Any] = []  # the group exchange was made before it was auto-delete
         member = self._topology.membership_binding(channel, stamp)[0]
         try:
-            self._sender.declare(self._membership_steps(group, channel, stamp, legacy), what)
+            self._engine.declare(self._membership_steps(group, channel, stamp, legacy), what)
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
@@ -155,7 +158,7 @@ class Groups(object):
             # channel's queue when it expired. Building them again is correct.
             self._member_exchanges.forget(member)
             self.ensure_infrastructure(again=True)
-            self._sender.declare(
+            self._engine.declare(
                 self._membership_steps(group, channel, stamp, legacy, again=True), what
             )
         self._member_exchanges.add(member)
@@ -250,7 +253,7 @@ class Groups(object):
     def _publish_together(self, requests: List[PublishRequest]) -> List[Optional[str]]:
         """Publish ``requests`` at once; each one's outcome, or None if a
         resource alarm blocks publishing (the caller's own path waits for it)."""
-        return self._outcomes(self._sender.start_publishes(requests))
+        return self._outcomes(self._engine.start_publishes(requests))
 
     def _outcomes(self, in_flight: InFlight) -> List[Optional[str]]:
         """Each outcome of publishes handed over together (``_publish_together``)."""
@@ -303,10 +306,10 @@ class Groups(object):
             return
         queue = self._topology.lease_queue
         what = "lease of %s in %s" % (channel, group)
-        outcome = self._sender.publish("", queue, b"", properties, True, what)
+        outcome = self._publish(queue, properties, what)
         if outcome == RETURNED:  # flushed, or deleted by hand
             self.ensure_infrastructure(again=True)
-            outcome = self._sender.publish("", queue, b"", properties, True, what)
+            outcome = self._publish(queue, properties, what)
         if outcome != ACKED:
             raise BrokerOperationError(
                 312 if outcome == RETURNED else None,
@@ -314,6 +317,13 @@ class Groups(object):
                 operation="publish to %r" % queue,
             )
         self._remember_lease(group, channel, stamp)
+
+    def _publish(self, queue: str, properties: pika.BasicProperties, what: str) -> str:
+        """Publish an empty message (a lease or a notice) to ``queue``, mandatory,
+        waiting through a resource alarm within ``operation_timeout``."""
+        return self._engine.publish(
+            "", queue, b"", properties, True, what, alarm_wait=self._sender.operation_timeout
+        )
 
     def _notice_message(
         self, kind: str, group: str, channel: str, stamp: Optional[int] = None
@@ -346,7 +356,7 @@ class Groups(object):
         deadline = time.monotonic() + min(NOTICE_PATIENCE, self._sender.operation_timeout)
         pause = 0.01
         while True:
-            outcome = self._sender.publish("", queue, b"", properties, True, what)
+            outcome = self._publish(queue, properties, what)
             try:
                 self._sender.finish_send(channel, queue, b"", properties, outcome)
                 return
@@ -378,8 +388,8 @@ class Groups(object):
         in_flight = None
         if local:
             notice = self._notice_message(naming.LEAVE_KIND, group, channel)
-            in_flight = self._sender.start_publishes([notice + (False,)])
-        self._sender.declare(steps, "group_discard %s %s" % (group, channel))
+            in_flight = self._engine.start_publishes([notice + (False,)])
+        self._engine.declare(steps, "group_discard %s %s" % (group, channel))
         self._leases_sent.pop((group, channel), None)
         if in_flight is not None and self._outcomes(in_flight) != [ACKED]:
             try:
@@ -418,7 +428,7 @@ class Groups(object):
         self.ensure_infrastructure()
         # Full members drop the message (the broker nacks); that is the spec.
         try:
-            self._sender.publish(
+            self._engine.publish(
                 self._topology.group_router,
                 group,
                 body,
@@ -426,6 +436,8 @@ class Groups(object):
                 self._sender.properties({naming.GROUP_HEADER: group}),
                 False,
                 "send to group %s" % group,
+                fans_out=True,  # held back a moment after a restart (``io.restart_hold``)
+                alarm_wait=self._sender.operation_timeout,
             )
         except BrokerBlocked as exc:
             # ASGI 1.0: send_group "cannot raise ChannelFull", and Channels
@@ -451,7 +463,7 @@ class Groups(object):
         steps = [engine.queue_delete(q) for q in queues]
         steps += [engine.exchange_delete(x) for x in exchanges]
         steps.append(engine.queue_purge(self._topology.dead_letter_queue))
-        self._sender.declare(steps, "flush")
+        self._engine.declare(steps, "flush")
         self._engine.forget_queues()
         self._leases_sent.clear()
         self._member_exchanges.clear()
@@ -465,7 +477,7 @@ class Groups(object):
         topology = self._topology
         # Senders need only the exchanges. The dead-letter queue is the
         # workers' business; its node being down must not stop group_add.
-        self._sender.declare(
+        self._engine.declare(
             [
                 engine.exchange_declare(topology.dead_letter_exchange),
                 engine.exchange_declare(topology.group_router, exchange_type="direct"),

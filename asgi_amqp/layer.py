@@ -9,8 +9,8 @@ arguments come from ``naming.Topology``.
 
 The layer is put together from one part per concern, each an object it
 holds, so that a behaviour is found by its module's name: ``sending.Sender``
-(``send``, and the publishes, declares and message properties of every
-part), ``receiving.Receiver`` (``receive``) and ``groups.Groups`` (the
+(``send``, the end of a refused publish, and the message properties of
+every part), ``receiving.Receiver`` (``receive``) and ``groups.Groups`` (the
 ``groups`` and ``flush`` extensions); ``pipeline`` sends many at once
 (``send_many``, ``send_group_many``) through the first and the last, and
 ``twisted_support`` makes ``receive_twisted`` of the second. Each part is
@@ -201,6 +201,8 @@ class AMQPChannelLayer(BaseChannelLayer):
             restart_hold=RESTART_HOLD_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker,
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
+            # daphne's reactor thread never waits for a resource alarm to clear.
+            never_waits=twisted_support.on_reactor_thread,
         )
         # ChannelFull, undecodable and dropped group messages, counted by the
         # parts, read by the statistics (thread-safe, under its lock).
@@ -208,7 +210,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         # The parts, each made here with what it needs. The engine, the
         # topology and the serializer they share are the layer's (the engine
         # is closed by ``close``).
-        # Sends, and the publishes and declares of the other parts (callers' threads).
+        # Sends, and the message properties of the other parts (callers' threads).
         self.sender = Sender(
             self._engine,
             self.topology,

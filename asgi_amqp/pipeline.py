@@ -79,8 +79,9 @@ class _Entry(object):
 class SendPipeline(object):
     """Sends through ``layer`` with a window of confirms outstanding.
 
-    It publishes and declares through the layer's ``sender``, and asks its
-    ``groups`` for the shared objects a group send needs; names are checked
+    It publishes and declares through the layer's engine (``sender.engine``),
+    takes message properties and the end of a refused publish from its
+    ``sender``, and asks its ``groups`` for the shared objects a group send needs; names are checked
     by the layer's own ``valid_channel_name`` and ``valid_group_name``.
 
     ``put`` takes one message and may block while the window is full;
@@ -98,7 +99,8 @@ class SendPipeline(object):
         keep_existing: bool = False,
     ) -> None:
         self._layer = layer
-        self._sender = layer.sender  # publishes, declares and message properties
+        self._sender = layer.sender  # message properties, encoding, finish_send
+        self._engine = layer.sender.engine  # publishes and declares
         self._groups = layer.groups  # the shared objects a group send needs
         # A tool sending for an application (the command line, Spark) must not
         # re-declare a queue the application made: a passive declare first,
@@ -220,7 +222,7 @@ class SendPipeline(object):
                     )
                 )
         try:
-            batch = self._sender.start_publishes(requests)
+            batch = self._engine.start_publishes(requests)
         except Exception as exc:  # the layer is closed
             for entry in ready:
                 entry.error = exc
@@ -256,17 +258,17 @@ class SendPipeline(object):
         declare queues: a 403. A passive declare needs no permission; if the
         queue is there, the messages go to it, else the 403 is their error.
         """
-        sender = self._sender
+        declare = self._engine.declare
         if not self._passive_only:
             try:
-                sender.declare([sender.channel_queue_declare(channel)], "declare %s" % queue)
+                declare([self._sender.channel_queue_declare(channel)], "declare %s" % queue)
                 return
             except BrokerOperationError as exc:
                 if exc.reply_code != ACCESS_REFUSED:
                     raise
                 self._passive_only = exc
         try:
-            sender.declare([engine.queue_declare(queue, None, passive=True)], "check %s" % queue)
+            declare([engine.queue_declare(queue, None, passive=True)], "check %s" % queue)
         except BrokerOperationError as exc:
             if exc.reply_code == NOT_FOUND:
                 raise self._passive_only from None
@@ -274,7 +276,7 @@ class SendPipeline(object):
 
     def _exists(self, queue: str) -> bool:
         step = engine.queue_declare(queue, None, passive=True, not_found_ok=True)
-        return self._sender.declare([step], "check %s" % queue) is not None
+        return self._engine.declare([step], "check %s" % queue) is not None
 
     @staticmethod
     def _fail(entries: List[_Entry], which: Callable[[_Entry], bool], exc: Exception) -> None:

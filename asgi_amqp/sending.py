@@ -1,4 +1,4 @@
-"""Sending: ``send``, and the publishes and declares of every part of the layer.
+"""Sending: ``send``, and the properties of every message of the layer.
 
 ``AMQPChannelLayer`` holds one ``Sender``, kept apart because a send is more
 than a publish: a publish the broker refused (nacked) or returned is
@@ -6,37 +6,36 @@ carried to its end here, in the caller's thread, as ``ChannelFull``, a
 declare and a new attempt, or an error (``SendAttempts`` says for how
 long). The publishes themselves run on the I/O thread (``engine``).
 
-The other parts (``groups.Groups``, ``pipeline.SendPipeline``) publish and
-declare through the same ``Sender``, so that one object states how the
-layer waits through a resource alarm (``publish``), names a declare the
-broker refused (``declare``) and numbers its messages (``properties``).
+Every part publishes and declares through the engine itself
+(``Engine.publish``, which waits through a resource alarm, and
+``Engine.declare``, which names a queue that exists with other settings),
+so that a call crosses no part it does not need. The other parts
+(``groups.Groups``, ``pipeline.SendPipeline``) take from the ``Sender``
+what is the sender's: the properties that number the layer's messages
+(``properties``), a channel queue's declare (``channel_queue_declare``),
+the encoding of a message (``encode``), ``operation_timeout``, and the end
+of a publish the broker refused or returned (``finish_send``).
 """
 
 import itertools
 import os
 import secrets
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
 import pika
 
 from . import engine, naming
 from .channel_names import check_channel_name, is_process_local
-from .engine import ACKED, NACKED, Engine, InFlight, PublishRequest, Step
-from .errors import (
-    BrokerBlocked,
-    BrokerOperationError,
-    ChannelFull,
-    MessageRefused,
-    settings_mismatch,
-)
+from .engine import ACKED, NACKED, Engine, Step
+from .errors import BrokerOperationError, ChannelFull, MessageRefused
 from .serialization import Message, Serializer
 from .statistics import Counters
 from .twisted_support import on_reactor_thread
 
 
 class Sender(object):
-    """``send``, and the publishes, declares and message properties of the layer.
+    """``send``, the end of a refused publish, and the layer's message properties.
 
     Made by ``AMQPChannelLayer`` with what it needs; used from callers'
     threads only, several at once, daphne's reactor thread among them
@@ -53,7 +52,8 @@ class Sender(object):
         get_capacity: Callable[[str], int],
         persistent: bool,
     ) -> None:
-        self._engine = engine
+        # The layer's engine: publishes and declares (the pipeline's too).
+        self.engine = engine
         self._topology = topology
         self._serializer = serializer
         self._stats = stats  # ChannelFull counts (thread-safe, the layer's)
@@ -74,7 +74,15 @@ class Sender(object):
         queue = self._topology.channel_queue(channel)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
         properties = self.properties(headers)
-        outcome = self.publish("", queue, body, properties, True, "send to %s" % channel)
+        outcome = self.engine.publish(
+            "",
+            queue,
+            body,
+            properties,
+            True,
+            "send to %s" % channel,
+            alarm_wait=self.operation_timeout,
+        )
         self.finish_send(channel, queue, body, properties, outcome)
 
     def encode(self, message: Message) -> bytes:
@@ -104,8 +112,10 @@ class Sender(object):
             else:
                 # Returned: the queue does not exist (new, expired or flushed).
                 attempts.returned()
-                self.declare([self.channel_queue_declare(channel)], "declare %s" % queue)
-            outcome = self.publish("", queue, body, properties, True, what, marked)
+                self.engine.declare([self.channel_queue_declare(channel)], "declare %s" % queue)
+            outcome = self.engine.publish(
+                "", queue, body, properties, True, what, marked, alarm_wait=self.operation_timeout
+            )
 
     def _depth_unless_full(self, channel: str, queue: str) -> int:
         """After a refusal: ``ChannelFull`` if the queue is full, else its depth.
@@ -122,7 +132,7 @@ class Sender(object):
         with a smaller capacity (full below ours) makes the broker refuse
         that declare, which names the mismatch (``QueueSettingsMismatch``)
         instead of a refusal that looks like a failing node."""
-        depth: int = self.declare(
+        depth: int = self.engine.declare(
             [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
         ).message_count
         if depth >= self._topology.refusing_depth(channel):
@@ -130,67 +140,10 @@ class Sender(object):
             raise ChannelFull(
                 "channel %s is full (%d of %d)" % (channel, depth, self._get_capacity(channel))
             )
-        self.declare([self.channel_queue_declare(channel)], "check %s" % queue)
+        self.engine.declare([self.channel_queue_declare(channel)], "check %s" % queue)
         return depth
 
-    # -- what every part of the layer publishes and declares with ---------------
-
-    def publish(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes,
-        properties: pika.BasicProperties,
-        mandatory: bool,
-        what: str,
-        marked: bool = False,
-    ) -> str:
-        """Publish and wait for the broker's answer, through a resource alarm.
-
-        While an alarm blocks publishing, a caller's thread waits for it to
-        clear, within ``operation_timeout``, and then publishes: a Channels
-        worker that raised instead would die of it (Channels 1.x retries a
-        full channel for 2 s in ``send_and_flush``, then raises). daphne's
-        reactor thread must not wait (every connection of daphne would
-        freeze), so there ``BrokerBlocked`` is raised at once and daphne
-        answers 503 or closes the socket with 1013, "try again later".
-        """
-        deadline = None  # set at the first block: nothing extra on the usual path
-        while True:
-            try:
-                return self._engine.publish(
-                    exchange,
-                    routing_key,
-                    body,
-                    properties,
-                    mandatory,
-                    what,
-                    marked=marked,
-                    fans_out=exchange == self._topology.group_router,
-                )
-            except BrokerBlocked:
-                if on_reactor_thread():
-                    raise
-                if deadline is None:
-                    deadline = time.monotonic() + self.operation_timeout
-                if not self._engine.wait_unblocked(deadline):
-                    raise
-                # One in flight when the alarm began may still be delivered:
-                # the copy is marked, so its reader drops it if it has both.
-                marked = True
-
-    def start_publishes(self, requests: Sequence[PublishRequest]) -> InFlight:
-        """Hand ``requests`` over at once; ``InFlight.outcome`` gives each answer."""
-        return self._engine.start_publishes(requests)
-
-    def declare(self, steps: Sequence[Step], what: str) -> Any:
-        """Run topology steps (``engine.queue_declare`` and the like); the last
-        one's answer. A queue that exists with other settings raises
-        ``QueueSettingsMismatch``, which names them."""
-        try:
-            return self._engine.declare(steps, what)
-        except BrokerOperationError as exc:
-            raise settings_mismatch(exc, self._topology.explain_mismatch) from None
+    # -- what every part of the layer publishes with -----------------------------
 
     def channel_queue_declare(self, channel: str) -> Step:
         """The step that declares ``channel``'s queue with this layer's arguments."""

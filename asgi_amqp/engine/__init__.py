@@ -43,7 +43,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pika
 
-from ..errors import LayerClosed, OperationTimeout
+from ..errors import (
+    BrokerBlocked,
+    BrokerOperationError,
+    LayerClosed,
+    OperationTimeout,
+    settings_mismatch,
+)
 from ..naming import Topology
 from .consumers import THREADS_WINDOW, ConsumerSettings
 from .consumers.pool import BlockingReceive
@@ -129,12 +135,19 @@ class Engine(object):
         restart_hold: float = 0.0,
         dead_letter_worker: bool = True,
         bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
+        never_waits: Callable[[], bool] = lambda: False,
     ) -> None:
         self._parameters = list(parameters)
         # The management API's bindings to an exchange, for the dead-letter
         # worker (see DeadLetterWorker); None without one.
         self._bindings_to = bindings_to
+        # The layer's ``naming.Topology``: the dead-letter worker's names, and
+        # ``explain_mismatch`` for a declare the broker refused (``declare``).
         self._topology = topology
+        # Whether the calling thread must never wait for a resource alarm to
+        # clear (daphne's reactor thread: ``twisted_support.on_reactor_thread``);
+        # asked by ``publish`` only once an alarm blocks it, on callers' threads.
+        self._never_waits = never_waits
         self.operation_timeout = operation_timeout
         self._consumers = consumers
         self._restart_hold = restart_hold  # seconds group fan-out waits after a refused outage
@@ -259,13 +272,41 @@ class Engine(object):
         what: str,
         marked: bool = False,
         fans_out: bool = False,
+        *,
+        alarm_wait: float,
     ) -> str:
-        """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``."""
-        publish = Publish(
-            Pending(what), exchange, routing_key, body, properties, mandatory, fans_out=fans_out
-        )
-        publish.maybe_delivered = marked
-        return self._submit_and_wait(publish)
+        """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``.
+
+        While a resource alarm blocks publishing, a caller's thread waits for
+        it to clear, ``alarm_wait`` seconds at most (the caller's
+        ``operation_timeout``), and then publishes again; after that,
+        ``BrokerBlocked``. A Channels worker that raised at once would die
+        of it (Channels 1.x retries a full channel for 2 s in
+        ``send_and_flush``, then raises). daphne's reactor thread must not
+        wait (every connection of daphne would freeze): there
+        (``never_waits``) ``BrokerBlocked`` is raised at once, and daphne
+        answers 503 or closes the socket with 1013, "try again later".
+        ``marked``: sent as a possible copy (its reader drops it if it has
+        the original); ``fans_out``: a group send (``io.restart_hold``).
+        """
+        deadline = None  # set at the first block: nothing extra on the usual path
+        while True:
+            publish = Publish(
+                Pending(what), exchange, routing_key, body, properties, mandatory, fans_out=fans_out
+            )
+            publish.maybe_delivered = marked
+            try:
+                return self._submit_and_wait(publish)
+            except BrokerBlocked:
+                if self._never_waits():
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + alarm_wait
+                if not self.wait_unblocked(deadline):
+                    raise
+                # One in flight when the alarm began may still be delivered:
+                # the copy is marked, so its reader drops it if it has both.
+                marked = True
 
     def start_publishes(self, requests: Sequence[PublishRequest]) -> "InFlight":
         """Hand many publishes to the I/O thread at once; wait for them later.
@@ -285,8 +326,16 @@ class Engine(object):
         return InFlight(self, io, publishes)
 
     def declare(self, steps: Sequence[Step], what: str) -> Any:
-        """Run topology steps in order; the result is the last step's frame."""
-        return self._submit_and_wait(Declare(Pending(what), steps))
+        """Run topology steps in order; the result is the last step's frame.
+
+        A queue that exists with other settings raises
+        ``QueueSettingsMismatch``, which names them (``errors.settings_mismatch``
+        with the topology's ``explain_mismatch``); any other refusal raises
+        as it came."""
+        try:
+            return self._submit_and_wait(Declare(Pending(what), steps))
+        except BrokerOperationError as exc:
+            raise settings_mismatch(exc, self._topology.explain_mismatch) from None
 
     def get(self, queues: Queues) -> Optional[Delivery]:
         """A delivery from one of ``queues`` at once, or None: never waits for one.

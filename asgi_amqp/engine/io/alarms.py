@@ -4,7 +4,7 @@ While the broker blocks the publishing connection (``Connection.Blocked``,
 with its reason, "low on memory" or "low on disk"), every publish fails at
 once with ``BrokerBlocked`` on the I/O thread, which never holds work for
 an alarm: whether a caller waits for it to clear is the caller's choice
-(the layer's ``_publish``: a worker's thread waits, daphne's reactor thread
+(``Engine.publish``: a worker's thread waits, daphne's reactor thread
 must not), and ``unblocked`` is the event it waits on. Publishes already in
 flight when the block arrives fail with it too (the broker may still
 deliver them when it reads their frames after the alarm). ``Connection.Unblocked`` ends it by

@@ -1,9 +1,10 @@
 """The files a layer call crosses, from the API to the wire.
 
 ``python -m devtools.callpath`` runs each call below once to warm up and
-once measured, against ``AMQP_URL`` (a prefix of its own, flushed at the
-end), and prints for each the distinct files of ``asgi_amqp`` on its path,
-their count, and the stack lines they come from.
+once measured, against ``AMQP_URL`` (prefixes of its own, flushed at the
+end: only the shared objects a flush keeps stay), and prints for each the
+distinct files of ``asgi_amqp`` on its path, their count, and the stack
+lines they come from.
 
 The path of a call is what is on the call stack when the call reaches the
 wire, not every module it uses (a foundation called and returned from, such
@@ -190,12 +191,17 @@ def _thread(layer: AMQPChannelLayer, name: str) -> threading.Thread:
     raise RuntimeError("the layer runs no thread %r" % name)
 
 
-def measure(url: str, expiry_wait: float = 30.0) -> List[Path]:
-    """Every call's path (see the module docstring), on the broker at ``url``."""
+def measure(
+    url: str, management_url: Optional[str] = None, expiry_wait: float = 30.0
+) -> List[Path]:
+    """Every call's path (see the module docstring), on the broker at ``url``.
+
+    ``management_url`` (default: the layer's) is for the ``flush`` at the end."""
     prefix = "callpath%s" % secrets.token_hex(3)
-    layer = AMQPChannelLayer(url, prefix=prefix, expiry=10, group_expiry=60)
-    helper = AMQPChannelLayer(url, prefix=prefix, expiry=10, dead_letter_worker=False)
-    expiring = AMQPChannelLayer(url, prefix=prefix + "x", expiry=10, group_expiry=2)
+    settings: Dict[str, Any] = dict(expiry=10, management_url=management_url)
+    layer = AMQPChannelLayer(url, prefix=prefix, group_expiry=60, **settings)
+    helper = AMQPChannelLayer(url, prefix=prefix, dead_letter_worker=False, **settings)
+    expiring = AMQPChannelLayer(url, prefix=prefix + "x", group_expiry=2, **settings)
     paths: List[Path] = []
     try:
         with tracing() as recorder:
@@ -269,10 +275,15 @@ def report(paths: Sequence[Path]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("AMQP_URL"), help="default: $AMQP_URL")
+    parser.add_argument(
+        "--management-url",
+        default=os.environ.get("AMQP_MANAGEMENT_URL"),
+        help="for the flush at the end; default: $AMQP_MANAGEMENT_URL, else the layer's",
+    )
     options = parser.parse_args(argv)
     if not options.url:
         parser.error("no broker: give --url or set AMQP_URL")
-    paths = measure(options.url)
+    paths = measure(options.url, options.management_url)
     print(report(paths))
     longest = max(len(path.files) for path in paths)
     return 0 if longest <= MOST_FILES else 1

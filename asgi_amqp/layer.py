@@ -266,7 +266,12 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     @operation_timeout.setter
     def operation_timeout(self, seconds: float) -> None:
+        # Both owners: the sender bounds its retries and alarm waits with it,
+        # the engine every wait for the I/O thread. Checked as the
+        # constructor checks it: ``inf`` or None would make waits endless.
+        _positive("operation_timeout", seconds)
         self.sender.operation_timeout = seconds
+        self._engine.operation_timeout = seconds
 
     @property
     def receive_timeout(self) -> float:

@@ -1,6 +1,7 @@
 """What the tests share: waiting, ports, layers, private nodes, fakes, the management API, traffic.
 
 * :func:`wait_until`: poll a condition against a deadline;
+* :func:`at_moment`: a step of a scenario's own timeline, at a moment of its clock;
 * :func:`free_port`: a TCP port nothing listens on (``devtools.rabbitmq``'s);
 * :func:`make_layer` and :class:`LayerFactory`: layers on a prefix of their own;
   ``tests/conftest.py`` turns the factory into the ``new_layer`` and
@@ -50,6 +51,8 @@ __all__ = [
     "cluster_url",
     "run_cli",
     "start_cluster",
+    "at_moment",
+    "consumers_on",
     "wait_until",
 ]
 
@@ -73,6 +76,25 @@ def wait_until(predicate, timeout, interval=0.05, message="condition", raise_on_
                 return value
             raise AssertionError("%s not met within %.1f s" % (message, timeout))
         time.sleep(interval)
+
+
+def at_moment(start, moment, late=None, sleep=time.sleep):
+    """Return at ``moment`` s after ``start`` (a ``time.monotonic()``) on the
+    scenario's own clock; at once if that moment has passed.
+
+    Not a wait for a condition: a step of the scenario's timeline, such as a
+    renewal due 1.2 s after the first call, a send rate, a reader that takes
+    one message every 0.05 s (a slow application) or an outage held for 1 s.
+    Moments count from the scenario's start, so the time the steps take does
+    not add up. With ``late`` (s), fail if the moment passed by more than
+    that, since the scenario's timing would then say nothing. ``sleep`` does
+    the waiting (e.g. a pika BlockingConnection's, to serve its I/O).
+    """
+    delay = start + moment - time.monotonic()
+    if late is not None:
+        assert delay > -late, "the schedule fell %.2f s behind at %.2f s" % (-delay, moment)
+    if delay > 0:
+        sleep(delay)
 
 
 # -- layers ---------------------------------------------------------------------------------
@@ -137,6 +159,14 @@ def queue_counts(broker, queue):
         return connection.channel().queue_declare(queue, passive=True).method
     finally:
         connection.close()
+
+
+def consumers_on(broker, queue):
+    """The broker's count of consumers on ``queue``; 0 while it does not exist."""
+    try:
+        return queue_counts(broker, queue).consumer_count
+    except pika.exceptions.ChannelClosedByBroker:
+        return 0
 
 
 def drain(layer, channels, block=False):
@@ -387,6 +417,7 @@ class Traffic(object):
         self.lock = threading.Lock()
         self.sending = threading.Event()  # cleared by pause(): the senders wait
         self.sending.set()
+        self._in_send = 0  # senders inside a send call (under the lock)
         self._stop_sending = threading.Event()
         self._stop_receiving = threading.Event()
         self.confirmed = {}
@@ -437,16 +468,23 @@ class Traffic(object):
         while not self._stop_sending.is_set():
             if not self.sending.wait(0.1):
                 continue
+            with self.lock:  # pause() clears ``sending`` under the lock
+                if not self.sending.is_set():
+                    continue
+                self._in_send += 1
             n += 1
             channel = self.channels[n % len(self.channels)]
             try:
                 self._timed("send", self.layer.send, channel, {"n": n})
             except Exception as exc:  # counted by type
                 self._count("send", exc)
+                with self.lock:
+                    self._in_send -= 1
                 self._stop_sending.wait(self.backoff)
             else:
                 with self.lock:
                     self.confirmed[(channel, n)] = time.monotonic()
+                    self._in_send -= 1
 
     def _receive(self, block):
         kind = "blocking receive" if block else "receive"
@@ -476,6 +514,22 @@ class Traffic(object):
         with self.lock:
             return set(self.confirmed) - set(self.received)
 
+    def received_after(self, when):
+        """How many messages were received after ``when`` (a monotonic time)."""
+        with self.lock:
+            return sum(1 for t in self.received_at if t > when)
+
+    def wait_flowing(self, count, timeout, after=None):
+        """Wait until ``count`` messages were received after ``after`` (default:
+        now), at most ``timeout`` s (then an AssertionError)."""
+        after = time.monotonic() if after is None else after
+        wait_until(
+            lambda: self.received_after(after) >= count,
+            timeout,
+            interval=0.01,
+            message="%d messages received" % count,
+        )
+
     def wait_received(self, timeout, settle=None):
         """Wait until everything confirmed was received, at most ``timeout`` s (or,
         with ``settle``, until nothing arrived for that long); whether it was."""
@@ -490,11 +544,20 @@ class Traffic(object):
         return not self.missing()
 
     def pause(self, timeout):
-        """Hold the senders and wait until everything confirmed was received;
-        whether it was. :meth:`resume` lets them go on."""
-        self.sending.clear()
-        time.sleep(0.05)  # a send in flight when the senders were held
-        return self.wait_received(timeout)
+        """Hold the senders and wait, at most ``timeout`` s, until no send is in
+        flight and everything confirmed was received; whether it was.
+        :meth:`resume` lets them go on."""
+        started = time.monotonic()
+        with self.lock:
+            self.sending.clear()
+
+        def no_send_in_flight():
+            with self.lock:
+                return self._in_send == 0
+
+        if not wait_until(no_send_in_flight, timeout, interval=0.01, raise_on_timeout=False):
+            return False
+        return self.wait_received(max(0.0, started + timeout - time.monotonic()))
 
     def resume(self):
         self.sending.set()

@@ -22,7 +22,7 @@ from asgi_amqp import statistics  # noqa: E402
 from asgi_amqp.tools import cli  # noqa: E402
 from asgi_amqp.tools.cli.send import _progress  # noqa: E402
 from asgi_amqp.tools.jsonbytes import dumps, loads  # noqa: E402
-from helpers import drain, wait_until  # noqa: E402
+from helpers import at_moment, drain, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_RE = re.compile(
@@ -299,8 +299,9 @@ def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix, ne
         while not stop.is_set():
             channel, message = reader.receive(["cli.slow"], block=True)
             if channel:
+                taken = time.monotonic()
                 got.append(message["i"])
-                time.sleep(0.05)
+                at_moment(taken, 0.05)  # a slow application: 0.05 s on each message
 
     thread = threading.Thread(target=read)
     thread.start()

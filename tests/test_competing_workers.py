@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from helpers import drain, make_layer, queue_counts, wait_until
+from helpers import at_moment, drain, make_layer, queue_counts, wait_until
 
 LINGER = 0.25  # the layer's default
 # A message stranded in the busy worker is given back a few ms after
@@ -129,10 +129,11 @@ def test_a_busy_worker_gives_its_pushed_message_to_the_idle_one(workers):
     busy, idle = _make_one_busy(sender, pool, channel)
 
     sent_at = {}
-    for n in range(20):
+    started = time.monotonic()
+    for n in range(20):  # one message every 0.04 s
+        at_moment(started, 0.04 * n)
         sent_at[n] = time.monotonic()
         sender.send(channel, {"n": n})
-        time.sleep(0.04)
     wait_until(
         lambda: len(_waits(sent_at, pool)) == 20, 10, interval=0.01, message="all 20 messages taken"
     )
@@ -155,10 +156,11 @@ def test_a_busy_worker_holds_nothing_back_on_any_of_its_channels(workers):
     busy, idle = _make_one_busy(sender, pool, channels[0])
 
     sent_at = {}
-    for n in range(60):
+    started = time.monotonic()
+    for n in range(60):  # one message every 0.01 s
+        at_moment(started, 0.01 * n)
         sent_at[n] = time.monotonic()
         sender.send(channels[n % len(channels)], {"n": n})
-        time.sleep(0.01)
     wait_until(
         lambda: len(_waits(sent_at, pool)) == 60, 10, interval=0.01, message="all 60 messages taken"
     )
@@ -214,7 +216,13 @@ def test_a_held_message_is_the_only_slack_in_capacity(broker, new_layer):
     # the worker's consumer and held for its next receive
     assert 1 <= accepted <= 2, accepted
     # After ``linger`` the held message is back in the queue: nothing fits.
-    time.sleep(LINGER + 0.1)
+    queue = sender.topology.channel_queue("cap")
+    wait_until(
+        lambda: _ready_in(broker, queue) == 4 + accepted,
+        LINGER + 5,
+        interval=0.02,
+        message="every message ready in the queue",
+    )
     with pytest.raises(sender.ChannelFull):
         sender.send("cap", {"late": True})
     assert len(drain(sender, ["cap"])) == 4 + accepted

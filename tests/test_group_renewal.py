@@ -9,9 +9,9 @@ with ``nowait`` leaves the queue's lease where it was (measured on RabbitMQ
 group after its first lease has run out but before the renewed one does.
 
 The lease is the thing under test, so these tests keep a schedule on the
-clock (``_at``): each step happens at a moment measured from the first
-``group_add``, and every wait for an outcome is a ``wait_until`` with a
-deadline.
+clock (``_at``, on ``helpers.at_moment``): each step happens at a moment
+measured from the first ``group_add``, and every wait for an outcome is a
+``wait_until`` with a deadline.
 """
 
 import threading
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from helpers import wait_until
+from helpers import at_moment, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,10 @@ GROUP_EXPIRY = 2
 
 
 def _at(start, moment):
-    """Wait until ``moment`` s after ``start`` (a ``time.monotonic()``); fail
-    if that moment has already passed by more than a quarter second, since
-    the test's timing would then say nothing."""
-    delay = start + moment - time.monotonic()
-    assert delay > -0.25, "the schedule fell %.2f s behind at %.1f s" % (-delay, moment)
-    if delay > 0:
-        time.sleep(delay)
+    """The schedule's step at ``moment`` s after ``start``; fail if that moment
+    has already passed by more than a quarter second, since the test's
+    timing would then say nothing."""
+    at_moment(start, moment, late=0.25)
 
 
 class _Reader(object):

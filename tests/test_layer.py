@@ -7,7 +7,7 @@ import time
 import pytest
 
 from asgi_amqp import AMQPChannelLayer, LayerClosed
-from helpers import Management, drain, free_port, make_layer
+from helpers import Management, consumers_on, drain, free_port, make_layer, wait_until
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_blocking_receive_returns_none_after_receive_timeout(layer):
     assert 0.9 <= elapsed < 3, elapsed
 
 
-def test_blocking_receive_wakes_up_when_a_message_arrives(layer):
+def test_blocking_receive_wakes_up_when_a_message_arrives(broker, layer):
     result = {}
 
     def receive():
@@ -128,7 +128,9 @@ def test_blocking_receive_wakes_up_when_a_message_arrives(layer):
 
     thread = threading.Thread(target=receive)
     thread.start()
-    time.sleep(0.2)
+    # The receive waits on the broker: its consumer is on wake.b's queue.
+    queue = layer.topology.channel_queue("wake.b")
+    wait_until(lambda: consumers_on(broker, queue), 5, message="the receive's consumer")
     layer.send("wake.b", {"v": 1})
     thread.join(5)
     assert result["got"] == ("wake.b", {"v": 1})

@@ -83,12 +83,13 @@ def at_moment(start, moment, late=None, sleep=time.sleep):
     scenario's own clock; at once if that moment has passed.
 
     Not a wait for a condition: a step of the scenario's timeline, such as a
-    renewal due 1.2 s after the first call, a send rate, a reader that takes
-    one message every 0.05 s (a slow application) or an outage held for 1 s.
-    Moments count from the scenario's start, so the time the steps take does
-    not add up. With ``late`` (s), fail if the moment passed by more than
-    that, since the scenario's timing would then say nothing. ``sleep`` does
-    the waiting (e.g. a pika BlockingConnection's, to serve its I/O).
+    renewal due 1.2 s after the first call, a send rate, a pause after each
+    send, a reader that spends 0.05 s on each message (a slow application)
+    or an outage held for 1 s. A timeline's moments count from its start,
+    so that the time its steps take does not add up. With ``late`` (s),
+    fail if the moment passed by more than that, since the scenario's timing
+    would then say nothing. ``sleep`` does the waiting (e.g. a pika
+    BlockingConnection's, to serve its I/O).
     """
     delay = start + moment - time.monotonic()
     if late is not None:

@@ -37,7 +37,15 @@ import pytest
 from asgi_amqp import BrokerConnectionError, naming
 from asgi_amqp.errors import BrokerOperationError
 from devtools.rabbitmq import RabbitNodeError
-from helpers import Management, Traffic, cluster_url, drain, start_cluster, wait_until
+from helpers import (
+    Management,
+    Traffic,
+    at_moment,
+    cluster_url,
+    drain,
+    start_cluster,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
@@ -201,7 +209,21 @@ def test_traffic_through_the_loss_of_a_node(cluster, new_layer):
             timeout=RESUME_WITHIN,
             message="survivor sends confirmed after stop_app",
         )
-        time.sleep(2.0)  # traffic through nodes 2 and 3 only (the threads keep working)
+        # Traffic through nodes 2 and 3 only (the threads keep working): 20
+        # messages on every channel that does not live on node 1, and a send
+        # to the one that does refused.
+        survivors = [t for name, t in traffic.items() if name != "classic"]
+
+        def refused_on_node_1():
+            with traffic["classic"].lock:
+                raised = list(traffic["classic"].raised_at)
+            return any(what == "send" and when > stopped for when, _, what in raised)
+
+        wait_until(
+            lambda: all(t.received_after(stopped) >= 20 for t in survivors) and refused_on_node_1(),
+            timeout=RESUME_WITHIN + 5,
+            message="traffic through nodes 2 and 3, a refused send to node 1",
+        )
         worker_ready_while_down = layer._engine._worker.ready.is_set()
         starting = time.monotonic()
         n1.start_app()
@@ -211,7 +233,11 @@ def test_traffic_through_the_loss_of_a_node(cluster, new_layer):
             timeout=RESUME_WITHIN + 5,
             raise_on_timeout=False,
         )
-        time.sleep(1.0)
+        wait_until(
+            lambda: all(t.received_after(started) >= 20 for t in traffic.values()),
+            timeout=RESUME_WITHIN + 5,
+            raise_on_timeout=False,  # the checks below say what did not resume
+        )
         for t in traffic.values():
             t.finish(
                 sender_join=OPERATION_TIMEOUT * 6 + 5,
@@ -613,6 +639,7 @@ def test_quorum_queue_lease_is_not_renewed_by_a_redeclare(raw):
     assert _publish(channel, redeclared, b"canary") == "ack"
     started = time.monotonic()
     gone = {"redeclare": None, "basic_get": None}
+    uses = 0
     while time.monotonic() - started < 7.0:
         if gone["redeclare"] is None:
             count = channel.queue_declare(
@@ -626,7 +653,8 @@ def test_quorum_queue_lease_is_not_renewed_by_a_redeclare(raw):
             except pika.exceptions.ChannelClosedByBroker:
                 gone["basic_get"] = round(time.monotonic() - started, 1)
                 channel = _fresh(raw)
-        raw["connection"].sleep(0.3)
+        uses += 1  # the queues are used every 0.3 s
+        at_moment(started, 0.3 * uses, sleep=raw["connection"].sleep)
     for name in (redeclared, polled):
         channel.queue_delete(name)
     print("\nquorum lease (x-expires 1 s, used every 0.3 s for 7 s): deleted after %s" % gone)

@@ -129,11 +129,10 @@ def test_a_busy_worker_gives_its_pushed_message_to_the_idle_one(workers):
     busy, idle = _make_one_busy(sender, pool, channel)
 
     sent_at = {}
-    started = time.monotonic()
-    for n in range(20):  # one message every 0.04 s
-        at_moment(started, 0.04 * n)
+    for n in range(20):  # 0.04 s from one send's return to the next send
         sent_at[n] = time.monotonic()
         sender.send(channel, {"n": n})
+        at_moment(time.monotonic(), 0.04)
     wait_until(
         lambda: len(_waits(sent_at, pool)) == 20, 10, interval=0.01, message="all 20 messages taken"
     )
@@ -156,11 +155,10 @@ def test_a_busy_worker_holds_nothing_back_on_any_of_its_channels(workers):
     busy, idle = _make_one_busy(sender, pool, channels[0])
 
     sent_at = {}
-    started = time.monotonic()
-    for n in range(60):  # one message every 0.01 s
-        at_moment(started, 0.01 * n)
+    for n in range(60):  # 0.01 s from one send's return to the next send
         sent_at[n] = time.monotonic()
         sender.send(channels[n % len(channels)], {"n": n})
+        at_moment(time.monotonic(), 0.01)
     wait_until(
         lambda: len(_waits(sent_at, pool)) == 60, 10, interval=0.01, message="all 60 messages taken"
     )

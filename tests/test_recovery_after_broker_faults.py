@@ -91,10 +91,12 @@ def test_numbered_messages_survive_connection_churn(node, layer):
     traffic = Traffic(
         layer, ["churn"], senders=2, blocking_receivers=2, backoff=0, drain_on_stop=True
     ).start()
+    # Each kill comes once the traffic carries messages again (30 since the
+    # last one), and the senders stop once it does after the last.
     for _ in range(3):
-        time.sleep(1.5)
+        traffic.wait_flowing(30, timeout=30)
         node.close_all_connections("churn")
-    time.sleep(1.5)
+    traffic.wait_flowing(30, timeout=30)
     traffic.stop_sending(30)
     traffic.stop_receiving(30)
     assert not any(thread.is_alive() for thread in traffic.threads)

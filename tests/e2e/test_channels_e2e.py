@@ -15,7 +15,7 @@ import pytest
 import websocket
 from e2e_support import Client, chatstack, diagnostics, new_stack, run_stack
 
-from helpers import wait_until
+from helpers import at_moment, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -228,6 +228,11 @@ class _EchoTraffic(object):
         with self._lock:
             return [t for t in self.sent if t not in self.echoes]
 
+    def echoed_by(self, pid):
+        """How many echoes worker ``pid`` sent."""
+        with self._lock:
+            return sum(pids.count(pid) for pids in self.echoes.values())
+
     def finish(self):
         self._drained.set()
         for thread in self._threads:
@@ -256,7 +261,12 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
         control = Client(stack.ws_url("/echo/"))
         try:
             traffic.start()
-            time.sleep(1.0)
+            wait_until(
+                lambda: all(traffic.echoed_by(w.pid) for w in stack.workers),
+                timeout=15,
+                interval=0.05,
+                message="echoes from both workers",
+            )
             # Put one worker to sleep inside a consumer, so the moment of the
             # kill is known: it has handed over exactly that message.
             control.send_text("sleep 5")
@@ -268,15 +278,23 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
                 interval=0.01,
                 message="a worker picking up the sleep",
             )
+            picked_up = time.monotonic()
             victim = next(w for w in stack.workers if w.pid == victim_pid)
             survivor = next(w for w in stack.workers if w is not victim)
             # Meanwhile the broker pushes the victim's idle consumers their
             # next message (prefetch 1), which it holds, unacknowledged, for
-            # ``linger`` (0.25 s): kill it while it holds them.
-            time.sleep(0.1)
+            # ``linger`` (0.25 s): kill it while it holds them, 0.1 s after it
+            # was seen taking the sleep (a step of this scenario's timeline).
+            at_moment(picked_up, 0.1)
             replacement = stack.replace_worker(victim, kill=True)
             assert victim.popen.returncode == -9
-            time.sleep(1.5)  # traffic on the survivor and the replacement
+            # Traffic on the replacement too, and 300 frames at least.
+            wait_until(
+                lambda: traffic.echoed_by(replacement.pid) >= 20 and len(traffic.sent) >= 300,
+                timeout=30,
+                interval=0.05,
+                message="echoes from the replacement, 300 frames sent",
+            )
             traffic.stop_sending()
             wait_until(lambda: not traffic.missing(), 20, interval=0.2, raise_on_timeout=False)
             missing = traffic.missing()

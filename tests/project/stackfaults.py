@@ -70,6 +70,7 @@ import chatstack  # noqa: E402
 
 from helpers import (  # noqa: E402  (tests/helpers.py)
     Management,
+    at_moment,
     make_layer,
     start_cluster,
     wait_until,
@@ -241,6 +242,23 @@ class Faults(object):
             self.node_loss = (began, time.monotonic())
             self.outage = probe.finish(timeout=30.0)
 
+    def _kill(self):
+        """Close every connection to the broker."""
+        self.kills.append(time.monotonic())
+        self.node.close_all_connections("stack fault test")
+
+    def _restart_broker(self):
+        """Restart the broker's application: ``stop_app``, ``pause`` seconds,
+        ``start_app``; the probe measures how long it was away."""
+        began = time.monotonic()
+        probe = OutageProbe(self.node.amqp_port)
+        probe.start()
+        self.node.stop_app()
+        self._stop.wait(self.pause)
+        self.node.start_app()
+        self.restart = (began, time.monotonic())
+        self.outage = probe.finish(timeout=30.0)
+
     def _process_local_leaders_on(self, target):
         """The process-local base queues (``q:foo!``) whose quorum leader is
         on ``target``. A group message for a process-local member reaches
@@ -285,17 +303,9 @@ class Faults(object):
                     and self.restart_at is not None
                     and time.monotonic() - self.started >= self.restart_at
                 ):
-                    began = time.monotonic()
-                    probe = OutageProbe(self.node.amqp_port)
-                    probe.start()
-                    self.node.stop_app()
-                    self._stop.wait(self.pause)
-                    self.node.start_app()
-                    self.restart = (began, time.monotonic())
-                    self.outage = probe.finish(timeout=30.0)
+                    self._restart_broker()
                 else:
-                    self.kills.append(time.monotonic())
-                    self.node.close_all_connections("stack fault test")
+                    self._kill()
             except Exception as exc:
                 self.errors.append(repr(exc))
             next_kill = time.monotonic() + (self.every if self.every else 1e9)
@@ -639,227 +649,342 @@ def run(
     it is an outage that every runworker must outlive, since Channels
     catches nothing around the layer's calls.
     """
-    per_room = max(1, clients // max(1, rooms))
-    capacity = max(1000, int(clients * rate * (restart_pause + 15) * per_room))
-    from devtools.rabbitmq import RabbitNode
+    return FaultRun(**locals()).run()  # the arguments, by name
 
-    own_node = node is None and not node_loss
-    own_cluster = node_loss and cluster is None
-    if own_node:
-        node = RabbitNode() if management_plugin else RabbitNode(plugins=())
-        node.start()
-    if own_cluster:
-        began = time.monotonic()
-        cluster = start_cluster(3, name="asgiamqp-faults")
-        log("a 3-node cluster started in %.1f s" % (time.monotonic() - began))
-    if node_loss:
-        # The kills and the management API go through the last node; the
-        # processes connect to the first, which is the one stopped (the
-        # node is picked by where their connections are when it happens).
-        node = cluster[-1]
-    urls = [n.amqp_url for n in cluster] if node_loss else [node.amqp_url]
-    prefix = "faults-%s" % uuid.uuid4().hex[:8]
-    handled_log = os.path.join(chatstack.tempfile.gettempdir(), prefix + "-handled.log")
-    stack = chatstack.ChatStack(
-        urls,
-        node.management_url,  # None without the plugin
-        prefix=prefix,
-        workers=workers,
-        websocket_worker=websocket_worker,
-        echo=echo,
-        env={
-            "CHAT_QUEUE_TYPE": queue_type,
-            "CHAT_PERSISTENT": "1" if persistent else "",
-            "CHAT_CAPACITY": str(capacity),
-            "CHAT_LAYER_LOG_LEVEL": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
-            "CHAT_HANDLED_LOG": handled_log,
-            "CHAT_OPERATION_TIMEOUT": str(operation_timeout or ""),
-        },
-    )
-    layer = None
-    members = []
-    report = {
-        "queue_type": queue_type,
-        "persistent": persistent,
-        "workers": workers,
-        "websocket_worker": websocket_worker,
-        "management_plugin": node.has_management,
-        "operation_timeout": operation_timeout,
-        "duration": duration,
-        "scenario": (
+
+class FaultRun(object):
+    """One run of :func:`run` (which documents the options), in named steps.
+
+    :meth:`run` calls them in order: :meth:`start_broker`,
+    :meth:`start_stack`, :meth:`start_clients`, :meth:`chat_through_faults`
+    (with the scenario's :meth:`faults`), :meth:`settle`, then the checks
+    (:meth:`count_deliveries`, :meth:`disruption_figures`,
+    :meth:`delivery_figures`, :meth:`silence_figures`, :meth:`ping_figures`,
+    :meth:`process_figures`, :meth:`groups_after_leaving`,
+    :meth:`where_lost`, :meth:`scenario_figures`) and, whatever happened,
+    :meth:`stop`. Each step reads what the ones before it left on ``self``
+    and writes its figures into ``self.report``, in the report's order.
+    """
+
+    def __init__(self, **options):
+        for name, value in options.items():  # run's arguments, as attributes
+            setattr(self, name, value)
+        self.scenario = (
             "node-loss"
-            if node_loss
-            else ("alarm" if alarm else ("restart" if restart else "kills"))
-        ),
-    }
-    try:
-        stack.start(timeout=90)
-        layer = make_layer(
-            urls[::-1],
-            management_url=node.management_url,
-            prefix=prefix,
-            queue_type=queue_type,
-            dead_letter_worker=False,
-            capacity=capacity,
+            if self.node_loss
+            else ("alarm" if self.alarm else ("restart" if self.restart else "kills"))
         )
-        room_names = ["room%d" % i for i in range(rooms)]
-        for index in range(clients):
-            members.append(Client(stack, room_names[index % rooms], "c%02d" % index))
-        for client in members:
+        # The one disruption's figures are named after it (lost_at_restart,
+        # lost_at_node_loss...).
+        self.label = "node_loss" if self.node_loss else "restart"
+        per_room = max(1, self.clients // max(1, self.rooms))
+        self.capacity = max(
+            1000, int(self.clients * self.rate * (self.restart_pause + 15) * per_room)
+        )
+        self.own_node = self.node is None and not self.node_loss
+        self.own_cluster = self.node_loss and self.cluster is None
+        self.prefix = "faults-%s" % uuid.uuid4().hex[:8]
+        self.handled_log = os.path.join(
+            chatstack.tempfile.gettempdir(), self.prefix + "-handled.log"
+        )
+        self.stack = None
+        self.layer = None
+        self.members = []  # the connected clients, until they leave
+        self.report = {}
+
+    def run(self):
+        try:
+            self.start_broker()
+            self.start_stack()
+            self.start_clients()
+            self.chat_through_faults()
+            self.settle()
+            self.count_deliveries()
+            self.disruption_figures()
+            self.delivery_figures()
+            self.silence_figures()
+            self.ping_figures()
+            self.process_figures()
+            self.groups_after_leaving()
+            self.where_lost()
+            self.scenario_figures()
+            self.report["logs"] = self.stack.log_dir
+            return self.report
+        finally:
+            self.stop()
+
+    # -- starting -----------------------------------------------------------------------
+
+    def start_broker(self):
+        """The run's own node, or cluster; the URLs the processes are given."""
+        from devtools.rabbitmq import RabbitNode
+
+        if self.own_node:
+            self.node = RabbitNode() if self.management_plugin else RabbitNode(plugins=())
+            self.node.start()
+        if self.own_cluster:
+            began = time.monotonic()
+            self.cluster = start_cluster(3, name="asgiamqp-faults")
+            self.log("a 3-node cluster started in %.1f s" % (time.monotonic() - began))
+        if self.node_loss:
+            # The kills and the management API go through the last node; the
+            # processes connect to the first, which is the one stopped (the
+            # node is picked by where their connections are when it happens).
+            self.node = self.cluster[-1]
+        self.urls = [n.amqp_url for n in self.cluster] if self.node_loss else [self.node.amqp_url]
+
+    def start_stack(self):
+        """daphne and the runworkers on the broker, and a layer of the test's own."""
+        self.stack = chatstack.ChatStack(
+            self.urls,
+            self.node.management_url,  # None without the plugin
+            prefix=self.prefix,
+            workers=self.workers,
+            websocket_worker=self.websocket_worker,
+            echo=self.echo,
+            env={
+                "CHAT_QUEUE_TYPE": self.queue_type,
+                "CHAT_PERSISTENT": "1" if self.persistent else "",
+                "CHAT_CAPACITY": str(self.capacity),
+                "CHAT_LAYER_LOG_LEVEL": os.environ.get("CHAT_LAYER_LOG_LEVEL", "WARNING"),
+                "CHAT_HANDLED_LOG": self.handled_log,
+                "CHAT_OPERATION_TIMEOUT": str(self.operation_timeout or ""),
+            },
+        )
+        self.report.update(
+            {
+                "queue_type": self.queue_type,
+                "persistent": self.persistent,
+                "workers": self.workers,
+                "websocket_worker": self.websocket_worker,
+                "management_plugin": self.node.has_management,
+                "operation_timeout": self.operation_timeout,
+                "duration": self.duration,
+                "scenario": self.scenario,
+            }
+        )
+        self.stack.start(timeout=90)
+        self.layer = make_layer(
+            self.urls[::-1],
+            management_url=self.node.management_url,
+            prefix=self.prefix,
+            queue_type=self.queue_type,
+            dead_letter_worker=False,
+            capacity=self.capacity,
+        )
+
+    def start_clients(self):
+        """The clients, each in its room and welcomed."""
+        self.room_names = ["room%d" % i for i in range(self.rooms)]
+        for index in range(self.clients):
+            self.members.append(
+                Client(self.stack, self.room_names[index % self.rooms], "c%02d" % index)
+            )
+        for client in self.members:
             if not client.welcomed.wait(30):
                 raise chatstack.StackError("%s was never welcomed" % client.name)
-        what = "kills%s" % (" and a restart" if restart else "")
-        if node_loss:
+        what = "kills%s" % (" and a restart" if self.restart else "")
+        if self.node_loss:
             what = "kills and the loss of a node of 3"
-        elif alarm:
-            what = "a %.0f s memory alarm" % alarm
-        log(
+        elif self.alarm:
+            what = "a %.0f s memory alarm" % self.alarm
+        self.log(
             "stack up (%s queues, %d clients in %d rooms); %s for %.0f s"
-            % (queue_type, clients, rooms, what, duration)
+            % (self.queue_type, self.clients, self.rooms, what, self.duration)
         )
-        faults = Faults(
-            node,
-            None if alarm else kill_every,
-            restart_at=duration / 2.0 if restart and not alarm and not node_loss else None,
-            pause=restart_pause,
+
+    # -- the faults and the traffic -----------------------------------------------------
+
+    def faults(self):
+        """The scenario's faults: kills and a restart in the middle, kills alone,
+        kills and the loss of a node, or a memory alarm alone."""
+        alarm, node_loss, duration = self.alarm, self.node_loss, self.duration
+        return Faults(
+            self.node,
+            None if alarm else self.kill_every,
+            restart_at=duration / 2.0 if self.restart and not alarm and not node_loss else None,
+            pause=self.restart_pause,
             alarm_at=(duration - alarm) / 2.0 if alarm else None,
             alarm_seconds=alarm,
-            cluster=cluster if node_loss else None,
+            cluster=self.cluster if node_loss else None,
             node_loss_at=(
-                (duration / 2.0 if node_loss_at is None else node_loss_at) if node_loss else None
+                (duration / 2.0 if self.node_loss_at is None else self.node_loss_at)
+                if node_loss
+                else None
             ),
-            stop_first=stop_first,
-            prefix=prefix,
+            stop_first=self.stop_first,
+            prefix=self.prefix,
         )
-        pinger = Pinger(stack)
-        sent_at = {}  # message id -> (room, monotonic time)
-        pinger.start()
-        faults.start()
-        start = time.monotonic()
+
+    def chat_through_faults(self):
+        """Every client sends ``rate`` messages/s for ``duration`` s while the
+        faults happen and a pinger asks /ping/."""
+        self.fault_source = self.faults()
+        self.pinger = Pinger(self.stack)
+        self.sent_at = {}  # message id -> (room, monotonic time)
+        self.pinger.start()
+        self.fault_source.start()
+        self.start = time.monotonic()
         tick = 0
-        while time.monotonic() - start < duration:
+        while time.monotonic() - self.start < self.duration:
             tick += 1
-            for client in members:
+            for client in self.members:
                 message_id = "%s-%d" % (client.name, tick)
                 if client.send(message_id):
-                    sent_at[message_id] = (client.room, time.monotonic())
-            time.sleep(max(0.0, start + tick / rate - time.monotonic()))
-        end = time.monotonic()
-        faults.stop()
-        # Let the last messages through: until every delivery is in, or
-        # nothing new has arrived for 10 s (120 s at most). After the
-        # restart the workers work through the frames daphne held during the
-        # outage, slowly: Channels' enforce_ordering parks the frames that
-        # two workers take out of order in __wait__ channels and requeues
-        # them one by one.
-        room_members = collections.Counter(client.room for client in members)
-        expected = sum(room_members[room] for room, _ in sent_at.values())
+                    self.sent_at[message_id] = (client.room, time.monotonic())
+            at_moment(self.start, tick / self.rate)  # the clients' send rate
+        self.end = time.monotonic()
+        self.fault_source.stop()
 
-        def delivered():
-            return sum(len(client.deliveries) for client in members)
+    def delivered(self):
+        return sum(len(client.deliveries) for client in self.members)
 
-        settle_deadline = time.monotonic() + 120
-        last, last_change = -1, time.monotonic()
-        while time.monotonic() < settle_deadline:
-            now_delivered = delivered()
-            if now_delivered >= expected:
-                break
-            if now_delivered != last:
-                last, last_change = now_delivered, time.monotonic()
-            elif time.monotonic() - last_change > 10:
-                break
-            time.sleep(0.2)
-        report["settle_seconds"] = round(time.monotonic() - end, 1)
-        pinger.stop()
+    def settle(self):
+        """Let the last messages through: until every delivery is in, or
+        nothing new has arrived for 10 s (120 s at most).
 
-        alive = {proc.name: proc.alive() for proc in stack.processes()}
-        lost_ids = []
-        duplicated = 0
-        duplicates = []  # what each duplicate was, for the report
-        for client in members:
+        After the restart the workers work through the frames daphne held
+        during the outage, slowly: Channels' enforce_ordering parks the
+        frames that two workers take out of order in __wait__ channels and
+        requeues them one by one.
+        """
+        room_members = collections.Counter(client.room for client in self.members)
+        self.expected = sum(room_members[room] for room, _ in self.sent_at.values())
+        progress = {"delivered": -1, "at": time.monotonic()}
+
+        def settled():
+            now_delivered = self.delivered()
+            if now_delivered >= self.expected:
+                return True
+            if now_delivered != progress["delivered"]:
+                progress.update(delivered=now_delivered, at=time.monotonic())
+                return False
+            return time.monotonic() - progress["at"] > 10
+
+        wait_until(settled, 120, interval=0.2, raise_on_timeout=False)
+        self.report["settle_seconds"] = round(time.monotonic() - self.end, 1)
+        self.pinger.stop()
+
+    # -- the checks ---------------------------------------------------------------------
+
+    def count_deliveries(self):
+        """The lost deliveries (message ids, one per member that missed one)
+        and the duplicated ones."""
+        self.alive = {proc.name: proc.alive() for proc in self.stack.processes()}
+        self.lost_ids = []
+        self.duplicated = 0
+        self.duplicates = []  # what each duplicate was, for the report
+        sent_at = self.sent_at
+        for client in self.members:
             for message_id, (room, _) in sent_at.items():
                 if room == client.room and not client.deliveries.get(message_id):
-                    lost_ids.append(message_id)
-            duplicated += sum(n - 1 for n in client.deliveries.values() if n > 1)
-            duplicates.extend(
+                    self.lost_ids.append(message_id)
+            self.duplicated += sum(n - 1 for n in client.deliveries.values() if n > 1)
+            self.duplicates.extend(
                 "%s got %s %d times (sent %+.1f s from the start)"
-                % (client.name, m, n, sent_at[m][1] - start)
+                % (client.name, m, n, sent_at[m][1] - self.start)
                 for m, n in client.deliveries.items()
                 if n > 1 and m in sent_at
             )
-        # The one disruption: the restart, or the loss of a node. Its
-        # figures are named after it (lost_at_restart, lost_at_node_loss...).
-        restart = faults.restart or faults.node_loss
-        label = "node_loss" if node_loss else "restart"
-        lost_at_restart = 0
-        if restart is not None:
-            window = (restart[0] - 1.0, restart[1] + 1.0)
-            lost_at_restart = sum(1 for m in lost_ids if window[0] <= sent_at[m][1] <= window[1])
-        if node_loss and restart is not None:
+
+    def disruption_figures(self):
+        """What the one disruption (the restart, or the loss of a node) cost:
+        the deliveries lost around it, when they were sent, how long until
+        its backlog was delivered and the clients heard again; and the
+        window of time whose silences are its own."""
+        faults, sent_at, report, label = self.fault_source, self.sent_at, self.report, self.label
+        self.disruption = disruption = faults.restart or faults.node_loss
+        self.lost_at_disruption = 0
+        if disruption is not None:
+            window = (disruption[0] - 1.0, disruption[1] + 1.0)
+            self.lost_at_disruption = sum(
+                1 for m in self.lost_ids if window[0] <= sent_at[m][1] <= window[1]
+            )
+        if self.node_loss and disruption is not None:
             report["local_leaders_on_lost_node"] = len(faults.local_leaders_lost)
             stopped = faults.node_stopped_at
             report["node_stopped_after"] = (
-                None if stopped is None else round(stopped - restart[0], 1)
+                None if stopped is None else round(stopped - disruption[0], 1)
             )
             report["lost_at_node_stop"] = (
-                sum(1 for m in lost_ids if stopped - 2.0 <= sent_at[m][1] <= stopped + 1.0)
+                sum(1 for m in self.lost_ids if stopped - 2.0 <= sent_at[m][1] <= stopped + 1.0)
                 if stopped is not None and faults.local_leaders_lost
                 else 0
             )
-        if restart is not None:
+        if disruption is not None:
             # When the lost messages were sent, in seconds after stop_app
             # began (the broker or node was back at restart_seconds).
-            offsets = collections.Counter(round(sent_at[m][1] - restart[0]) for m in lost_ids)
+            offsets = collections.Counter(
+                round(sent_at[m][1] - disruption[0]) for m in self.lost_ids
+            )
             report["lost_by_send_time"] = dict(sorted(offsets.items()))
-        gaps = _silences(members, start, end)
         # The disruption lasts until what was sent up to its end has been
         # delivered: a silence that begins while the workers still work
         # through that backlog counts as the disruption's.
-        disrupted = None
-        if restart is not None:
-            drained = _drained_at(members, sent_at, restart[1])
-            disrupted = (restart[0] - 2.0, max(restart[1], drained) + 2.0)
-            report[label + "_drained_seconds"] = round(max(0.0, drained - restart[1]), 1)
+        self.disrupted = None
+        if disruption is not None:
+            drained = _drained_at(self.members, sent_at, disruption[1])
+            self.disrupted = (disruption[0] - 2.0, max(disruption[1], drained) + 2.0)
+            report[label + "_drained_seconds"] = round(max(0.0, drained - disruption[1]), 1)
         if faults.outage:
             # How long after the broker answered again each client heard
             # again: the stack's own share of the restart silence.
             back = faults.outage[1]
             firsts = [
-                min((t for t in client.frame_times if t >= back), default=end) - back
-                for client in members
+                min((t for t in client.frame_times if t >= back), default=self.end) - back
+                for client in self.members
             ]
             report[label + "_heard_again_seconds"] = (
                 round(min(firsts), 2),
                 round(max(firsts), 2),
             )
+
+    def delivery_figures(self):
+        """The faults that happened, and what was sent, delivered, lost and duplicated."""
+        faults, label, disruption = self.fault_source, self.label, self.disruption
+        self.report.update(
+            {
+                "clients": self.clients,
+                "kills": len(faults.kills),
+                label + "_seconds": (
+                    round(disruption[1] - disruption[0], 1) if disruption else None
+                ),
+                "node_stopped": faults.lost_node,
+                "connections_at_node_loss": faults.connections_at_loss,
+                ("node" if self.node_loss else "broker") + "_outage_seconds": (
+                    round(faults.outage[1] - faults.outage[0], 1) if faults.outage else None
+                ),
+                "fault_errors": faults.errors,
+                "sent": len(self.sent_at),
+                "expected": self.expected,
+                "delivered": self.delivered(),
+                "lost": len(self.lost_ids),
+                "lost_at_" + label: self.lost_at_disruption,
+                "duplicated": self.duplicated,
+                "duplicates": sorted(self.duplicates)[:10],
+            }
+        )
+
+    def silence_figures(self):
+        """The longest silence a client saw around a kill, and around the disruption."""
+        disrupted = self.disrupted
+        gaps = _silences(self.members, self.start, self.end)
         kill_gaps = [
             g for g, at in gaps if disrupted is None or not disrupted[0] <= at <= disrupted[1]
         ]
         restart_gaps = [
             g for g, at in gaps if disrupted is not None and disrupted[0] <= at <= disrupted[1]
         ]
-        report.update(
+        self.report["longest_silence_kill"] = round(max(kill_gaps or [0.0]), 2)
+        self.report["longest_silence_" + self.label] = round(max(restart_gaps or [0.0]), 2)
+
+    def ping_figures(self):
+        """The /ping/s answered and failed, and when the failed ones were issued."""
+        failed, label, disruption = self.pinger.failed, self.label, self.disruption
+        self.report.update(
             {
-                "clients": clients,
-                "kills": len(faults.kills),
-                label + "_seconds": round(restart[1] - restart[0], 1) if restart else None,
-                "node_stopped": faults.lost_node,
-                "connections_at_node_loss": faults.connections_at_loss,
-                ("node" if node_loss else "broker") + "_outage_seconds": (
-                    round(faults.outage[1] - faults.outage[0], 1) if faults.outage else None
-                ),
-                "fault_errors": faults.errors,
-                "sent": len(sent_at),
-                "expected": expected,
-                "delivered": delivered(),
-                "lost": len(lost_ids),
-                "lost_at_" + label: lost_at_restart,
-                "duplicated": duplicated,
-                "duplicates": sorted(duplicates)[:10],
-                "longest_silence_kill": round(max(kill_gaps or [0.0]), 2),
-                "longest_silence_" + label: round(max(restart_gaps or [0.0]), 2),
-                "pings": pinger.answered,
-                "pings_failed": len(pinger.failed),
+                "pings": self.pinger.answered,
+                "pings_failed": len(failed),
                 # An HTTP request needs the broker: one issued while the broker
                 # restarts waits for it, longer than the 10 s timeout, and one
                 # issued after it is back can wait as long: its response queues
@@ -869,70 +994,103 @@ def run(
                 # the rest is reported.
                 "pings_failed_before_" + label: sum(
                     1
-                    for issued, _ in pinger.failed
-                    if restart is None or issued + PING_TIMEOUT < restart[0]
+                    for issued, _ in failed
+                    if disruption is None or issued + PING_TIMEOUT < disruption[0]
                 ),
-                "pings_failed_beyond_outage": _pings_failed_beyond(pinger.failed, faults.outage),
+                "pings_failed_beyond_outage": _pings_failed_beyond(
+                    failed, self.fault_source.outage
+                ),
                 "ping_failures": [
-                    "%s, issued %+.1f s from the %s" % (text, issued - restart[0], label)
-                    if restart is not None
+                    "%s, issued %+.1f s from the %s" % (text, issued - disruption[0], label)
+                    if disruption is not None
                     else text
-                    for issued, text in pinger.failed[:5]
+                    for issued, text in failed[:5]
                 ],
-                "websockets_reset": sum(1 for c in members if c.reset),
-                "resets": [c.reset for c in members if c.reset][:5],
-                "processes_alive": alive,
-                "all_alive": all(alive.values()),
             }
         )
-        reply_channels = [client.channel for client in members if client.channel]
+
+    def process_figures(self):
+        """The WebSockets the stack reset, and whether every process lived."""
+        self.report.update(
+            {
+                "websockets_reset": sum(1 for c in self.members if c.reset),
+                "resets": [c.reset for c in self.members if c.reset][:5],
+                "processes_alive": self.alive,
+                "all_alive": all(self.alive.values()),
+            }
+        )
+
+    def groups_after_leaving(self):
+        """The clients leave; every room's group must then be empty."""
+        node, layer, room_names = self.node, self.layer, self.room_names
+        self.reply_channels = [client.channel for client in self.members if client.channel]
         # Read the same way as the emptiness below, so that a check that
         # could not see a member fails rather than passes.
-        report["group_members_before_leaving"] = sum(
+        self.report["group_members_before_leaving"] = sum(
             len(m) for m in _group_members(node, layer, room_names).values()
         )
-        clients_at_end = list(members)
-        for client in members:
+        self.clients_at_end = list(self.members)
+        for client in self.members:
             client.close()
-        members = []
+        self.members = []
         # Empty groups count only if the same listing saw their members.
-        report["groups_empty"] = bool(report["group_members_before_leaving"]) and wait_until(
+        self.report["groups_empty"] = bool(
+            self.report["group_members_before_leaving"]
+        ) and wait_until(
             lambda: not any(_group_members(node, layer, room_names).values()),
             30,
             interval=0.5,
             raise_on_timeout=False,
         )
-        report.update(_where_lost(layer, lost_ids, handled_log, reply_channels))
-        twice = set(report["frames_run_twice"])
-        report["duplicated_by_frames_run_twice"] = sum(
+
+    def where_lost(self):
+        """Where the lost messages went, and which duplicates a frame run
+        twice explains."""
+        self.report.update(
+            _where_lost(self.layer, self.lost_ids, self.handled_log, self.reply_channels)
+        )
+        twice = set(self.report["frames_run_twice"])
+        self.report["duplicated_by_frames_run_twice"] = sum(
             n - 1
-            for client in clients_at_end
+            for client in self.clients_at_end
             for m, n in client.deliveries.items()
             if n > 1 and m in twice
         )
-        if alarm:
-            report.update(_alarm_figures(faults.alarm, clients_at_end, sent_at, pinger))
-            report["recovered"] = _fresh_client_chats(stack, room_names[0])
-        if node_loss:
-            report["connections_at_end"] = layer_connections_by_node(node)
-            report["nodes"] = {n.nodename: n.amqp_port for n in cluster}
-        report["logs"] = stack.log_dir
-        return report
-    finally:
-        for client in members:
+
+    def scenario_figures(self):
+        """The alarm's figures and a fresh client's chat after it; the node
+        loss's connections per node at the end."""
+        if self.alarm:
+            self.report.update(
+                _alarm_figures(
+                    self.fault_source.alarm, self.clients_at_end, self.sent_at, self.pinger
+                )
+            )
+            self.report["recovered"] = _fresh_client_chats(self.stack, self.room_names[0])
+        if self.node_loss:
+            self.report["connections_at_end"] = layer_connections_by_node(self.node)
+            self.report["nodes"] = {n.nodename: n.amqp_port for n in self.cluster}
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def stop(self):
+        """Close the clients, stop the stack, delete what the run made."""
+        for client in self.members:
             client.close()
-        codes = stack.stop()
-        report.setdefault("exit_codes", codes)
-        if layer is not None:
-            layer.close()
-        if own_node:
-            node.cleanup(graceful=False)
-        if own_cluster:
-            for each in cluster:
+        if self.stack is not None:
+            codes = self.stack.stop()
+            self.report.setdefault("exit_codes", codes)
+        if self.layer is not None:
+            self.layer.close()
+        if self.own_node and self.node is not None:
+            self.node.cleanup(graceful=False)
+        if self.own_cluster and self.cluster is not None:
+            for each in self.cluster:
                 each.cleanup(graceful=False)
-        stack.cleanup(keep_logs=True)
-        if os.path.exists(handled_log):
-            os.unlink(handled_log)
+        if self.stack is not None:
+            self.stack.cleanup(keep_logs=True)
+        if os.path.exists(self.handled_log):
+            os.unlink(self.handled_log)
 
 
 def targets(report, restart_pause=5.0):

@@ -113,12 +113,6 @@ def redis_ping(host, port, timeout=1.0):
         return False
 
 
-def free_port(host="127.0.0.1"):
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def redis_server_binary():
     return shutil.which("redis-server") or (
         "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None
@@ -152,6 +146,8 @@ class RedisServer(object):
                 "installed (as root: make redis-deps), or pass --redis-url"
             )
             return
+        from devtools.rabbitmq import free_port
+
         port = free_port()
         self._dir = tempfile.mkdtemp(prefix="bench-redis-")
         self._process = subprocess.Popen(

@@ -98,6 +98,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import random
 import secrets
 import shlex
 import shutil
@@ -218,19 +219,73 @@ def refuse_if_no_broker(what: str) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on *host* right now (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """Return a TCP port that is free on *host* right now, below the ephemeral range."""
+    return _free_ports(1, host)[0]
 
 
 # Ports other RabbitMQ nodes and tools expect: the defaults, and the range
 # rabbitmqctl's own Erlang distribution listens on (35672-35682).
 _RESERVED_PORTS = frozenset([4369, 5671, 5672, 15672, 25672, *range(35672, 35683)])
 
+# Ports are picked from here up to the start of the kernel's ephemeral range.
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral (client) range; 32768 if unknown."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
 
 def _free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
-    """*count* distinct free ports (all sockets held open while picking)."""
+    """*count* distinct free ports (all sockets held open while picking).
+
+    The ports come from below the kernel's ephemeral range, never from it.  A
+    node that is stopped or killed keeps its ports for its restart, and its
+    clients keep reconnecting to them meanwhile.  Linux picks a connecting
+    socket's own port from the ephemeral range; when that is the very port the
+    client connects to on 127.0.0.1 and nothing listens there, the socket
+    connects to itself (TCP simultaneous open) and holds the port.  A 4.0.5
+    node then failed to restart with ``eaddrinuse`` on its AMQP port 53079.
+    Outside the ephemeral range no client's own port can take the node's.
+    """
+    high = _ephemeral_start()
+    if high - _LOWEST_PORT < 1000:  # an unusual range: let the kernel pick
+        return _kernel_picked_ports(count, host)
+    pick = random.Random()
+    socks = []
+    ports: List[int] = []
+    try:
+        for _ in range(20 * count + 200):
+            if len(ports) == count:
+                return ports
+            port = pick.randrange(_LOWEST_PORT, high)
+            if port in _RESERVED_PORTS or port in ports:
+                continue
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+        raise RabbitNodeError(
+            "found only %d of %d free ports in %d-%d on %s"
+            % (len(ports), count, _LOWEST_PORT, high - 1, host)
+        )
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _kernel_picked_ports(count: int, host: str) -> List[int]:
+    """*count* distinct free ports the kernel picks (bind to port 0)."""
     socks = []
     ports: List[int] = []
     try:

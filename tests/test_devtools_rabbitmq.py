@@ -340,6 +340,14 @@ def test_free_ports_are_distinct_and_unreserved():
     assert not set(ports) & rmq._RESERVED_PORTS
 
 
+def test_free_ports_lie_below_the_ephemeral_range():
+    # A client's own port comes from the ephemeral range; a node's port there
+    # can be taken by a client connecting to itself while the node restarts.
+    start = rmq._ephemeral_start()
+    ports = rmq._free_ports(6) + [rmq.free_port()]
+    assert all(rmq._LOWEST_PORT <= port < start for port in ports), (ports, start)
+
+
 def test_provide_broker_docker_image_from_the_environment(monkeypatch):
     monkeypatch.delenv("AMQP_URL", raising=False)
     monkeypatch.setenv(rmq.DOCKER_IMAGE_VARIABLE, "rabbitmq:4.0-management")

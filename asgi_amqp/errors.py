@@ -265,3 +265,20 @@ class BrokerBlocked(ChannelFull, AMQPLayerError):
     def __init__(self, message: str, reason: Optional[str] = None) -> None:
         super(BrokerBlocked, self).__init__(message)
         self.reason = reason
+
+
+class BrokerUnreachable(ChannelFull, BrokerConnectionError):
+    """The broker is unreachable, and the caller is daphne's reactor thread.
+
+    That thread never waits for a reconnect: every connection of daphne
+    would wait with it. A send made there while the broker is away is
+    parked instead (the layer publishes it once the broker is back, see
+    ``parked_sends``); this is raised only when the parked sends already
+    fill their limit, or for a call that cannot be parked (the declare or
+    the depth check after a refused send). The message was not delivered.
+
+    It is a ``ChannelFull`` for the reason ``BrokerBlocked`` is one: daphne
+    then answers a WebSocket 503 or closes it with 1013 ("try again
+    later"), where any other exception resets the client's connection. It
+    is a ``BrokerConnectionError`` too, because that is what happened.
+    """

@@ -27,8 +27,9 @@ import pika
 
 from . import engine, naming
 from .channel_names import check_channel_name, is_process_local
-from .engine import ACKED, NACKED, Engine, Step
+from .engine import ACKED, NACKED, PARKED, Engine, Step
 from .errors import BrokerOperationError, ChannelFull, MessageRefused
+from .parked_sends import ParkedSends
 from .serialization import Message, Serializer
 from .statistics import Counters
 from .twisted_support import on_reactor_thread
@@ -67,6 +68,9 @@ class Sender(object):
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()
         self._id_counter = itertools.count()
+        # What daphne's reactor thread sends while the broker is away
+        # (``parked_sends``; thread-safe, counted under its own lock).
+        self.parked_sends = ParkedSends(engine, self.channel_queue_declare)
 
     def send(self, channel: str, message: Message) -> None:
         check_channel_name(channel)
@@ -74,6 +78,12 @@ class Sender(object):
         queue = self._topology.channel_queue(channel)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
         properties = self.properties(headers)
+        # daphne's reactor thread parks a send while the broker is away.
+        parking = (
+            self.parked_sends.parking(channel, queue, body, properties)
+            if on_reactor_thread()
+            else None
+        )
         outcome = self.engine.publish(
             "",
             queue,
@@ -82,6 +92,7 @@ class Sender(object):
             True,
             "send to %s" % channel,
             alarm_wait=self.operation_timeout,
+            parking=parking,
         )
         self.finish_send(channel, queue, body, properties, outcome)
 
@@ -98,7 +109,7 @@ class Sender(object):
         outcome: str,
     ) -> None:
         """Carry a publish the broker refused or returned to its end: sent, or raised."""
-        if outcome == ACKED:
+        if outcome == ACKED or outcome == PARKED:
             return  # the usual case: nothing to build, no thread to ask about
         what = "send to %s" % channel
         attempts = SendAttempts(

@@ -2,6 +2,8 @@
 
 * :func:`wait_until`: poll a condition against a deadline;
 * :func:`at_moment`: a step of a scenario's own timeline, at a moment of its clock;
+* :func:`as_reactor_thread`: run calls on a thread that the layer takes for
+  daphne's reactor thread, without running a reactor;
 * :func:`free_port`: a TCP port nothing listens on (``devtools.rabbitmq``'s);
 * :func:`make_layer` and :class:`LayerFactory`: layers on a prefix of their own;
   ``tests/conftest.py`` turns the factory into the ``new_layer`` and
@@ -52,6 +54,7 @@ __all__ = [
     "run_cli",
     "start_cluster",
     "at_moment",
+    "as_reactor_thread",
     "consumers_on",
     "wait_until",
 ]
@@ -99,6 +102,38 @@ def at_moment(start, moment, late=None, sleep=time.sleep):
 
 
 # -- layers ---------------------------------------------------------------------------------
+
+
+def as_reactor_thread(function, timeout=60):
+    """``function()``'s result, run on a new thread that Twisted (and so the
+    layer's ``on_reactor_thread``) takes for the reactor's own thread.
+
+    A reactor cannot run twice in one process (``test_twisted`` runs it in
+    child interpreters); marking a thread is enough for what the layer asks.
+    Twisted's mark goes back to what it was afterwards."""
+    from twisted.python import threadable
+
+    outcome = {}
+
+    def run():
+        threadable.registerAsIOThread()
+        try:
+            outcome["result"] = function()
+        except BaseException as exc:  # re-raised in the caller
+            outcome["error"] = exc
+
+    before = threadable.ioThread
+    thread = threading.Thread(target=run, name="fake-reactor", daemon=True)
+    try:
+        thread.start()
+        thread.join(timeout)
+    finally:
+        threadable.ioThread = before
+    if thread.is_alive():
+        raise AssertionError("the call on the reactor thread did not end within %s s" % timeout)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def make_layer(broker_or_url, **config):

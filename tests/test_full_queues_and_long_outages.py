@@ -6,6 +6,10 @@ stalls daphne or ends a worker.
   it is down to 80 % of its length limit; from daphne's reactor thread that
   is ``ChannelFull`` within one broker round trip, not a retry loop that
   sleeps on the reactor.
+* daphne's reactor thread never waits for the broker through an outage: a
+  send it makes then is parked, returns at once, and is delivered in order
+  once the broker is back; beyond the parked sends' bound it raises
+  ``BrokerUnreachable`` (a ``ChannelFull``) at once.
 * A worker thread (one that makes blocking receives: a Channels runworker's)
   rides out an outage of any length: its receives return nothing, and its
   sends wait for the broker to come back instead of raising, because
@@ -24,8 +28,8 @@ import time
 import pytest
 from test_twisted import run_child
 
-from asgi_amqp import OperationTimeout
-from helpers import wait_until
+from asgi_amqp import BrokerUnreachable, ChannelFull, OperationTimeout
+from helpers import as_reactor_thread, wait_until
 
 FULL_ON_THE_REACTOR = textwrap.dedent("""
     import json, sys, time
@@ -176,3 +180,56 @@ def test_a_worker_thread_rides_out_an_outage_longer_than_operation_timeout(node,
     told = [r for r in caplog.records if "waits for it" in r.getMessage()]
     assert len(told) == 1, [r.getMessage() for r in caplog.records]
     thread.join(10)
+
+
+@pytest.mark.faults
+@pytest.mark.slow
+def test_the_reactor_thread_parks_its_sends_through_an_outage(node, new_layer):
+    """Before, each of these sends froze the reactor for operation_timeout and
+    then raised OperationTimeout out of daphne's onMessage, which resets the
+    client's connection."""
+    layer = new_layer(node, expiry=60, operation_timeout=5, receive_timeout=0.5)
+    parked = layer.sender.parked_sends
+    parked.messages_limit = 5
+    layer.send("park.in", {"n": "before"})
+    assert layer.receive(["park.in"], block=True) == ("park.in", {"n": "before"})
+    node.stop_app()
+    try:
+        wait_until(
+            lambda: not layer.connection_statistics()["connected"], 10, message="the loss seen"
+        )
+
+        def frames():
+            outcomes = []
+            for n in range(8):
+                started = time.monotonic()
+                try:
+                    layer.send("park.in", {"n": n})
+                    outcome = "sent"
+                except BrokerUnreachable as exc:
+                    assert isinstance(exc, ChannelFull) and "unreachable" in str(exc)
+                    outcome = "refused"
+                outcomes.append((outcome, time.monotonic() - started))
+            return outcomes
+
+        outcomes = as_reactor_thread(frames)
+        assert [o for o, _ in outcomes] == ["sent"] * 5 + ["refused"] * 3, outcomes
+        assert max(seconds for _, seconds in outcomes) < PROMPT, outcomes
+        assert parked.messages == 5
+    finally:
+        node.start_app()
+    received = []
+    wait_until(
+        lambda: received.extend(drain_once(layer, "park.in")) or len(received) >= 5,
+        30,
+        message="the parked sends delivered",
+    )
+    assert [m["n"] for _, m in received] == [0, 1, 2, 3, 4]
+    wait_until(lambda: parked.messages == 0, 10, message="the parked sends ended")
+    assert parked.lost == 0
+    assert layer.receive(["park.in"]) == (None, None)  # each once
+
+
+def drain_once(layer, channel):
+    channel_got, message = layer.receive([channel], block=True)
+    return [] if channel_got is None else [(channel_got, message)]

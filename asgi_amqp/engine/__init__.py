@@ -67,10 +67,10 @@ from .declares import (
     queue_purge,
 )
 from .deliveries import Delivery, ForgetQueues, HandedOff
-from .futures import Pending
+from .futures import OnDone, Pending
 from .getter.waves import Poll
 from .io import IOThread
-from .outages import OutageNotice, WorkerThread
+from .outages import PARKED, OutageNotice, Parking, WorkerThread, unreachable, wait_while_reachable
 from .publisher import ACKED, NACKED, RETURNED, Publish
 from .work import Queues, Work
 
@@ -86,6 +86,9 @@ __all__ = [
     "ACKED",
     "NACKED",
     "RETURNED",
+    "PARKED",
+    "Parking",
+    "OnDone",
     "exchange_bind",
     "exchange_declare",
     "exchange_delete",
@@ -145,8 +148,9 @@ class Engine(object):
         # ``explain_mismatch`` for a declare the broker refused (``declare``).
         self._topology = topology
         # Whether the calling thread must never wait for a resource alarm to
-        # clear (daphne's reactor thread: ``twisted_support.on_reactor_thread``);
-        # asked by ``publish`` only once an alarm blocks it, on callers' threads.
+        # clear, nor through an outage (daphne's reactor thread:
+        # ``twisted_support.on_reactor_thread``); asked on callers' threads by
+        # ``publish`` once an alarm blocks it, and by ``_submit_and_wait``.
         self._never_waits = never_waits
         self.operation_timeout = operation_timeout
         self._consumers = consumers
@@ -274,6 +278,7 @@ class Engine(object):
         fans_out: bool = False,
         *,
         alarm_wait: float,
+        parking: Optional[Parking] = None,
     ) -> str:
         """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``.
 
@@ -288,6 +293,11 @@ class Engine(object):
         answers 503 or closes the socket with 1013, "try again later".
         ``marked``: sent as a possible copy (its reader drops it if it has
         the original); ``fans_out``: a group send (``io.restart_hold``).
+
+        ``parking``, given by a send on daphne's reactor thread: while the
+        broker is away, or once it goes away during the wait, the publish
+        is handed to it and ``PARKED`` returned at once (``outages`` says
+        why); ``BrokerUnreachable`` if it has no room.
         """
         deadline = None  # set at the first block: nothing extra on the usual path
         while True:
@@ -296,6 +306,8 @@ class Engine(object):
             )
             publish.maybe_delivered = marked
             try:
+                if parking is not None:
+                    return self._publish_or_park(publish, parking)
                 return self._submit_and_wait(publish)
             except BrokerBlocked:
                 if self._never_waits():
@@ -307,6 +319,38 @@ class Engine(object):
                 # One in flight when the alarm began may still be delivered:
                 # the copy is marked, so its reader drops it if it has both.
                 marked = True
+
+    def _publish_or_park(self, publish: Publish, parking: Parking) -> str:
+        """The outcome within a round trip, or ``PARKED`` while the broker is away."""
+        io = self._running_io()
+        pending = publish.pending
+        if io.outage() and not parking.has_room():
+            raise unreachable(
+                io, pending.description, "the sends parked for its return fill their limit"
+            )
+        io.submit(publish)
+        if not wait_while_reachable(io, pending, self.operation_timeout) and io.outage():
+            pending.hand_over(parking.park())  # on its way already: parked whatever the room
+            return PARKED
+        outcome: str = pending.result(0.0)  # or OperationTimeout: connected, no answer
+        return outcome
+
+    def submit_publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: pika.BasicProperties,
+        what: str,
+        on_done: OnDone,
+    ) -> None:
+        """Publish (mandatory) without waiting: ``on_done(outcome, error)`` on the I/O thread."""
+        publish = Publish(Pending(what, on_done), exchange, routing_key, body, properties, True)
+        self._running_io().submit(publish)
+
+    def submit_declare(self, steps: Sequence[Step], what: str, on_done: OnDone) -> None:
+        """Run topology steps without waiting: ``on_done(frame, error)`` on the I/O thread."""
+        self._running_io().submit(Declare(Pending(what, on_done), steps))
 
     def start_publishes(self, requests: Sequence[PublishRequest]) -> "InFlight":
         """Hand many publishes to the I/O thread at once; wait for them later.
@@ -423,6 +467,10 @@ class Engine(object):
         if self._worker_thread.marked:
             self._ride_out(io, pending)
             timeout = 0.0  # it has waited already: the result, or the error now
+        elif self._never_waits():  # daphne's reactor thread: not through an outage
+            if not wait_while_reachable(io, pending, timeout) and io.outage() and pending.abandon():
+                raise unreachable(io, pending.description, "it was not done")
+            timeout = 0.0
         try:
             return pending.result(timeout)
         except OperationTimeout as exc:

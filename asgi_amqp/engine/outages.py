@@ -7,12 +7,23 @@ catches nothing around them (``Engine.wait`` and ``Engine._ride_out``).
 Both say so once per outage, at WARNING, whatever the number of calls
 that meet it. State: ``WorkerThread`` is per calling thread;
 ``OutageNotice`` is shared by every caller thread, under its lock.
+
+daphne's reactor thread is the opposite: it never waits for the broker
+beyond one round trip, since every connection of daphne waits with it
+(``Engine.publish`` and ``Engine._submit_and_wait``). ``wait_while_reachable``
+is its wait: it ends as soon as the broker is away. A send it makes then
+is handed to a ``Parking`` (the layer's ``parked_sends``): the publish
+stays with the I/O thread, which sends it on the next connection, and the
+parking sees it to its end. Anything else raises ``BrokerUnreachable``.
 """
 
 import logging
 import threading
-from typing import Optional
+import time
+from typing import Optional, Protocol
 
+from ..errors import BrokerUnreachable
+from .futures import OnDone, Pending
 from .io import IOThread
 
 logger = logging.getLogger(__name__)
@@ -49,3 +60,46 @@ class OutageNotice(object):
             io.last_error_text or "connection lost",
             what,
         )
+
+
+# Engine.publish's outcome for a publish handed to a ``Parking``.
+PARKED = "parked"
+
+# How often a wait on daphne's reactor thread looks whether the broker is away.
+REACHABLE_CHECK = 0.05
+
+
+class Parking(Protocol):
+    """Where a publish of daphne's reactor thread goes while the broker is away."""
+
+    def has_room(self) -> bool:
+        """Whether one more publish may be parked (asked before it is handed over)."""
+
+    def park(self) -> OnDone:
+        """Count one more parked publish; its outcome goes to what this returns,
+        ``on_done(outcome, error)``, on the I/O thread."""
+
+
+def wait_while_reachable(io: IOThread, pending: Pending, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``pending`` while the broker is reachable.
+
+    True once the result arrived; False at the timeout, or at once when the
+    broker is (or goes) away, without giving up the work (the caller decides).
+    """
+    deadline = time.monotonic() + timeout
+    while not io.outage():
+        left = deadline - time.monotonic()
+        if pending.arrived(min(REACHABLE_CHECK, max(left, 0.0))):
+            return True
+        if left <= 0:
+            return False
+    return pending.arrived(0.0)
+
+
+def unreachable(io: IOThread, what: str, why: str) -> BrokerUnreachable:
+    """The error of a call that daphne's reactor thread makes while the broker is away."""
+    return BrokerUnreachable(
+        "%s: the broker has been unreachable for %.1f s (%s); daphne's reactor thread "
+        "does not wait for it, and the layer keeps reconnecting: %s"
+        % (what, io.outage(), io.last_error_text or "connection lost", why)
+    )

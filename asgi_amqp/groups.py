@@ -23,7 +23,12 @@ What each broker call of ``group_add`` does besides its answer:
   stamp outlives the earlier one's lease. Re-binding an existing binding
   changes nothing, so a ``group_add`` repeated within one stamp (a quarter
   of ``group_expiry``) neither adds a binding nor, from the same process,
-  another lease message.
+  another lease message;
+* the declares of the group's exchange and its binding to the router, and
+  of the member exchange and its binding to its queue, do nothing besides
+  their answer when the objects exist: they are left out when this process
+  knows they do (``MemberExchanges``, ``Groups._renewing``), and a 404
+  makes everything again when they went behind its back.
 """
 
 import logging
@@ -70,10 +75,11 @@ class MemberExchanges(object):
     was made. Past that, or after a 404 (a flush), everything is made
     again.
 
-    Group exchanges are not remembered: one goes whenever its group
+    Group exchanges are not remembered here: one goes whenever its group
     empties, through any process's ``group_discard`` or a lease's end, and
     a binding to a group exchange that went is refused (404), closing a
-    channel and logged by pika: declaring it every time is cheaper.
+    channel and logged by pika. Only a renewal skips its declare
+    (``Groups._renewing``): the membership's own binding keeps it.
 
     Callers' threads; a dict's get, set and pop are atomic, and an entry
     lost to a race costs a declare.
@@ -137,48 +143,88 @@ class Groups(object):
         self._leases_sent: Dict[Tuple[str, str], int] = {}
         # Member exchanges group_add made lately (callers' threads).
         self._member_exchanges = MemberExchanges(expiry)
+        # (group, channel) -> the stamp of the binding this process's last
+        # group_add of it made (``_renewing``; callers' threads, atomic dict
+        # operations; an entry lost to a race costs two declares).
+        self._bound: Dict[Tuple[str, str], int] = {}
 
     def group_add(self, group: str, channel: str) -> None:
         check_group_name(group)
         check_channel_name(channel)
         self.ensure_infrastructure()
         stamp = self._topology.lease_stamp()
+        renewing = self._renewing(group, channel)
         self._send_lease_and_notice(group, channel, stamp)
         what = "group_add %s %s" % (group, channel)
         legacy: List[Any] = []  # the group exchange was made before it was auto-delete
         member = self._topology.membership_binding(channel, stamp)[0]
         try:
-            self._engine.declare(self._membership_steps(group, channel, stamp, legacy), what)
+            self._engine.declare(
+                self._membership_steps(group, channel, stamp, legacy, renewing), what
+            )
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
             # An exchange or queue was deleted between two steps: the member
             # exchange with its queue (expired, flushed: ``MemberExchanges``),
-            # the group's when its last member left elsewhere, a process-local
-            # channel's queue when it expired. Building them again is correct.
+            # the group's when its last member left elsewhere (or, for a
+            # renewal, when this membership was discarded elsewhere), a
+            # process-local channel's queue when it expired. Building them
+            # again is correct.
             self._member_exchanges.forget(member)
+            self._bound.pop((group, channel), None)
             self.ensure_infrastructure(again=True)
             self._engine.declare(
                 self._membership_steps(group, channel, stamp, legacy, again=True), what
             )
         self._member_exchanges.add(member)
+        if len(self._bound) >= _LEASES_REMEMBERED:
+            self._bound.clear()
+        if legacy:
+            self._bound.pop((group, channel), None)  # declared every time: see below
+        else:
+            self._bound[(group, channel)] = stamp
         if legacy:
             # Not auto-delete, it stays when its last binding goes: this lease
             # asks the dead-letter worker to delete it then, if unused.
             self._send_lease(group, channel, stamp, delete_unused_group=True)
 
+    def _renewing(self, group: str, channel: str) -> bool:
+        """Whether ``group_add(group, channel)`` renews a membership this
+        process made, whose binding's lease has not ended.
+
+        Then the group's exchange exists: it is auto-delete, and that
+        binding is one of its own, so it goes only when the binding goes
+        first (a ``group_discard`` or the channel's expiry elsewhere, a
+        ``flush``), and the renewal's binding is then refused (404) and
+        everything made again. So a renewal neither declares the group's
+        exchange nor binds it to the router: a declare of an exchange that
+        exists and a binding made again change nothing besides their
+        answer. That is two of a renewal's four declares and bindings.
+        A group exchange made before group exchanges were auto-delete is
+        declared every time (its lease asks for its deletion).
+        """
+        stamp = self._bound.get((group, channel))
+        return stamp is not None and self._topology.lease_ends(stamp) > time.time()
+
     def _membership_steps(
-        self, group: str, channel: str, stamp: int, legacy: List[Any], again: bool = False
+        self,
+        group: str,
+        channel: str,
+        stamp: int,
+        legacy: List[Any],
+        renewing: bool = False,
+        again: bool = False,
     ) -> List[Step]:
         """The membership's binding and what it needs, in an order the broker accepts.
 
-        The group's exchange and its binding to the router are declared every
-        time, although they usually exist: re-declaring costs the broker
-        little, while remembering them would be wrong once the group
-        empties (the exchange is auto-delete) and cost a refused chain. The
-        member exchange and its binding to its queue are left out when this
-        process made them lately (``MemberExchanges`` says why that is
-        safe); ``again``, after a 404, makes everything.
+        The group's exchange and its binding to the router are declared
+        unless the call renews a membership this process made (``renewing``,
+        see ``_renewing``): remembering them for a first membership would be
+        wrong once the group empties (the exchange is auto-delete) and cost
+        a refused chain. The member exchange and its binding to its queue
+        are left out when this process made them lately (``MemberExchanges``
+        says why that is safe); ``again``, after a 404, makes everything.
         """
         topology = self._topology
         group_exchange = topology.group_exchange(group)
@@ -193,15 +239,16 @@ class Groups(object):
                 engine.exchange_declare(member, auto_delete=True),
                 engine.queue_bind(topology.channel_queue(channel), member),
             ]
-        steps += [
-            engine.exchange_declare(
-                group_exchange,
-                auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
-                inequivalent_ok=legacy.append,  # made before groups were auto-delete: use it
-            ),
-            engine.exchange_bind(group_exchange, topology.group_router, group),
-            engine.exchange_bind(member, group_exchange, arguments=arguments),
-        ]
+        if again or not renewing:
+            steps += [
+                engine.exchange_declare(
+                    group_exchange,
+                    auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
+                    inequivalent_ok=legacy.append,  # made before groups were auto-delete
+                ),
+                engine.exchange_bind(group_exchange, topology.group_router, group),
+            ]
+        steps.append(engine.exchange_bind(member, group_exchange, arguments=arguments))
         if not is_process_local(channel) or again:
             return [declare] + steps
         # A process-local channel's queue exists: the join notice was just
@@ -391,6 +438,7 @@ class Groups(object):
             in_flight = self._engine.start_publishes([notice + (False,)])
         self._engine.declare(steps, "group_discard %s %s" % (group, channel))
         self._leases_sent.pop((group, channel), None)
+        self._bound.pop((group, channel), None)
         if in_flight is not None and self._outcomes(in_flight) != [ACKED]:
             try:
                 self._notify(naming.LEAVE_KIND, group, channel)
@@ -466,6 +514,7 @@ class Groups(object):
         self._engine.declare(steps, "flush")
         self._engine.forget_queues()
         self._leases_sent.clear()
+        self._bound.clear()
         self._member_exchanges.clear()
         self._local_groups.forget()
         self._infrastructure_pid = None  # the lease queue went

@@ -894,8 +894,10 @@ class RawMembershipContestant(Contestant):
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != 404:
                 raise
-            # Made lately, gone since (flushed): all again, as the layer.
+            # Made lately, gone since (flushed, discarded elsewhere): all
+            # again, as the layer.
             self.made.discard(self.topology.membership_binding(member, stamp)[0])
+            self.made.discard(key)
             for phase in membership.add_phases(self.topology, group, member, stamp)[1:]:
                 channel.run(phase)
         self.leases_sent[key] = stamp
@@ -903,6 +905,7 @@ class RawMembershipContestant(Contestant):
     def discard(self, channel, group, member):
         channel.run(membership.discard_calls(self.topology, group, member))
         self.leases_sent.pop((group, member), None)
+        self.made.discard((group, member))
 
     def send_group(self, group, message):
         body = msgpack.packb(message, use_bin_type=True)

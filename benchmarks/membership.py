@@ -30,6 +30,10 @@ What each call does besides its answer, and so how far it can be pipelined:
 * a member exchange and its binding to its queue, made by this process
   lately, are not declared again (``made``; the layer's
   ``MemberExchanges`` says why that is safe);
+* a renewal of a membership this process made (``made`` holds its
+  ``(group, channel)``) declares neither the group's exchange nor its
+  binding to the router: the membership's own binding keeps that
+  auto-delete exchange (the layer's ``Groups._renewing``);
 * ``group_discard``'s unbinds (``exchange.unbind``: every membership's
   binding goes to a member exchange, a process-local channel's to its
   process's ``m:foo!``) go with ``nowait``; the last one is answered, or a
@@ -153,9 +157,12 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     and the last call answered: the binding of a normal channel, the
     process queue's re-declare for a process-local one.
 
-    ``made``: a set of the member exchanges this process made lately, as
-    the layer's ``MemberExchanges``: the member exchange and its binding
-    to its queue are left out when it is in it; it is added to it.
+    ``made``: a set of what this process made lately: the member
+    exchanges, as the layer's ``MemberExchanges`` (the member exchange and
+    its binding to its queue are left out when it is in it), and the
+    memberships, as ``(group, channel)`` (a renewal: the group exchange's
+    declare and its binding to the router are left out, as the layer's
+    ``Groups._renewing``). Both are added to it.
     """
     from asgi_amqp import naming
 
@@ -176,12 +183,16 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
             Call("queue_bind", dict(queue=queue, exchange=member, routing_key="")),
         ]
     made.add(member)
+    if (group, channel) not in made:
+        second += [
+            exchange_declare(group_exchange),
+            Call(
+                "exchange_bind",
+                dict(destination=group_exchange, source=topology.group_router, routing_key=group),
+            ),
+        ]
+    made.add((group, channel))
     second += [
-        exchange_declare(group_exchange),
-        Call(
-            "exchange_bind",
-            dict(destination=group_exchange, source=topology.group_router, routing_key=group),
-        ),
         Call(
             "exchange_bind",
             dict(destination=member, source=group_exchange, routing_key="", arguments=arguments),

@@ -62,6 +62,41 @@ def test_a_group_exchange_deleted_elsewhere_is_made_again(broker, new_layer, cha
     assert layer.group_channels("went") == [channel]
 
 
+@pytest.mark.parametrize("channel, reader", [("re.normal", "re.normal"), ("re!x", "re!")])
+def test_a_renewal_skips_the_group_declares_and_remakes_them_when_they_went(
+    broker, new_layer, channel, reader
+):
+    """A renewal of a membership this process made does not declare the
+    group's exchange nor bind it to the router: the membership's own live
+    binding keeps that auto-delete exchange. When that binding went behind
+    the process's back (a discard elsewhere, the last member: the exchange
+    went with it), the renewal is refused (404) and makes everything again."""
+    layer = new_layer(broker, flush=True, group_expiry=60)
+    other = new_layer(broker, prefix=layer.topology.prefix, group_expiry=60)
+    topology = layer.topology
+    layer.group_add("renewed", channel)
+    assert layer.groups._renewing("renewed", channel)
+    steps = layer.groups._membership_steps("renewed", channel, topology.lease_stamp(), [], True)
+    group_exchange = topology.group_exchange("renewed")
+    # Neither the group exchange's declare nor its binding to the router:
+    assert not [
+        step
+        for step in steps
+        if group_exchange in (step.kwargs.get("exchange"), step.kwargs.get("destination"))
+    ], steps
+    layer.group_add("renewed", channel)  # the renewal: the binding alone
+    _reaches(layer, "renewed", reader, channel)
+    other.group_discard("renewed", channel)  # the last member: the exchange goes
+    exchanges = Management(broker).exchange_names(topology.prefix + ":")
+    assert topology.group_exchange("renewed") not in exchanges
+    assert layer.groups._renewing("renewed", channel)  # the process cannot know
+    layer.group_add("renewed", channel)
+    _reaches(layer, "renewed", reader, channel)
+    assert layer.group_channels("renewed") == [channel]
+    layer.group_discard("renewed", channel)
+    assert not layer.groups._renewing("renewed", channel)
+
+
 def test_a_member_exchange_gone_with_its_queue_is_made_again(broker, new_layer):
     """A normal channel's member exchange is auto-delete and bound only to its
     queue: when the queue goes (expired, deleted), so does the exchange."""

@@ -57,7 +57,9 @@ import pika.channel
 
 import asgi_amqp
 from asgi_amqp import AMQPChannelLayer
+from asgi_amqp.engine import deadletter
 from asgi_amqp.engine.io import inbox
+from asgi_amqp.engine.io import thread as io_thread
 
 ROOT = os.path.dirname(os.path.abspath(asgi_amqp.__file__))
 
@@ -77,8 +79,8 @@ WIRE_METHODS = (
     "queue_delete",
     "queue_unbind",
 )
-IO_THREAD = "asgi_amqp-io"
-DEAD_LETTER_THREAD = "asgi_amqp-deadletters"
+IO_THREAD = io_thread.THREAD_NAME
+DEAD_LETTER_THREAD = deadletter.THREAD_NAME
 #: The most files a call may cross (the project's aim, asserted by its tests).
 MOST_FILES = 6
 #: How a stack line names the thread it was taken on (any other: the caller's).

@@ -77,8 +77,12 @@ from pika.adapters.blocking_connection import BlockingChannel
 from .. import channel_names, naming
 from ..errors import BrokerOperationError, QueueSettingsMismatch, settings_mismatch
 from ..urls import describe_parameters
+from .futures import wait_seconds
 
 logger = logging.getLogger(__name__)
+
+# The dead-letter worker thread's name (``layer.threads()``, devtools.callpath).
+THREAD_NAME = "asgi_amqp-deadletters"
 
 POLL_SECONDS = 0.2
 MISMATCH_RECHECK = 60.0  # seconds between checks of a dead-letter queue with other settings
@@ -94,7 +98,7 @@ class DeadLetterWorker(object):
         self,
         parameters: Iterable[pika.connection.Parameters],
         topology: naming.Topology,
-        name: str = "asgi_amqp-deadletters",
+        name: str = THREAD_NAME,
         max_backoff: float = 2.0,
         bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
     ) -> None:
@@ -125,9 +129,10 @@ class DeadLetterWorker(object):
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
+        seconds = wait_seconds(timeout)  # a limit, checked before anything stops
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(seconds)
             if self._thread.is_alive():
                 logger.warning("dead-letter worker did not stop within %.1f s", timeout)
 

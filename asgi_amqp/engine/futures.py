@@ -39,7 +39,7 @@ _PENDING, _DONE, _ABANDONED = "pending", "done", "abandoned"
 OnDone = Callable[[Any, Optional[BaseException]], None]
 
 
-def _seconds(timeout: float) -> float:
+def wait_seconds(timeout: float) -> float:
     """``timeout`` as a lock's timeout: never negative, never past ``TIMEOUT_MAX``."""
     if timeout is None:  # a caller without types: a wait needs a limit
         raise ValueError("a wait needs a timeout in seconds, not None")
@@ -116,7 +116,7 @@ class Pending(object):
 
     def arrived(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a result without giving up on it."""
-        seconds = _seconds(timeout)
+        seconds = wait_seconds(timeout)
         try:
             arrived = self._arrived.acquire(timeout=seconds)
         except BaseException:
@@ -133,7 +133,7 @@ class Pending(object):
         KeyboardInterrupt) abandons the operation first, so a message that
         arrives while the caller unwinds goes back to the queue.
         """
-        seconds = _seconds(timeout)
+        seconds = wait_seconds(timeout)
         try:
             arrived = self._arrived.acquire(timeout=seconds)
         except BaseException:

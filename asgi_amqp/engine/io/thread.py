@@ -61,7 +61,7 @@ from ...urls import describe_parameters
 from ..consumers import ConsumerSettings
 from ..consumers.acks import SendTakenAcks, TakenAcks
 from ..deliveries import Delivery, HandedOff, HeldMessages, Liveness
-from ..futures import Pending
+from ..futures import Pending, wait_seconds
 from ..publisher import Publisher
 from ..session import Session
 from ..work import Work
@@ -73,6 +73,9 @@ from .restart_hold import RestartHold
 
 logger = logging.getLogger(__name__)
 
+# The I/O thread's name (``layer.threads()``, stack dumps, devtools.callpath).
+THREAD_NAME = "asgi_amqp-io"
+
 
 class IOThread(object):
     """The I/O thread and its connection pair (see the module docstring)."""
@@ -80,7 +83,7 @@ class IOThread(object):
     def __init__(
         self,
         parameters: Sequence[pika.connection.Parameters],
-        name: str = "asgi_amqp-io",
+        name: str = THREAD_NAME,
         consumer_settings: Optional[ConsumerSettings] = None,
         reconnect_max_delay: float = 0.5,
         handed_off: Optional[HandedOff] = None,
@@ -200,12 +203,13 @@ class IOThread(object):
         return 0.0 if since is None else time.monotonic() - since
 
     def stop(self, timeout: float = 10.0) -> None:
+        seconds = wait_seconds(timeout)  # a limit, checked before anything stops
         if not self._inbox.close():
             return
         if self._ioloop is not None:
             self._ioloop.add_callback_threadsafe(self._shutdown)
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._thread.join(seconds)
             if self._thread.is_alive():
                 logger.warning("I/O thread did not stop within %.1f s", timeout)
 

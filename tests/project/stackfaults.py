@@ -1162,16 +1162,12 @@ def targets(report, restart_pause=5.0):
             outage is not None and report["longest_silence_restart"] <= allowed + OUTAGE_ALLOWANCE,
         ),
     ]
-    timeout = report.get("operation_timeout")
-    if timeout and outage is not None and outage > timeout:
-        # An outage longer than the processes' operation_timeout: daphne's
-        # sends raise OperationTimeout once it is past that (the layer's
-        # rule for every thread but a worker's), and daphne closes the
-        # socket of a frame it could not send. Those resets, and what
-        # they lose, are the setting's cost, counted, not asserted. What
-        # must hold: every process lives, and the stack serves its clients
-        # again within 5 s of the broker's return (the checks above).
-        return [check for check in checks if check[0] != "no WebSocket reset"]
+    # An outage longer than the processes' operation_timeout is held to the
+    # same targets. It was not, until daphne's sends parked through an
+    # outage (asgi_amqp/parked_sends.py): each raised OperationTimeout out
+    # of daphne's onMessage after freezing it for operation_timeout, and
+    # Twisted reset that socket (2 of 20 in a 40 s quorum run, 774 of
+    # 11,730 deliveries lost; in a 90 s classic run silence 42 s).
     if report["queue_type"] == "quorum" or report.get("persistent"):
         checks += [
             ("quorum or persistent: 0 lost", report["lost"] == 0),

@@ -59,6 +59,14 @@ NOTICE_PATIENCE = 2.0
 REMADE_AFTER = 600.0
 
 
+def _remember(table: Dict[Tuple[str, str], int], key: Tuple[str, str], stamp: int) -> None:
+    """``table[key] = stamp``, in a table of at most ``_LEASES_REMEMBERED`` entries
+    (emptied when full: a forgotten entry costs a lease or two declares)."""
+    if len(table) >= _LEASES_REMEMBERED:
+        table.clear()
+    table[key] = stamp
+
+
 class MemberExchanges(object):
     """The member exchanges (``m:{channel}``, ``m:foo!``) this process declared
     and bound to their queue lately, so that ``group_add`` binds a
@@ -178,16 +186,14 @@ class Groups(object):
                 self._membership_steps(group, channel, stamp, legacy, again=True), what
             )
         self._member_exchanges.add(member)
-        if len(self._bound) >= _LEASES_REMEMBERED:
-            self._bound.clear()
-        if legacy:
-            self._bound.pop((group, channel), None)  # declared every time: see below
-        else:
-            self._bound[(group, channel)] = stamp
         if legacy:
             # Not auto-delete, it stays when its last binding goes: this lease
-            # asks the dead-letter worker to delete it then, if unused.
+            # asks the dead-letter worker to delete it then, if unused. So a
+            # renewal declares it again (``_renewing``), with this lease.
+            self._bound.pop((group, channel), None)
             self._send_lease(group, channel, stamp, delete_unused_group=True)
+        else:
+            _remember(self._bound, (group, channel), stamp)
 
     def _renewing(self, group: str, channel: str) -> bool:
         """Whether ``group_add(group, channel)`` renews a membership this
@@ -335,9 +341,7 @@ class Groups(object):
         return properties
 
     def _remember_lease(self, group: str, channel: str, stamp: int) -> None:
-        if len(self._leases_sent) >= _LEASES_REMEMBERED:
-            self._leases_sent.clear()
-        self._leases_sent[(group, channel)] = stamp
+        _remember(self._leases_sent, (group, channel), stamp)
 
     def _send_lease(
         self, group: str, channel: str, stamp: int, delete_unused_group: bool = False

@@ -14,8 +14,11 @@ What each broker call of ``group_add`` does besides its answer:
 
 * the lease message is what ends the membership: it goes first, so that no
   binding ever exists without one, and is confirmed;
-* the channel queue's declare (a normal channel) renews the queue's
-  ``x-expires`` lease, and must be answered to do so (``engine.declares``);
+* the channel queue's declare renews the queue's ``x-expires`` lease, and
+  must be answered to do so (``engine.declares``); it ends the run of
+  nowait steps, vouching for them, except for a normal channel whose
+  member exchange is to be made and bound to the queue, which may not
+  exist yet: its declare goes beside the lease, before that run;
 * the join notice (a process-local channel) is confirmed before the
   binding is made, so it is queued ahead of any group message the binding
   brings, and before ``group_add`` returns;
@@ -162,13 +165,22 @@ class Groups(object):
         self.ensure_infrastructure()
         stamp = self._topology.lease_stamp()
         renewing = self._renewing(group, channel)
-        self._send_lease_and_notice(group, channel, stamp)
+        member = self._topology.membership_binding(channel, stamp)[0]
+        # A member exchange this process did not make lately is made now, and
+        # bound to its queue, which must then exist: a normal channel's queue
+        # is declared beside the lease, before the binding (a process-local
+        # channel's exists: the join notice was just confirmed into it).
+        made_lately = self._member_exchanges.made_lately(member)
+        queue_first = not made_lately and not is_process_local(channel)
+        self._send_lease_and_notice(group, channel, stamp, queue_first)
         what = "group_add %s %s" % (group, channel)
         legacy: List[Any] = []  # the group exchange was made before it was auto-delete
-        member = self._topology.membership_binding(channel, stamp)[0]
         try:
             self._engine.declare(
-                self._membership_steps(group, channel, stamp, legacy, renewing), what
+                self._membership_steps(
+                    group, channel, stamp, legacy, renewing, made_lately, queue_first
+                ),
+                what,
             )
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
@@ -220,6 +232,8 @@ class Groups(object):
         stamp: int,
         legacy: List[Any],
         renewing: bool = False,
+        made_lately: bool = False,
+        queue_declared: bool = False,
         again: bool = False,
     ) -> List[Step]:
         """The membership's binding and what it needs, in an order the broker accepts.
@@ -229,18 +243,26 @@ class Groups(object):
         see ``_renewing``): remembering them for a first membership would be
         wrong once the group empties (the exchange is auto-delete) and cost
         a refused chain. The member exchange and its binding to its queue
-        are left out when this process made them lately (``MemberExchanges``
-        says why that is safe); ``again``, after a 404, makes everything.
+        are left out when this process made them lately (``made_lately``:
+        ``MemberExchanges`` says why that is safe); ``again``, after a 404,
+        makes everything, the channel's queue first.
+
+        The channel's queue is declared, answered (which renews its
+        ``x-expires`` lease), last: its answer vouches for the nowait steps
+        before it, so the run is one round trip. Unless ``queue_declared``:
+        the caller declared it already, beside the lease, because the member
+        exchange is bound to it here and it may not exist yet (a normal
+        channel nothing was sent to). A queue that went since its member
+        exchange was made took that auto-delete exchange with it, so the
+        membership's binding to it is refused (404) and ``group_add`` makes
+        everything again.
         """
         topology = self._topology
         group_exchange = topology.group_exchange(group)
         member, arguments = topology.membership_binding(channel, stamp)
-        # The member exchange (the channel's, or its process's: m:foo!) goes
-        # with the queue it is bound to (auto-delete), so the queue must
-        # exist; declaring it, answered, renews its x-expires lease.
         declare = self._sender.channel_queue_declare(channel)
         steps = []
-        if again or not self._member_exchanges.made_lately(member):
+        if again or not made_lately:
             steps += [
                 engine.exchange_declare(member, auto_delete=True),
                 engine.queue_bind(topology.channel_queue(channel), member),
@@ -255,52 +277,49 @@ class Groups(object):
                 engine.exchange_bind(group_exchange, topology.group_router, group),
             ]
         steps.append(engine.exchange_bind(member, group_exchange, arguments=arguments))
-        if not is_process_local(channel) or again:
-            return [declare] + steps
-        # A process-local channel's queue exists: the join notice was just
-        # confirmed into it. Declared last, its answer vouches for the nowait
-        # steps before it: one round trip (after a 404, declared first).
+        if again:
+            return [declare] + steps  # two round trips, after a 404
+        if queue_declared:
+            return steps
         return steps + [declare]
 
-    def _send_lease_and_notice(self, group: str, channel: str, stamp: int) -> None:
-        """The lease (unless this process sent it) and, for a process-local
-        channel, the join notice: published together, their confirms waited
-        for together, so the two cost one round trip, not two.
+    def _send_lease_and_notice(
+        self, group: str, channel: str, stamp: int, declare_queue: bool = False
+    ) -> None:
+        """The lease (unless this process sent it), for a process-local channel
+        the join notice, and with ``declare_queue`` the channel queue's
+        declare: all started together and waited for together, so that they
+        cost one round trip, not one each.
 
-        Nothing orders them: the binding, made after both are confirmed, is
-        what needs each. Either one not acked (a full process queue, a
-        lease queue gone, a resource alarm) goes again on its own, through
-        the path that knows what to do about it: ``_send_lease`` and
+        Nothing orders them: the binding, made after all are done, is what
+        needs each. Either publish not acked (a full process queue, a lease
+        queue gone, a resource alarm) goes again on its own, through the
+        path that knows what to do about it: ``_send_lease`` and
         ``_notify``, each a publish of its own. A lease sent twice ends the
         same binding twice, harmlessly; a notice is sent again only if the
         broker did not take it."""
         local = is_process_local(channel)
         lease = self._lease_message(group, channel, stamp)
-        if lease is None or not local:
-            if lease is not None:
+        requests: List[PublishRequest] = []
+        if lease is not None:
+            what = "lease of %s in %s" % (channel, group)
+            requests.append(("", self._topology.lease_queue, b"", lease, True, what, False))
+        if local:
+            notice = self._notice_message(naming.JOIN_KIND, group, channel, stamp)
+            requests.append(notice + (False,))
+        in_flight = self._engine.start_publishes(requests) if requests else None
+        if declare_queue:
+            self._engine.declare(
+                [self._sender.channel_queue_declare(channel)],
+                "group_add %s %s" % (group, channel),
+            )
+        outcomes = self._outcomes(in_flight) if in_flight is not None else []
+        if lease is not None:
+            if outcomes[0] == ACKED:
+                self._remember_lease(group, channel, stamp)
+            else:
                 self._send_lease(group, channel, stamp)
-            if local:
-                self._notify(naming.JOIN_KIND, group, channel, stamp)
-            return
-        notice = self._notice_message(naming.JOIN_KIND, group, channel, stamp)
-        requests = [
-            (
-                "",
-                self._topology.lease_queue,
-                b"",
-                lease,
-                True,
-                "lease of %s in %s" % (channel, group),
-                False,
-            ),
-            notice + (False,),
-        ]
-        outcomes = self._publish_together(requests)
-        if outcomes[0] == ACKED:
-            self._remember_lease(group, channel, stamp)
-        else:
-            self._send_lease(group, channel, stamp)
-        if outcomes[1] != ACKED:
+        if local and outcomes[-1] != ACKED:
             self._notify(naming.JOIN_KIND, group, channel, stamp)
 
     def _publish_together(self, requests: List[PublishRequest]) -> List[Optional[str]]:

@@ -152,10 +152,11 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
 
     Phase 1: the lease (``lease=False``: this process already sent one of
     that stamp, and the layer sends no other), a process-local channel's
-    join notice, and a normal channel's queue re-declare, answered. Phase
-    2: the declares and bindings of ``Groups._membership_steps``, nowait,
-    and the last call answered: the binding of a normal channel, the
-    process queue's re-declare for a process-local one.
+    join notice, and the queue re-declare, answered, of a normal channel
+    whose member exchange is to be made (an empty phase is left out).
+    Phase 2: the declares and bindings of ``Groups._membership_steps``,
+    nowait, and the last call answered: the binding when the queue was
+    declared in phase 1, else the queue's re-declare.
 
     ``made``: a set of what this process made lately: the member
     exchanges, as the layer's ``MemberExchanges`` (the member exchange and
@@ -170,12 +171,17 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     group_exchange = topology.group_exchange(group)
     queue = topology.channel_queue(channel)
     local = "!" in channel
+    made = set() if made is None else made
+    # A normal channel's queue, to which a member exchange is about to be
+    # bound, may not exist yet: declared in phase 1. Otherwise it exists
+    # (a process-local channel's: the join notice was confirmed into it)
+    # and its answered declare ends phase 2.
+    queue_first = not local and member not in made
     first = [lease_publish(topology, group, channel, stamp)] if lease else []
     if local:
         first.append(notice_publish(topology, naming.JOIN_KIND, group, channel, stamp))
-    else:
+    if queue_first:
         first.append(queue_declare(queue, topology.channel_queue_arguments(channel)))
-    made = set() if made is None else made
     second = []
     if member not in made:
         second += [
@@ -196,12 +202,12 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
         Call(
             "exchange_bind",
             dict(destination=member, source=group_exchange, routing_key="", arguments=arguments),
-            not local,
+            queue_first,
         ),
     ]
-    if local:
+    if not queue_first:
         second.append(queue_declare(queue, topology.channel_queue_arguments(channel)))
-    return [first, second]
+    return [phase for phase in (first, second) if phase]
 
 
 def discard_calls(topology, group, channel):

@@ -121,3 +121,51 @@ def test_a_flush_elsewhere_forgets_nothing_that_matters(broker, new_layer):
     layer.send_group("flushed", {"to": "flushed"})
     assert layer.receive(["fl!"], block=True) == ("fl!a", {"to": "flushed"})
     assert layer.receive(["fl.b"], block=True) == ("fl.b", {"to": "flushed"})
+
+
+def _record_broker_calls(layer):
+    """Wrap the groups' engine calls: each ``declare`` as its list of steps,
+    each ``start_publishes`` as ``"publish"``, in the order they were made."""
+    calls = []
+    engine = layer.groups._engine
+    declare, start_publishes = engine.declare, engine.start_publishes
+
+    def recording_declare(steps, what):
+        calls.append(list(steps))
+        return declare(steps, what)
+
+    def recording_start_publishes(requests):
+        calls.append("publish")
+        return start_publishes(requests)
+
+    engine.declare = recording_declare
+    engine.start_publishes = recording_start_publishes
+    return calls
+
+
+def test_a_normal_channels_group_add_is_two_round_trips(broker, new_layer):
+    """The lease and, when its member exchange is to be made, the channel's
+    queue are started together; then one run of steps whose only answered
+    step ends it. A renewal's run ends with the queue's answered declare,
+    which renews its lease and vouches for the binding sent before it."""
+    layer = new_layer(broker, flush=True, group_expiry=60)
+    queue = layer.topology.channel_queue("trips.normal")
+    layer.groups.ensure_infrastructure()  # once per process
+    calls = _record_broker_calls(layer)
+    layer.group_add("trips", "trips.normal")  # nothing was ever sent to it
+    assert calls[0] == "publish"  # the lease, then the queue while it is in flight
+    assert [step.method for step in calls[1]] == ["queue_declare"]
+    run = calls[2]
+    assert len(calls) == 3, calls
+    assert [step.answered for step in run] == [False] * len(run), run  # the last one ends it
+    assert run[-1].method == "exchange_bind"
+    _reaches(layer, "trips", "trips.normal", "trips.normal")
+    del calls[:]
+    layer.groups._bound.clear()  # a later stamp's renewal, as another process would make it
+    layer.groups._leases_sent.clear()
+    layer.group_add("trips", "trips.normal")
+    assert calls[0] == "publish" and len(calls) == 2, calls
+    run = calls[1]
+    assert run[-1].method == "queue_declare" and run[-1].kwargs["queue"] == queue
+    assert [step.answered for step in run[:-1]] == [False] * (len(run) - 1), run
+    _reaches(layer, "trips", "trips.normal", "trips.normal")

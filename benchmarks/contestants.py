@@ -7,7 +7,8 @@ broker work by hand (``raw-pika``: one confirm per publish, basic_get;
 I/O thread of its own with up to 1000 confirms outstanding;
 ``raw-pika-consume``: basic_consume with prefetch; ``raw-pika-membership``:
 the ceiling of group membership, the layer's broker work for a membership
-in as few round trips as it allows, see ``membership``). In a worker process
+in as few round trips as it allows, see ``membership``; ``raw-pika-one-unbind``:
+the floor of a discard, one binding removed). In a worker process
 (``common.Worker``): ``asgi-redis`` (asgi_redis 1.4.3 on a redis-server, in
 its own virtualenv), the layer's memory scenario, and with
 ``--baseline-src`` the layer imported from two source trees,
@@ -46,7 +47,7 @@ from .asgi_trials import (
 )
 from .broker import LayerKeeper, MembershipKeeping, connection_parameters, layer_objects
 from .harness import Contestant, RoundResult, Trial, register_contestant
-from .scenarios import MEMBERSHIP_CEILING, MESSAGE, SEND_THREADS
+from .scenarios import DISCARD_FLOOR, MEMBERSHIP_CEILING, MESSAGE, SEND_THREADS
 
 # -- ASGI layers -------------------------------------------------------------------------
 
@@ -975,6 +976,41 @@ class RawMembershipContestant(Contestant):
 
     def scenario_group_discard_8t(self, env, ops):
         return self._trial(ops, True, SEND_THREADS)
+
+
+@register_contestant
+class RawOneUnbindContestant(RawMembershipContestant):
+    """The floor of ``group_discard`` in the layer's design: the ceiling's
+    discard, less every unbind but the one binding that exists.
+
+    A discard must remove the membership's binding, answered (a
+    ``send_group`` that follows it must not reach the channel), and tell a
+    process-local channel's process (the leave notice, confirmed). The
+    floor knows the one stamp its own ``group_add`` bound; the layer's
+    ``group_discard``, often called by another process than the one that
+    made the membership (a runworker each for a WebSocket's connect and
+    disconnect), cannot, and unbinds every stamp that may have bound. So
+    no discard of this design can beat this one; the memberships are made
+    as the ceiling makes them."""
+
+    name = DISCARD_FLOOR
+    description = (
+        "the floor of group_discard: raw pika as raw-pika-membership, but a discard "
+        "removes only the one binding that the membership's own group_add made (its "
+        "stamp known here, as no layer process can know it of a membership another "
+        "process made): exchange.unbind of that binding, with nowait, and the leave "
+        "notice, whose confirm ends it: one round trip, one binding removed. Only in "
+        "the discard scenarios; the same checks as the layer"
+    )
+
+    scenario_group_add = None
+    scenario_group_add_8t = None
+
+    def discard(self, channel, group, member):
+        stamp = self.leases_sent.pop((group, member))
+        calls = membership.discard_calls(self.topology, group, member, stamps=[stamp])
+        channel.run(calls)
+        self.made.discard((group, member))
 
 
 class _RawMembershipKeeper(MembershipKeeping, asgi_trials.Keeper):

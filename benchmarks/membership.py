@@ -210,13 +210,16 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     return [phase for phase in (first, second) if phase]
 
 
-def discard_calls(topology, group, channel):
+def discard_calls(topology, group, channel, stamps=None):
     """``group_discard(group, channel)``: an unbind of every live stamp's
     binding and the legacy plain binding of the member exchange, nowait,
-    the last one answered; then a process-local channel's leave notice."""
+    the last one answered; then a process-local channel's leave notice.
+
+    ``stamps``: unbind only these stamps' bindings, and not the legacy one
+    (the floor of a discard, ``contestants.RawOneUnbindContestant``)."""
     group_exchange = topology.group_exchange(group)
     calls = []
-    for stamp in topology.live_stamps():
+    for stamp in topology.live_stamps() if stamps is None else stamps:
         member, arguments = topology.membership_binding(channel, stamp)
         calls.append(
             Call(
@@ -229,6 +232,12 @@ def discard_calls(topology, group, channel):
     legacy = dict(
         destination=topology.member_exchange(channel), source=group_exchange, routing_key=""
     )
+    if stamps is not None:
+        from asgi_amqp import naming
+
+        if "!" not in channel:
+            return calls[:-1] + [calls[-1]._replace(answered=True)]
+        return calls + [notice_publish(topology, naming.LEAVE_KIND, group, channel)]
     if "!" not in channel:
         calls.append(Call("exchange_unbind", legacy, True))
         return calls

@@ -415,14 +415,17 @@ def summary_table(stats, run):
 
 def ratio_subjects(run):
     """(subject, others) pairs for ratio tables: ``layer`` against every
-    other contestant, and with a baseline, ``layer@current`` against
-    ``layer@baseline``."""
+    other contestant, and with a baseline, ``layer@current`` and the
+    discard floor against ``layer@baseline``."""
     names = [c["name"] for c in run["contestants"]]
     pairs = []
     if "layer" in names:
         pairs.append(("layer", [n for n in names if n != "layer"]))
     if "layer@current" in names and "layer@baseline" in names:
         pairs.append(("layer@current", ["layer@baseline"]))
+    if "raw-pika-one-unbind" in names and "layer@baseline" in names:
+        # How far any discard of the layer's design could go past the design before.
+        pairs.append(("raw-pika-one-unbind", ["layer@baseline"]))  # scenarios.DISCARD_FLOOR
     return pairs
 
 

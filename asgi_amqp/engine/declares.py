@@ -36,8 +36,13 @@ operation, with an error that names the step and its object.
 Why several admin channels. Operations run strictly one after another on
 a channel, so ``AdminChannels`` keeps a few channels and gives each operation to the least
 busy one: ``group_add`` calls from several threads overlap instead of
-queueing behind each other. The broker, not the client, is then the limit:
-creating a queue costs it a few milliseconds.
+queueing behind each other. A channel opens only when every open one is
+busy, so a process with one calling thread keeps one. Up to 8: with 8
+threads discarding process-local memberships through one layer (private
+RabbitMQ 3.10.8 node, 3,000 each), 4 channels gave 1,063-1,064 discards a
+second and 8 gave 1,271-1,304 (1 gave 775); a py-spy profile of the 4
+channel run had the calling threads waiting for the broker in 97-99 % of
+their samples and the I/O thread idle in ``poll`` in 44 % of its own.
 """
 
 import collections
@@ -58,7 +63,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Admin channels per connection at most (see ``AdminChannels``).
-ADMIN_CHANNELS = 4
+ADMIN_CHANNELS = 8
 NOT_FOUND = 404
 PRECONDITION_FAILED = 406
 STATE_ERRORS = (

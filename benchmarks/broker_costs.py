@@ -46,6 +46,13 @@ one channel). The rows:
 * **group_discard**: an unbind of every live stamp (most of them not
   there), the legacy plain unbind, a process-local channel's leave notice.
 
+Then the **layer itself** (``AMQPChannelLayer``, one call at a time, its
+dead-letter worker off): a first membership, its ``group_discard``, and a
+renewal in a later stamp, of a normal and of a process-local channel. The
+model's rows say what each call costs and what pipelining could reach;
+these say what the layer's own calls cost, and are the ones to hold
+against a target.
+
 The channels' queues and the groups' exchanges (bound from the router and
 kept by a binding of their own) exist beforehand; memberships renewed or
 discarded are made untimed. With ``--broker-pid`` (the broker's
@@ -89,6 +96,7 @@ class Costs(object):
         from asgi_amqp import naming
 
         self.count = count
+        self.url = url
         self.broker_pid = broker_pid
         self.topology = naming.Topology(prefix, EXPIRY, GROUP_EXPIRY, lambda _c: CAPACITY)
         self.connection = pika.BlockingConnection(connection_parameters(url))
@@ -341,6 +349,7 @@ class Costs(object):
         self.bindings(group_name)
         self.publishes(group_name)
         self.whole_memberships()
+        self.layer_memberships()
 
     def bindings(self, group_name):
         """The bindings of a membership and of its member exchange, timed on
@@ -580,6 +589,70 @@ class Costs(object):
                     self.whole(label, mode, operations)
                     self.delete(queues, [topology.member_exchange(m) for m in members])
                     self.purge_leases()
+
+    def layer_memberships(self):
+        """The same memberships made by ``AMQPChannelLayer`` itself, one call at
+        a time: what the layer's calls cost the broker, not a model of them.
+
+        The renewal's memberships are made untimed in the previous stamp
+        (the layer's ``Topology.lease_stamp`` answers one less for that), so
+        that the timed ``group_add`` binds a later stamp, as the model's
+        renewal rows; the layer remembers what it made, as a runworker that
+        renews its own memberships does."""
+        from asgi_amqp import AMQPChannelLayer
+
+        layer = AMQPChannelLayer(
+            url=self.url,
+            prefix=self.topology.prefix + "-layer",
+            expiry=EXPIRY,
+            group_expiry=GROUP_EXPIRY,
+            capacity=CAPACITY,
+            dead_letter_worker=False,
+        )
+        rooms = self.rooms
+        topology = layer.topology
+        now_stamp = topology.lease_stamp
+
+        def members(kind):
+            if kind == "normal":
+                names = self.fresh("n")
+                for name in names:  # channels exist before they join: made by a send
+                    layer.send(name, {"made": True})
+                return names
+            self.serial += 1
+            base = "bench.costs.u%06d!" % self.serial
+            layer.send(base + "made", {"made": True})
+            return [base + "%d" % k for k in range(self.count)]
+
+        def timed(label, call, names):
+            cpu0 = process_cpu(self.broker_pid)
+            begin = time.perf_counter_ns()
+            for i, name in enumerate(names):
+                call(rooms[i % len(rooms)], name)
+            wall = (time.perf_counter_ns() - begin) / 1e9
+            cpu = self.cpu(cpu0, names)
+            count = len(names)
+            ms, rate = wall / count * 1e3, count / wall
+            self.rows.append((label, None, ms, rate, cpu, None, None, None))
+            print("%-58s %6.2f ms per membership (%6.0f/s)" % (label, ms, rate), flush=True)
+
+        try:
+            layer.groups.ensure_infrastructure()
+            for kind in ("normal", "process-local"):
+                names = members(kind)
+                timed("first membership, %s: the layer" % kind, layer.group_add, names)
+                timed("group_discard, %s: the layer" % kind, layer.group_discard, names)
+                names = members(kind)
+                topology.lease_stamp = lambda now=None: now_stamp(now) - 1
+                try:
+                    for i, name in enumerate(names):
+                        layer.group_add(rooms[i % len(rooms)], name)
+                finally:
+                    del topology.lease_stamp
+                timed("renewal (a later stamp), %s: the layer" % kind, layer.group_add, names)
+        finally:
+            layer.flush()
+            layer.close()
 
     def whole(self, label, mode, operations):
         """Time ``operations`` (each a list of phases of ``membership.Call``s)

@@ -322,13 +322,10 @@ class Groups(object):
         if local and outcomes[-1] != ACKED:
             self._notify(naming.JOIN_KIND, group, channel, stamp)
 
-    def _publish_together(self, requests: List[PublishRequest]) -> List[Optional[str]]:
-        """Publish ``requests`` at once; each one's outcome, or None if a
-        resource alarm blocks publishing (the caller's own path waits for it)."""
-        return self._outcomes(self._engine.start_publishes(requests))
-
     def _outcomes(self, in_flight: InFlight) -> List[Optional[str]]:
-        """Each outcome of publishes handed over together (``_publish_together``)."""
+        """Each outcome of publishes handed over together (``Engine.start_publishes``),
+        or None if a resource alarm blocks publishing (the caller's own path
+        waits for it)."""
         deadline = time.monotonic() + self._sender.operation_timeout
         outcomes: List[Optional[str]] = []
         for index in range(len(in_flight)):

@@ -832,8 +832,9 @@ class RawMembershipContestant(Contestant):
         "exchange with the stamp's arguments, all with nowait, and the queue.declare of "
         "the process's queue, answered (it renews the queue's x-expires). group_discard "
         "in one: exchange.unbind of every live stamp's binding and the legacy "
-        "exchange.unbind of the channel's own member exchange, with nowait, and the "
-        "leave notice, whose confirm ends them. "
+        "exchange.unbind of the channel's own member exchange, with nowait, the last "
+        "answered, and beside them on a second channel the leave notice, confirmed, "
+        "both waited for together (the layer's two connections). "
         "1-thread scenarios: one connection; %d-thread ones: a connection per "
         "thread. The same checks as the layer (deliveries and notices through the "
         "process's queue, the group exchanges' bindings, the lease messages)"
@@ -904,7 +905,7 @@ class RawMembershipContestant(Contestant):
         self.leases_sent[key] = stamp
 
     def discard(self, channel, group, member):
-        channel.run(membership.discard_calls(self.topology, group, member))
+        channel.run_beside(*membership.discard_runs(self.topology, group, member))
         self.leases_sent.pop((group, member), None)
         self.made.discard((group, member))
 
@@ -998,8 +999,9 @@ class RawOneUnbindContestant(RawMembershipContestant):
         "the floor of group_discard: raw pika as raw-pika-membership, but a discard "
         "removes only the one binding that the membership's own group_add made (its "
         "stamp known here, as no layer process can know it of a membership another "
-        "process made): exchange.unbind of that binding, with nowait, and the leave "
-        "notice, whose confirm ends it: one round trip, one binding removed. Only in "
+        "process made): exchange.unbind of that binding, answered, and beside it on "
+        "a second channel the leave notice, confirmed: one round trip, one binding "
+        "removed. Only in "
         "the discard scenarios; the same checks as the layer"
     )
 
@@ -1008,8 +1010,7 @@ class RawOneUnbindContestant(RawMembershipContestant):
 
     def discard(self, channel, group, member):
         stamp = self.leases_sent.pop((group, member))
-        calls = membership.discard_calls(self.topology, group, member, stamps=[stamp])
-        channel.run(calls)
+        channel.run_beside(*membership.discard_runs(self.topology, group, member, [stamp]))
         self.made.discard((group, member))
 
 

@@ -36,10 +36,11 @@ What each call does besides its answer, and so how far it can be pipelined:
   auto-delete exchange (the layer's ``Groups._renewing``);
 * ``group_discard``'s unbinds (``exchange.unbind``: every membership's
   binding goes to a member exchange, a process-local channel's to its
-  process's ``m:foo!``) go with ``nowait``; the last one is answered, or a
-  process-local channel's leave notice, confirmed, ends them (the layer
-  sends the notice on its publishing connection at the same time as the
-  unbinds on its main one, and waits for both).
+  process's ``m:foo!``) go with ``nowait``, the last one answered; a
+  process-local channel's leave notice goes at the same time on a second
+  channel, and both are waited for (the layer sends the notice on its
+  publishing connection beside the unbinds on its main one, so the broker
+  runs the two at once).
 
 So ``group_add`` is two round trips here: the confirmed publishes (and a
 normal channel's queue re-declare, answered), then the declares and
@@ -210,18 +211,23 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     return [phase for phase in (first, second) if phase]
 
 
-def discard_calls(topology, group, channel, stamps=None):
-    """``group_discard(group, channel)``: an unbind of every live stamp's
-    binding and the legacy plain binding of the member exchange, nowait,
-    the last one answered; then a process-local channel's leave notice.
+def discard_runs(topology, group, channel, stamps=None):
+    """``group_discard(group, channel)`` as the layer sends it: ``(unbinds,
+    notices)``, sent together and waited for together (``PipelinedChannel.
+    run_beside``). The unbinds: every live stamp's binding and the legacy
+    plain binding of the member exchange, nowait, the last one answered;
+    the notices: a process-local channel's leave notice, which the layer
+    publishes on its publishing connection at the same time.
 
     ``stamps``: unbind only these stamps' bindings, and not the legacy one
     (the floor of a discard, ``contestants.RawOneUnbindContestant``)."""
+    from asgi_amqp import naming
+
     group_exchange = topology.group_exchange(group)
-    calls = []
+    unbinds = []
     for stamp in topology.live_stamps() if stamps is None else stamps:
         member, arguments = topology.membership_binding(channel, stamp)
-        calls.append(
+        unbinds.append(
             Call(
                 "exchange_unbind",
                 dict(
@@ -229,24 +235,26 @@ def discard_calls(topology, group, channel, stamps=None):
                 ),
             )
         )
-    legacy = dict(
-        destination=topology.member_exchange(channel), source=group_exchange, routing_key=""
-    )
-    if stamps is not None:
-        from asgi_amqp import naming
+    if stamps is None:
+        legacy = dict(
+            destination=topology.member_exchange(channel), source=group_exchange, routing_key=""
+        )
+        unbinds.append(Call("exchange_unbind", legacy))
+    unbinds[-1] = unbinds[-1]._replace(answered=True)
+    notices = []
+    if "!" in channel:
+        notices.append(notice_publish(topology, naming.LEAVE_KIND, group, channel))
+    return unbinds, notices
 
-        if "!" not in channel:
-            return calls[:-1] + [calls[-1]._replace(answered=True)]
-        return calls + [notice_publish(topology, naming.LEAVE_KIND, group, channel)]
-    if "!" not in channel:
-        calls.append(Call("exchange_unbind", legacy, True))
-        return calls
-    from asgi_amqp import naming
 
-    # The notice's confirm ends the phase: the broker ran the unbinds before it.
-    calls.append(Call("exchange_unbind", legacy))
-    calls.append(notice_publish(topology, naming.LEAVE_KIND, group, channel))
-    return calls
+def discard_calls(topology, group, channel, stamps=None):
+    """``discard_runs`` as one run on one channel (``broker_costs``: the
+    same broker work): a process-local channel's notice after the unbinds,
+    its confirm ending them (the broker ran the unbinds before it)."""
+    unbinds, notices = discard_runs(topology, group, channel, stamps)
+    if notices:
+        unbinds[-1] = unbinds[-1]._replace(answered=False)
+    return unbinds + notices
 
 
 class Refused(Exception):
@@ -275,6 +283,7 @@ class PipelinedChannel(object):
         self.connection = connection
         self.confirms = confirms
         self._side = []  # BlockingChannels for NO_NOWAIT methods, one per call of a phase
+        self.beside = None  # a PipelinedChannel of the same connection, for run_beside
         self._open()
 
     def _open(self):
@@ -304,6 +313,8 @@ class PipelinedChannel(object):
         for channel in self._side + [self.channel]:
             if channel.is_open:
                 channel.close()
+        if self.beside is not None:
+            self.beside.close()
 
     # -- callbacks (pika's I/O, inside _flush_output) ----------------------------------
 
@@ -349,16 +360,21 @@ class PipelinedChannel(object):
         else:
             getattr(impl, call.method)(callback=None, **call.kwargs)
 
+    def _settled(self):
+        """Every confirm and answer is in, or a channel was closed."""
+        channels = [self.channel] + self._side
+        if any(channel.is_closed for channel in channels):
+            return True
+        return not self._unsettled and not self._answers
+
     def wait(self):
         """Until every confirm and answer is in; raises as ``run`` says."""
+        self.connection._flush_output(self._settled)
+        self._check()
+
+    def _check(self):
+        """After a wait: raise for a closed channel or a nacked publish."""
         channels = [self.channel] + self._side
-
-        def done():
-            if any(channel.is_closed for channel in channels):
-                return True
-            return not self._unsettled and not self._answers
-
-        self.connection._flush_output(done)
         self._side_used = 0
         closed = [channel for channel in channels if channel.is_closed]
         if closed:
@@ -370,6 +386,28 @@ class PipelinedChannel(object):
         nacked, self._nacked = self._nacked, []
         if nacked:
             raise Refused("%d publishes nacked" % len(nacked))
+
+    def run_beside(self, calls, publishes):
+        """``calls`` on this channel and ``publishes`` on a second channel of
+        the same connection (``beside``), sent together and waited for
+        together: the broker runs the two channels' work at the same time,
+        as it runs the layer's unbinds on its main connection beside the
+        leave notice on its publishing one."""
+        beside = self.beside
+        if beside is None:
+            beside = self.beside = PipelinedChannel(self.connection, self.confirms)
+        self._returned = []
+        beside._returned = []
+        for call in calls:
+            self.send(call)
+        for call in publishes:
+            beside.send(call)
+        self.connection._flush_output(lambda: self._settled() and beside._settled())
+        try:
+            self._check()
+        finally:
+            beside._check()
+        beside._send_returned(publishes, True)
 
     def run(self, calls, one_by_one=False):
         """Send ``calls`` together and wait for them (``one_by_one``: each
@@ -391,6 +429,11 @@ class PipelinedChannel(object):
             if call.method not in NO_NOWAIT:
                 after_answered = after_answered or bool(answered or call.answered)
         self.wait()
+        self._send_returned(calls, again)
+
+    def _send_returned(self, calls, again):
+        """The mandatory publishes of ``calls`` that came back: their queues
+        made (``Call.remedy``) and sent again, once (``again``)."""
         if not self._returned:
             return
         returned = [

@@ -268,8 +268,9 @@ _MEMBERSHIP_COMMON = (
     "binding to the process's queue, and the binding of that exchange from the "
     "group exchange with the lease stamp's arguments, with nowait, and the process "
     "queue's declare, answered (it renews the queue's x-expires); for a discard, "
-    "the exchange.unbind of every live lease stamp, with nowait, and the leave "
-    "notice, whose confirm ends them." % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
+    "the exchange.unbind of every live lease stamp, with nowait, the last answered, "
+    "and beside them on a second channel the leave notice, confirmed, waited for "
+    "together." % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
 )
 
 GROUP_ADD = register_scenario(

@@ -6,8 +6,9 @@ group's fanout exchange, whose arguments carry its lease's stamp, plus a
 message in the lease queue that the broker dead-letters when the lease
 ends; the dead-letter worker then removes that binding
 (``engine.deadletter``). A normal channel is bound through its member
-exchange; a process-local one straight to its process's queue, and its
-process learns of the membership from a join notice (``local_groups``).
+exchange; a process-local one through its process's (``m:foo!``, bound to
+the process's queue ``q:foo!``), and its process learns of the membership
+from a join notice (``local_groups``).
 See ``naming`` for every object.
 
 What each broker call of ``group_add`` does besides its answer:

@@ -2,15 +2,16 @@
 
 A process-local channel ``foo!bar`` lives in one process, which reads its
 queue ``{prefix}:q:foo!``. Its membership of a group is a binding from the
-group's exchange straight to that queue (``naming.Topology.membership_binding``),
-so a group message reaches the queue **once**, however many of the
-process's channels are members: the broker delivers a message routed to one
-queue through several bindings once. This object, held by the layer,
-then makes one copy per member.
+group's exchange to the process's member exchange ``m:foo!``, which is
+bound to that queue (``naming.Topology.membership_binding``), the
+binding's arguments naming the member. So a group message reaches the
+queue **once**, however many of the process's channels are members: the
+broker delivers a message routed to one queue through several bindings
+once. This object, held by the layer, then makes one copy per member.
 
 It learns who the members are from *notices* that come through the same
 queue: ``group_add`` sends a join notice (with the lease's end) before it
-binds, and ``group_discard`` a leave notice after it unbinds. A notice
+binds, and ``group_discard`` a leave notice beside its unbinds. A notice
 confirmed before ``group_add`` returns is queued ahead of any group message
 sent after that, so a receive made after ``send_group`` returned finds the
 message and knows its members: no worker, no dead-lettering, and nothing

@@ -368,13 +368,13 @@ class GroupChurn(Worker):
         keep("queue", queue, config.channel_life())
         keep("exchange", "g:" + group, lease)
         keep("binding", "router>g:" + group, lease)
-        if "!" in channel:
-            # Bound from the group exchange straight to its process's queue.
-            keep("binding", "g:%s>%s %s@%d" % (group, queue, channel, stamp), lease)
-            return
-        keep("exchange", "m:" + channel, config.channel_life())
-        keep("binding", "m:%s>%s" % (channel, queue), config.channel_life())
-        keep("binding", "g:%s>m:%s@%d" % (group, channel, stamp), lease)
+        # A normal channel's own member exchange, or for a process-local
+        # channel its process's (m:foo!, shared by the process's channels),
+        # the binding's arguments naming the member.
+        member = queue[len("q:") :]
+        keep("exchange", "m:" + member, config.channel_life())
+        keep("binding", "m:%s>%s" % (member, queue), config.channel_life())
+        keep("binding", "g:%s>m:%s %s@%d" % (group, member, channel, stamp), lease)
 
 
 class ShortLivedChannels(Worker):

@@ -45,9 +45,21 @@ from .asgi_trials import (
     SEND_CHANNEL,
     WAKEUP_CHANNEL,
 )
-from .broker import LayerKeeper, MembershipKeeping, connection_parameters, layer_objects
+from .broker import (
+    IOThreadConnection,
+    LayerKeeper,
+    MembershipKeeping,
+    connection_parameters,
+    layer_objects,
+)
 from .harness import Contestant, RoundResult, Trial, register_contestant
-from .scenarios import DISCARD_FLOOR, MEMBERSHIP_CEILING, MESSAGE, SEND_THREADS
+from .scenarios import (
+    DISCARD_FLOOR,
+    MEMBERSHIP_ASYNC_CEILING,
+    MEMBERSHIP_CEILING,
+    MESSAGE,
+    SEND_THREADS,
+)
 
 # -- ASGI layers -------------------------------------------------------------------------
 
@@ -500,7 +512,7 @@ class RawPikaContestant(_RawBase):
         return trial
 
 
-class PipelinedPublisher(object):
+class PipelinedPublisher(IOThreadConnection):
     """Confirmed publishing as fast as pika goes: a ``SelectConnection`` owned
     by an I/O thread of its own, publisher confirms on, up to ``window``
     publishes unconfirmed.
@@ -520,9 +532,6 @@ class PipelinedPublisher(object):
     def __init__(self, url, window=1000, chunk=1000, timeout=10.0):
         self.window = window
         self.chunk = chunk
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        self.error = None
         self.channel = None
         self.next_tag = 0
         self.unconfirmed = collections.OrderedDict()  # delivery tag -> message index
@@ -533,29 +542,9 @@ class PipelinedPublisher(object):
         self.properties = pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack"
         )
-        parameters = connection_parameters(url)
-        parameters.heartbeat = 60  # the I/O thread answers heartbeats itself
-        self.connection = pika.SelectConnection(
-            parameters,
-            on_open_callback=self._on_open,
-            on_open_error_callback=lambda _c, exc: self._fail("open failed: %r" % (exc,)),
-            on_close_callback=lambda _c, exc: self._fail("connection closed: %r" % (exc,)),
-        )
-        self.thread = threading.Thread(
-            target=self.connection.ioloop.start, name="raw-pika-async-io", daemon=True
-        )
-        self.thread.start()
-        if not self.ready.wait(timeout) or self.error:
-            self.close()
-            raise RuntimeError(self.error or "the pipelined publisher did not open in time")
+        self.open(url, "raw-pika-async-io", timeout)
 
     # -- the I/O thread ----------------------------------------------------------------
-
-    def _fail(self, text):
-        if self.error is None:
-            self.error = text
-        self.ready.set()
-        self.done.set()
 
     def _on_open(self, connection):
         connection.channel(on_open_callback=self._on_channel)
@@ -640,21 +629,6 @@ class PipelinedPublisher(object):
         if self.error:
             errors.append(self.error)
         return self.starts, self.ends, self.acked, self.returned, errors
-
-    def close(self):
-        if self.thread.is_alive():
-
-            def stop():
-                if self.connection.is_open or self.connection.is_opening:
-                    self.connection.close()
-                self.connection.ioloop.stop()
-
-            self.error = self.error or "closed"
-            try:
-                self.connection.ioloop.add_callback_threadsafe(stop)
-            except Exception:
-                pass
-            self.thread.join(10)
 
 
 @register_contestant
@@ -964,7 +938,7 @@ class RawMembershipContestant(Contestant):
             finally:
                 keeper.forget(pairs + kept)
 
-        return Trial(op, prepare=prepare, finish=finish)
+        return Trial(op, prepare=prepare, finish=finish, pairs=pairs)
 
     def scenario_group_add(self, env, ops):
         return self._trial(ops, False, 1)
@@ -1012,6 +986,91 @@ class RawOneUnbindContestant(RawMembershipContestant):
         stamp = self.leases_sent.pop((group, member))
         channel.run_beside(*membership.discard_runs(self.topology, group, member, [stamp]))
         self.made.discard((group, member))
+
+
+@register_contestant
+class RawMembershipAsyncContestant(RawMembershipContestant):
+    """The threaded membership scenarios' ceiling in the layer's own shape:
+    one connection, one I/O thread, 8 memberships in flight
+    (``membership.AsyncMemberships``), doing the ceiling's broker work."""
+
+    name = MEMBERSHIP_ASYNC_CEILING
+    description = (
+        "the group-membership ceiling of (k) and (l) in the layer's shape: the broker "
+        "work of raw-pika-membership, but on one pika SelectConnection driven by an I/O "
+        "thread of its own, %d memberships in flight, each on an admin channel of its "
+        "own, every publish on one confirming channel; a membership's phases as "
+        "raw-pika-membership's (its calls built when it starts), each sent together and "
+        "waited for together in callbacks, no thread hand-off; timed from the first "
+        "membership's start to the last one's end. The same checks" % SEND_THREADS
+    )
+
+    scenario_group_add = None
+    scenario_group_discard = None
+
+    def setup(self, env):
+        super(RawMembershipAsyncContestant, self).setup(env)
+        self.driver = membership.AsyncMemberships(env.url, SEND_THREADS)
+
+    def teardown(self, env):
+        driver = getattr(self, "driver", None)
+        if driver is not None:
+            driver.close()
+        super(RawMembershipAsyncContestant, self).teardown(env)
+
+    def _phases(self, group, member, discard):
+        if discard:
+            unbinds, notices = membership.discard_runs(self.topology, group, member)
+            self.leases_sent.pop((group, member), None)
+            self.made.discard((group, member))
+            return [unbinds + notices]
+        stamp = self.topology.lease_stamp()
+        lease = self.leases_sent.get((group, member)) != stamp
+        self.leases_sent[(group, member)] = stamp
+        return membership.add_phases(
+            self.topology, group, member, stamp, lease=lease, made=self.made
+        )
+
+    def _async_trial(self, ops, discard):
+        blocking = self._trial(ops, discard, 1)  # its prepare and finish, and their pairs
+        pairs = blocking.pairs
+
+        def run(ops):
+            # The process's queue exists, as daphne's does (the driver sends
+            # a returned notice nowhere: it is an error there).
+            self.channels[0].run(
+                [
+                    membership.queue_declare(
+                        self.topology.channel_queue(base),
+                        self.topology.channel_queue_arguments(base),
+                    )
+                    for base in (REPLY_BASE, KEEP_BASE)
+                ]
+            )
+            blocking.prepare()
+            begin = time.perf_counter_ns()
+            try:
+                starts, ends = self.driver.run(
+                    len(pairs), lambda i: self._phases(pairs[i][0], pairs[i][1], discard)
+                )
+                errors = []
+            except RuntimeError as exc:
+                starts, ends, errors = [begin] * len(pairs), [0] * len(pairs), [str(exc)]
+            wall = (time.perf_counter_ns() - begin) / 1e9
+            durations = [max(0, end - start) if end else 0 for start, end in zip(starts, ends)]
+            result = RoundResult(
+                len(pairs), wall, list(starts), durations, [bool(end) for end in ends], errors, None
+            )
+            result.problems = list(blocking.finish() or [])
+            return result
+
+        return Trial(run=run)
+
+    def scenario_group_add_8t(self, env, ops):
+        return self._async_trial(ops, False)
+
+    def scenario_group_discard_8t(self, env, ops):
+        return self._async_trial(ops, True)
 
 
 class _RawMembershipKeeper(MembershipKeeping, asgi_trials.Keeper):

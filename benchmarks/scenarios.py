@@ -28,6 +28,8 @@ GROUP_MEMBERS = 100
 MEMBERSHIP_ROOMS = 4
 MEMBERSHIP_OPS = 400
 MEMBERSHIP_CEILING = "raw-pika-membership"
+# The ceiling of (k) and (l) in the layer's shape (``contestants.RawMembershipAsyncContestant``).
+MEMBERSHIP_ASYNC_CEILING = "raw-pika-membership-async"
 # The floor of a discard in the layer's design (``contestants.RawOneUnbindContestant``).
 DISCARD_FLOOR = "raw-pika-one-unbind"
 

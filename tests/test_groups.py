@@ -190,3 +190,20 @@ def test_queues_and_exchanges_go_away_after_their_ttls(broker, layer):
         interval=0.25,
         message="member exchange deleted",
     )
+
+
+def test_a_join_notice_the_full_process_queue_refused_binds_nothing(broker, new_layer):
+    """A publish of ``group_add`` not acked stops it before any binding. The
+    join notice, refused by a full process queue, goes again on its own
+    (``_notify``: up to 2 s for room, then ``ChannelFull``), and no binding
+    is made for a membership its process was never told of."""
+    layer = new_layer(broker, flush=True, group_expiry=60, capacity=2)
+    layer.send("full!x", {"n": 1})
+    layer.send("full!x", {"n": 2})
+    with pytest.raises(layer.ChannelFull):
+        layer.group_add("refused", "full!a")
+    assert layer.group_channels("refused") == []
+    assert [layer.receive(["full!"])[1] for _ in range(2)] == [{"n": 1}, {"n": 2}]
+    layer.group_add("refused", "full!a")  # room now: the same lease, told and bound
+    layer.send_group("refused", {"to": "refused"})
+    assert layer.receive(["full!"], block=True) == ("full!a", {"to": "refused"})

@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 _LEASES_REMEMBERED = 100000
 # Seconds group_add waits for room for a join notice in a full queue.
 NOTICE_PATIENCE = 2.0
+# Deletes a flush sends as one run, waited for within operation_timeout.
+FLUSH_RUN = 100
 # Seconds after which group_add declares a member exchange again at most.
 REMADE_AFTER = 600.0
 
@@ -532,13 +534,24 @@ class Groups(object):
         steps = [engine.queue_delete(q) for q in queues]
         steps += [engine.exchange_delete(x) for x in exchanges]
         steps.append(engine.queue_purge(self._topology.dead_letter_queue))
-        self._engine.declare(steps, "flush")
-        self._engine.forget_queues()
-        self._leases_sent.clear()
-        self._bound.clear()
-        self._member_exchanges.clear()
-        self._local_groups.forget()
-        self._infrastructure_pid = None  # the lease queue went
+        try:
+            # In runs of FLUSH_RUN, each waited for within operation_timeout:
+            # thousands of deletes sent as one run outlast it on a busy
+            # broker (each queue's costs it milliseconds), and the caller
+            # would hear "no answer" from a broker that was working.
+            for start in range(0, len(steps), FLUSH_RUN):
+                run = steps[start : start + FLUSH_RUN]
+                what = "flush (%d to %d of %d)" % (start + 1, start + len(run), len(steps))
+                self._engine.declare(run, what)
+        finally:
+            # Whatever went, this process's memory of it is forgotten: a
+            # flush stopped halfway leaves it declaring again, harmlessly.
+            self._leases_sent.clear()
+            self._bound.clear()
+            self._member_exchanges.clear()
+            self._local_groups.forget()
+            self._infrastructure_pid = None  # the lease queue went
+            self._engine.forget_queues()
 
     def ensure_infrastructure(self, again: bool = False) -> None:
         """Declare the shared objects once per process (and again after a 404)."""

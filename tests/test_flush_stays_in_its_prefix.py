@@ -107,23 +107,20 @@ def test_the_management_client_lists_nothing_for_an_empty_prefix():
 
 
 @pytest.mark.slow
-def test_a_flush_of_thousands_of_objects_is_not_one_wait(broker, base):
+def test_a_flush_of_thousands_of_objects_is_not_one_wait(broker, base, new_layer):
     """A flush deletes in runs, each waited for within ``operation_timeout``:
     2,000 queues outlast a timeout of two seconds when sent as one run (each
     delete costs the broker one to a few milliseconds), and the flush said
     "no answer" of a broker that was working. It deletes every one."""
-    layer = AMQPChannelLayer(url=broker.amqp_url, prefix=base, operation_timeout=2.0)
+    layer = new_layer(broker, prefix=base, operation_timeout=2.0)
+    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
     try:
-        connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
-        try:
-            channel = connection.channel()
-            names = ["%s:q:many.%d" % (base, n) for n in range(2000)]
-            for name in names:
-                channel._impl.queue_declare(name, durable=True, callback=None)
-            channel.queue_declare(names[-1], passive=True)  # all made before it answers
-        finally:
-            connection.close()
-        layer.flush()
-        assert not Management(broker).objects(base + ":q:many.")
+        channel = connection.channel()
+        names = ["%s:q:many.%d" % (base, n) for n in range(2000)]
+        for name in names:
+            channel._impl.queue_declare(name, durable=True, callback=None)
+        channel.queue_declare(names[-1], passive=True)  # all made before it answers
     finally:
-        layer.close()
+        connection.close()
+    layer.flush()
+    assert not Management(broker).objects(base + ":q:many.")

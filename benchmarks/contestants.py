@@ -856,14 +856,26 @@ class RawMembershipContestant(Contestant):
 
     # -- one membership ------------------------------------------------------------
 
-    def add(self, channel, group, member):
-        """``group_add(group, member)`` on ``channel`` (a ``PipelinedChannel``)."""
+    def _add_phases(self, group, member):
+        """``(stamp, phases)`` of ``group_add(group, member)``: the lease only
+        if this contestant did not send that stamp's, as the layer."""
         stamp = self.topology.lease_stamp()
-        key = (group, member)
-        lease = self.leases_sent.get(key) != stamp
-        phases = membership.add_phases(
+        lease = self.leases_sent.get((group, member)) != stamp
+        return stamp, membership.add_phases(
             self.topology, group, member, stamp, lease=lease, made=self.made
         )
+
+    def _discard_runs(self, group, member):
+        """``(unbinds, notices)`` of ``group_discard(group, member)``, what
+        this contestant remembers of the membership forgotten."""
+        self.leases_sent.pop((group, member), None)
+        self.made.discard((group, member))
+        return membership.discard_runs(self.topology, group, member)
+
+    def add(self, channel, group, member):
+        """``group_add(group, member)`` on ``channel`` (a ``PipelinedChannel``)."""
+        key = (group, member)
+        stamp, phases = self._add_phases(group, member)
         try:
             for phase in phases:
                 channel.run(phase)
@@ -879,9 +891,7 @@ class RawMembershipContestant(Contestant):
         self.leases_sent[key] = stamp
 
     def discard(self, channel, group, member):
-        channel.run_beside(*membership.discard_runs(self.topology, group, member))
-        self.leases_sent.pop((group, member), None)
-        self.made.discard((group, member))
+        channel.run_beside(*self._discard_runs(group, member))
 
     def send_group(self, group, message):
         body = msgpack.packb(message, use_bin_type=True)
@@ -982,10 +992,10 @@ class RawOneUnbindContestant(RawMembershipContestant):
     scenario_group_add = None
     scenario_group_add_8t = None
 
-    def discard(self, channel, group, member):
+    def _discard_runs(self, group, member):
         stamp = self.leases_sent.pop((group, member))
-        channel.run_beside(*membership.discard_runs(self.topology, group, member, [stamp]))
         self.made.discard((group, member))
+        return membership.discard_runs(self.topology, group, member, [stamp])
 
 
 @register_contestant
@@ -1020,16 +1030,11 @@ class RawMembershipAsyncContestant(RawMembershipContestant):
 
     def _phases(self, group, member, discard):
         if discard:
-            unbinds, notices = membership.discard_runs(self.topology, group, member)
-            self.leases_sent.pop((group, member), None)
-            self.made.discard((group, member))
+            unbinds, notices = self._discard_runs(group, member)
             return [unbinds + notices]
-        stamp = self.topology.lease_stamp()
-        lease = self.leases_sent.get((group, member)) != stamp
+        stamp, phases = self._add_phases(group, member)
         self.leases_sent[(group, member)] = stamp
-        return membership.add_phases(
-            self.topology, group, member, stamp, lease=lease, made=self.made
-        )
+        return phases
 
     def _async_trial(self, ops, discard):
         blocking = self._trial(ops, discard, 1)  # its prepare and finish, and their pairs

@@ -564,9 +564,7 @@ class AsyncMemberships(IOThreadConnection):
         if not job["phases"]:
             self._ends[job["index"]] = time.perf_counter_ns()
             self._finished += 1
-            self._start(job["channel"])
-            if self._finished == self._count:
-                self.done.set()
+            self._start(job["channel"])  # done once the last one finished
             return
         calls = job["phases"].pop()
         channel = job["channel"]

@@ -1,177 +1,228 @@
-"""Sends that daphne's reactor thread makes while the broker is away.
+"""Sends of daphne's reactor thread that wait: they never wait on the reactor.
 
-That thread never waits for the broker beyond one round trip: every
-connection of daphne waits with it. Before, a send there during an outage
-waited ``operation_timeout`` (5 s by default) for each frame, freezing
-daphne, and then raised ``OperationTimeout`` out of daphne's ``onMessage``,
-which Twisted answers by dropping the client's TCP connection: with a 16 s
-broker restart, 2 of 20 chat sockets were reset that way, and their
-clients heard nothing again.
+daphne's reactor thread never waits for the broker beyond one round trip:
+every connection of daphne waits with it. A send there is *parked*, and
+``send`` returns at once, when it cannot be published now:
 
-So such a send is *parked*: the publish stays with the I/O thread, which
-sends it on the next connection, in the order it was made, and ``send``
-returns at once. A socket's frames then reach the workers after the
-broker's return, none lost and none out of order (Channels'
-``enforce_ordering`` would wait for a missing one for good). The parked
-publish is seen to its end here, on the I/O thread, since nobody waits
-for it: confirmed, it is done; returned (its queue expired during the
-outage), the queue is declared and the message sent once more; refused
-(its queue is full) or failed (the layer closed), it is lost, and that is
-logged at WARNING with the channel and the cause. It was never a
-``ChannelFull`` to daphne, which had already moved on.
+* the broker is away (the send goes out once it is back);
+* sends parked before it still wait (it goes out behind them, so that a
+  socket's frames keep the order daphne made them in);
+* its channel refused it as full (it waits for room).
 
-Parked sends are bounded, ``MESSAGES`` and ``BYTES`` at most at a time:
-once they are full, a send on the reactor thread raises
-``BrokerUnreachable`` (a ``ChannelFull``) at once, and daphne answers 503
-or closes the socket with 1013, "try again later". A publish that was
-already on its way when the connection went is parked whatever the
-bound: it cannot be taken back. ASGI's ``expiry`` is a minimum, not a
-deadline: a parked message goes out however long the outage lasted, and
-lives ``expiry`` in its queue from then.
+Parked sends go out one at a time on the I/O thread, in the order they were
+parked, each when its channel takes it: a refusal is tried again after a
+short pause, a return (the queue expired while the broker was away)
+declares the queue and publishes again. One in flight at a time keeps the
+order: two in flight to a full queue could be refused and taken out of
+order. A send parked longer than ``expiry`` is dropped as an expired
+message would be, counted in ``expired`` and logged. Nothing is dropped for
+a full channel: daphne had accepted the frame, and its client would never
+be told.
 
-Only ``send`` parks, and only on the reactor thread: any other thread
-waits for an outage (``operation_timeout``, or through it on a worker
-thread: ``engine.outages``), and a caller that waits learns the outcome.
+The bound: ``MESSAGES`` and ``BYTES`` at most at a time. Beyond it the
+send raises ``ChannelFull`` at once (``BrokerUnreachable`` while the broker
+is away), and daphne answers 503 or closes the socket with 1013, "try
+again later". A publish that was on its way when the connection went
+is parked whatever the bound, as a copy its reader drops if the original
+arrived: it cannot be taken back.
 
-State: ``ParkedSends`` counts what is parked, under its lock (the reactor
-thread parks, the I/O thread ends). A ``ParkedSend`` is made on the
-reactor thread and, once parked, touched on the I/O thread only.
+State: ``ParkedSends`` is shared by the reactor thread (which parks) and
+the I/O thread (which publishes and pauses), under its one lock; a publish
+of the head is in flight, or its pause scheduled, only while ``_moving``.
 """
 
+import collections
 import logging
 import threading
-from typing import Any, Callable, Optional
+import time
+from typing import Any, Callable, Deque, NamedTuple, Optional
 
 import pika
 
-from .engine import ACKED, RETURNED, Engine, OnDone, Step
-from .errors import LayerClosed
+from .engine import ACKED, RETURNED, Engine, Step
+from .errors import BrokerUnreachable, ChannelFull, LayerClosed
 
 logger = logging.getLogger(__name__)
 
 # At most this many sends parked at a time, of at most this many bytes in all.
 MESSAGES = 10000
 BYTES = 64 * 1024 * 1024
+# The pause before a refused send is tried again: doubled up to the longest.
+FIRST_PAUSE = 0.01
+LONGEST_PAUSE = 0.25
+
+
+class ParkedSend(NamedTuple):
+    channel: str
+    queue: str
+    body: bytes
+    properties: pika.BasicProperties
+    marked: bool  # a copy of a publish that may have arrived
+    parked_at: float  # time.monotonic()
 
 
 class ParkedSends(object):
-    """The parked sends of one layer: their count and size, and their ends."""
+    """The parked sends of one layer, in order, and the one that is moving."""
 
     def __init__(
         self,
         engine: Engine,
         channel_queue_declare: Callable[[str], Step],
+        expiry: float,
         messages: int = MESSAGES,
         size: int = BYTES,
     ) -> None:
         self.engine = engine
         self.channel_queue_declare = channel_queue_declare  # the Sender's
+        self.expiry = expiry
         # The bound: parked sends at a time, and their bodies' bytes in all.
         self.messages_limit = messages
         self.bytes_limit = size
-        self._lock = threading.Lock()  # the reactor thread parks, the I/O thread ends
-        self.messages = 0  # parked now (under _lock)
+        self._lock = threading.Lock()
+        self._waiting: Deque[ParkedSend] = collections.deque()  # in order (under _lock)
         self._bytes = 0  # their bodies' size (under _lock)
-        self.lost = 0  # parked sends that were not delivered, since the layer began
+        self._moving = False  # the head is being published or paused (under _lock)
+        self._declared = False  # the head's queue was declared after a return (I/O thread)
+        self._pause = FIRST_PAUSE  # before the head is tried again (I/O thread)
+        self.delivered = 0  # parked sends confirmed, since the layer began
+        self.expired = 0  # dropped after ``expiry``
+        self.lost = 0  # not delivered for another reason (the layer closed)
 
-    def parking(
-        self, channel: str, queue: str, body: bytes, properties: pika.BasicProperties
-    ) -> "ParkedSend":
-        """A send's ``engine.Parking``: used only if the broker is away."""
-        return ParkedSend(self, channel, queue, body, properties)
+    @property
+    def messages(self) -> int:
+        return len(self._waiting)
 
-    def has_room(self, size: int) -> bool:
-        with self._lock:
-            return self.messages < self.messages_limit and self._bytes + size <= self.bytes_limit
+    def waiting(self) -> bool:
+        """Whether sends are parked: a new send of the reactor thread goes behind them."""
+        return bool(self._waiting)
 
-    def add(self, size: int) -> None:
-        with self._lock:
-            self.messages += 1
-            self._bytes += size
-
-    def remove(self, size: int, delivered: bool) -> None:
-        with self._lock:
-            self.messages -= 1
-            self._bytes -= size
-            if not delivered:
-                self.lost += 1
-
-
-class ParkedSend(object):
-    """One send of the reactor thread, parked while the broker is away."""
-
-    def __init__(
+    def park(
         self,
-        owner: ParkedSends,
         channel: str,
         queue: str,
         body: bytes,
         properties: pika.BasicProperties,
+        marked: bool = False,
     ) -> None:
-        self._owner = owner
-        self._channel = channel
-        self._queue = queue
-        self._body = body
-        self._properties = properties
-        self._declared = False
+        """Park a send, or raise ``ChannelFull`` at once when the bound is reached.
 
-    # -- engine.Parking --------------------------------------------------------
+        ``marked``: it was on its way when the connection went, and is parked
+        whatever the bound.
+        """
+        send = ParkedSend(channel, queue, body, properties, marked, time.monotonic())
+        with self._lock:
+            if not marked:
+                self._check_room(channel, len(body))
+            self._waiting.append(send)
+            self._bytes += len(body)
+            start, self._moving = not self._moving, True
+        logger.debug("send to %s parked", channel)
+        if start:
+            self._next()
 
-    def has_room(self) -> bool:
-        return self._owner.has_room(len(self._body))
+    def _check_room(self, channel: str, size: int) -> None:
+        """Under ``_lock``: raise unless one more send fits the bound."""
+        if len(self._waiting) >= self.messages_limit or self._bytes + size > self.bytes_limit:
+            why = "the sends parked on daphne's reactor thread fill their limit"
+            if self.engine.broker_away():
+                raise BrokerUnreachable(
+                    "send to %s: the broker is unreachable, and %s" % (channel, why)
+                )
+            raise ChannelFull("channel %s: %s" % (channel, why))
 
-    def park(self) -> OnDone:
-        self._owner.add(len(self._body))
-        logger.debug("send to %s parked until the broker is back", self._channel)
-        return self._published
+    # -- moving the head, on the I/O thread -----------------------------------------
 
-    # -- its end, on the I/O thread ------------------------------------------------
+    def _next(self) -> None:
+        """Publish the head, or stop moving when nothing waits; drops expired sends."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._moving = False
+                    return
+                head = self._waiting[0]
+                age = time.monotonic() - head.parked_at
+                if age <= self.expiry:
+                    break
+                self._remove_head()
+                self.expired += 1
+            logger.warning(
+                "a send to %s, parked on daphne's reactor thread, expired after %.0f s "
+                "without room in its channel or a broker to take it",
+                head.channel,
+                age,
+            )
+        try:
+            self.engine.submit_publish(
+                "",
+                head.queue,
+                head.body,
+                head.properties,
+                "send to %s" % head.channel,
+                self._published,
+                marked=head.marked,
+            )
+        except LayerClosed as exc:
+            self._lose_all(str(exc))
 
     def _published(self, outcome: Optional[str], error: Optional[BaseException]) -> None:
         if error is not None:
-            self._lose(str(error))
-        elif outcome == ACKED:
-            self._owner.remove(len(self._body), delivered=True)
+            self._lose_all(str(error))
+            return
+        head = self._waiting[0]
+        if outcome == ACKED:
+            with self._lock:
+                self._remove_head()
+                self.delivered += 1
+            self._declared, self._pause = False, FIRST_PAUSE
+            self._next()
         elif outcome == RETURNED and not self._declared:
             # Its queue expired while the broker was away: declare it, send again.
             self._declared = True
-            self._submit(
-                lambda: self._owner.engine.submit_declare(
-                    [self._owner.channel_queue_declare(self._channel)],
-                    "declare %s" % self._queue,
-                    self._declare_done,
+            self._run(
+                lambda: self.engine.submit_declare(
+                    [self.channel_queue_declare(head.channel)],
+                    "declare %s" % head.queue,
+                    self._declared_then_next,
                 )
             )
-        elif outcome == RETURNED:
-            self._lose("its queue %s disappears as soon as it is declared" % self._queue)
         else:
-            self._lose("the broker refused it: the channel is full")
+            # Refused (its channel is full), or returned again: wait, then again.
+            self._declared = outcome != RETURNED and self._declared
+            pause, self._pause = self._pause, min(2 * self._pause, LONGEST_PAUSE)
+            self._run(lambda: self.engine.submit_pause(pause, self._paused))
 
-    def _declare_done(self, _frame: Any, error: Optional[BaseException]) -> None:
+    def _declared_then_next(self, _frame: Any, error: Optional[BaseException]) -> None:
         if error is not None:
-            self._lose("declaring its queue failed: %s" % error)
+            self._lose_all("declaring its queue failed: %s" % error)
             return
-        self._submit(
-            lambda: self._owner.engine.submit_publish(
-                "",
-                self._queue,
-                self._body,
-                self._properties,
-                "send to %s" % self._channel,
-                self._published,
-            )
-        )
+        self._next()
 
-    def _submit(self, submit: Callable[[], None]) -> None:
+    def _paused(self, _value: Any, error: Optional[BaseException]) -> None:
+        if error is not None:
+            self._lose_all(str(error))
+            return
+        self._next()
+
+    def _run(self, submit: Callable[[], None]) -> None:
         try:
             submit()
         except LayerClosed as exc:
-            self._lose(str(exc))
+            self._lose_all(str(exc))
 
-    def _lose(self, why: str) -> None:
-        self._owner.remove(len(self._body), delivered=False)
-        logger.warning(
-            "a send to %s, parked while the broker was away, was not delivered: %s",
-            self._channel,
-            why,
-        )
+    def _remove_head(self) -> None:
+        """Under ``_lock``: the head is done with."""
+        head = self._waiting.popleft()
+        self._bytes -= len(head.body)
+
+    def _lose_all(self, why: str) -> None:
+        """The layer closed: every parked send is lost, and that is said once."""
+        with self._lock:
+            lost = len(self._waiting)
+            while self._waiting:
+                self._remove_head()
+            self.lost += lost
+            self._moving = False
+        if lost:
+            logger.warning(
+                "%d sends parked on daphne's reactor thread were not delivered: %s", lost, why
+            )

@@ -68,9 +68,9 @@ class Sender(object):
         self._id_token = secrets.token_hex(8)
         self._id_pid = os.getpid()
         self._id_counter = itertools.count()
-        # What daphne's reactor thread sends while the broker is away
-        # (``parked_sends``; thread-safe, counted under its own lock).
-        self.parked_sends = ParkedSends(engine, self.channel_queue_declare)
+        # What daphne's reactor thread could not send at once (``parked_sends``;
+        # the reactor thread parks, the I/O thread sends, under its own lock).
+        self.parked_sends = ParkedSends(engine, self.channel_queue_declare, topology.expiry)
 
     def send(self, channel: str, message: Message) -> None:
         check_channel_name(channel)
@@ -78,12 +78,9 @@ class Sender(object):
         queue = self._topology.channel_queue(channel)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
         properties = self.properties(headers)
-        # daphne's reactor thread parks a send while the broker is away.
-        parking = (
-            self.parked_sends.parking(channel, queue, body, properties)
-            if on_reactor_thread()
-            else None
-        )
+        if on_reactor_thread():
+            self._send_without_waiting(channel, queue, body, properties)
+            return
         outcome = self.engine.publish(
             "",
             queue,
@@ -92,9 +89,33 @@ class Sender(object):
             True,
             "send to %s" % channel,
             alarm_wait=self.operation_timeout,
-            parking=parking,
         )
         self.finish_send(channel, queue, body, properties, outcome)
+
+    def _send_without_waiting(
+        self, channel: str, queue: str, body: bytes, properties: pika.BasicProperties
+    ) -> None:
+        """daphne's reactor thread: sent within a round trip, or parked (``parked_sends``)."""
+        parked = self.parked_sends
+        if parked.waiting() or self.engine.broker_away():
+            parked.park(channel, queue, body, properties)
+            return
+        outcome = self.engine.publish(
+            "",
+            queue,
+            body,
+            properties,
+            True,
+            "send to %s" % channel,
+            alarm_wait=self.operation_timeout,
+            parks=True,
+        )
+        if outcome == PARKED:  # on its way when the broker went: it may have arrived
+            parked.park(channel, queue, body, properties, marked=True)
+        elif outcome == NACKED:  # full, or between leaders: it waits for room
+            parked.park(channel, queue, body, properties)
+        else:
+            self.finish_send(channel, queue, body, properties, outcome)
 
     def encode(self, message: Message) -> bytes:
         """``message`` as a body to publish (``MessageTooLarge``, ``TypeError``)."""
@@ -109,7 +130,7 @@ class Sender(object):
         outcome: str,
     ) -> None:
         """Carry a publish the broker refused or returned to its end: sent, or raised."""
-        if outcome == ACKED or outcome == PARKED:
+        if outcome == ACKED:
             return  # the usual case: nothing to build, no thread to ask about
         what = "send to %s" % channel
         attempts = SendAttempts(

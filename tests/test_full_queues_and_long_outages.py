@@ -33,14 +33,15 @@ from helpers import as_reactor_thread, wait_until
 
 FULL_ON_THE_REACTOR = textwrap.dedent("""
     import json, sys, time
-    from twisted.internet import reactor
+    from twisted.internet import reactor, threads
     from asgi_amqp import AMQPChannelLayer
     from asgi_amqp.twisted_support import on_reactor_thread
 
     url, management_url, prefix, queue_type = sys.argv[1:5]
     layer = AMQPChannelLayer(url=url, management_url=management_url or None, prefix=prefix,
                              capacity=10, queue_type=queue_type, operation_timeout=10)
-    results = {}
+    layer.sender.parked_sends.messages_limit = 10
+    results = {"sends": []}
 
     def timed_send(message):
         started = time.monotonic()
@@ -53,19 +54,25 @@ FULL_ON_THE_REACTOR = textwrap.dedent("""
             outcome = repr(exc)
         return [outcome, time.monotonic() - started]
 
+    def read_all():
+        got = []
+        while True:
+            channel, message = layer.receive(["storm.full"], block=True)
+            if channel is None:
+                return got
+            got.append(message["n"])
+
     def start():
+        results["on_reactor_thread"] = on_reactor_thread()
+        results["sends"] = [timed_send({"n": n}) for n in range(30)]
+        results["parked"] = layer.sender.parked_sends.messages
+        threads.deferToThread(read_all).addBoth(finish)
+
+    def finish(got):
         try:
-            results["on_reactor_thread"] = on_reactor_thread()
-            filled = 0
-            while timed_send({"n": filled})[0] == "sent":
-                filled += 1
-            results["filled"] = filled
-            results["at_capacity"] = timed_send({"again": 1})
-            layer.receive(["storm.full"])  # a reader takes one
-            results["one_taken"] = timed_send({"after_one": 1})
-            while layer.receive(["storm.full"])[0] is not None:
-                pass  # a reader empties it
-            results["emptied"] = timed_send({"after_all": 1})
+            results["received"] = got if isinstance(got, list) else repr(got)
+            results["parked_after"] = layer.sender.parked_sends.messages
+            results["delivered"] = layer.sender.parked_sends.delivered
         finally:
             layer.flush()
             layer.close()
@@ -84,24 +91,21 @@ PROMPT = 1.0
 
 @pytest.mark.slow
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_a_full_queue_refuses_at_once_on_the_reactor_thread(broker, queue_type):
+def test_a_full_channel_parks_the_reactors_sends_until_there_is_room(broker, queue_type):
+    """daphne's frames into a full channel wait for room in order, and the
+    reactor never waits: ``ChannelFull`` comes at once only when the parked
+    sends fill their bound. Before, each was ``ChannelFull`` (daphne closes
+    the socket) or, parked through an outage, dropped when refused."""
     results = run_child(FULL_ON_THE_REACTOR, broker, queue_type)
     assert results["on_reactor_thread"] is True
-    # A classic queue takes its capacity; a quorum queue one more (its
-    # x-max-length is capacity - 1; it admits one past that).
-    assert results["filled"] == 10
-    outcome, seconds = results["at_capacity"]
-    assert outcome == "full" and seconds < PROMPT, results
-    outcome, seconds = results["one_taken"]
-    if queue_type == "classic":
-        # A reader made room: the next send goes in.
-        assert outcome == "sent" and seconds < PROMPT, results
-    else:
-        # A full quorum queue refuses until it is down to 80 % of its
-        # limit: 9 left is still full, and ChannelFull comes at once.
-        assert outcome == "full" and seconds < PROMPT, results
-    outcome, seconds = results["emptied"]
-    assert outcome == "sent" and seconds < PROMPT, results
+    outcomes = [outcome for outcome, _ in results["sends"]]
+    # 10 fill the channel (a quorum queue's x-max-length is capacity - 1, and
+    # it admits one past it), 10 are parked, and the bound refuses the rest.
+    assert outcomes == ["sent"] * 20 + ["full"] * 10, results
+    assert max(seconds for _, seconds in results["sends"]) < PROMPT, results
+    assert results["parked"] == 10
+    assert results["received"] == list(range(20)), results
+    assert (results["parked_after"], results["delivered"]) == (0, 10)
 
 
 @pytest.mark.slow

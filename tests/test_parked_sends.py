@@ -1,133 +1,163 @@
-"""A parked send is seen to its end, and nothing in it is lost unsaid (no broker).
+"""Parked sends go out in order, wait for room, and end delivered or expired (no broker).
 
-``parked_sends`` ends on the I/O thread what daphne's reactor thread sent
-while the broker was away: here its outcomes come from a stand-in for the
-engine's two non-waiting calls, and ``Pending.hand_over`` is checked for
-its one promise, that the outcome reaches the parking exactly once.
-``test_full_queues_and_long_outages`` runs it through a real outage.
+``parked_sends`` publishes one parked send at a time on the I/O thread:
+here the engine's non-waiting calls are recorded by a stand-in and
+answered by the test, as the I/O thread would answer them.
+``test_full_queues_and_long_outages`` runs it against a real broker.
 """
 
 import logging
-import threading
 
 import pika
 import pytest
 
+from asgi_amqp import parked_sends
 from asgi_amqp.engine import ACKED, NACKED, RETURNED
-from asgi_amqp.engine.futures import Pending
-from asgi_amqp.errors import LayerClosed
+from asgi_amqp.errors import BrokerUnreachable, ChannelFull, LayerClosed
 from asgi_amqp.parked_sends import ParkedSends
 
 
 class Submitted(object):
-    """The engine's ``submit_declare`` and ``submit_publish``: recorded, answered by the test."""
+    """The engine's ``submit_*`` calls: recorded, answered by the test."""
 
-    def __init__(self, closed=False):
+    def __init__(self, closed=False, away=False):
         self.calls = []
         self.closed = closed
+        self.away = away
+
+    def broker_away(self):
+        return self.away
 
     def submit_declare(self, steps, what, on_done):
         self._submit(("declare", what, on_done))
 
-    def submit_publish(self, exchange, routing_key, body, properties, what, on_done):
-        self._submit(("publish", routing_key, on_done))
+    def submit_publish(self, exchange, routing_key, body, properties, what, on_done, marked=False):
+        self._submit(("publish", body, on_done, marked))
+
+    def submit_pause(self, seconds, on_done):
+        self._submit(("pause", seconds, on_done))
 
     def _submit(self, call):
         if self.closed:
             raise LayerClosed("the layer is closed")
         self.calls.append(call)
 
-
-def parked_send(engine, body=b"frame"):
-    sends = ParkedSends(engine, lambda channel: ("declare", channel), messages=2, size=10)
-    send = sends.parking("websocket.receive", "p:q:websocket.receive", body, pika.BasicProperties())
-    return sends, send
+    def answer(self, *result):
+        """Answer the last call, as the I/O thread would."""
+        self.calls[-1][2](*result)
 
 
-def test_a_confirmed_parked_send_ends_delivered():
-    sends, send = parked_send(Submitted())
-    assert send.has_room()
-    on_done = send.park()
-    assert sends.messages == 1
-    on_done(ACKED, None)
-    assert (sends.messages, sends.lost) == (0, 0)
+def parked(engine, messages=10, size=1000, expiry=60.0):
+    return ParkedSends(engine, lambda channel: ("declare", channel), expiry, messages, size)
 
 
-def test_a_returned_parked_send_declares_its_queue_and_goes_again(caplog):
+def park(sends, body, **kw):
+    sends.park("websocket.receive", "p:q:websocket.receive", body, pika.BasicProperties(), **kw)
+
+
+def test_parked_sends_go_one_at_a_time_in_order():
     engine = Submitted()
-    sends, send = parked_send(engine)
-    on_done = send.park()
-    on_done(RETURNED, None)
-    ((kind, what, declared),) = engine.calls
+    sends = parked(engine)
+    for body in (b"0", b"1", b"2"):
+        park(sends, body)
+    assert sends.waiting() and sends.messages == 3
+    assert [c[1] for c in engine.calls] == [b"0"]  # only the head is in flight
+    for expected in (b"0", b"1", b"2"):
+        assert engine.calls[-1][:2] == ("publish", expected)
+        engine.answer(ACKED, None)
+    assert not sends.waiting() and (sends.delivered, sends.lost, sends.expired) == (3, 0, 0)
+    park(sends, b"3")  # nothing moving: it goes at once
+    assert engine.calls[-1][:2] == ("publish", b"3")
+
+
+def test_a_refused_send_waits_for_room_and_keeps_its_place(caplog):
+    caplog.set_level(logging.WARNING, logger="asgi_amqp")
+    engine = Submitted()
+    sends = parked(engine)
+    park(sends, b"0")
+    park(sends, b"1")
+    pauses = []
+    for _ in range(8):  # the channel stays full a while: each refusal pauses longer
+        engine.answer(NACKED, None)
+        kind, seconds, _ = engine.calls[-1]
+        assert kind == "pause"
+        pauses.append(seconds)
+        engine.answer(None, None)
+        assert engine.calls[-1][:2] == ("publish", b"0")  # the same head again
+    assert pauses == sorted(pauses) and pauses[0] < pauses[-1] <= 0.25
+    engine.answer(ACKED, None)
+    assert engine.calls[-1][:2] == ("publish", b"1")
+    engine.answer(ACKED, None)
+    assert (sends.delivered, sends.lost, sends.expired) == (2, 0, 0)
+    assert not caplog.records  # nothing dropped, nothing to say
+
+
+def test_a_returned_send_declares_its_queue_and_goes_again():
+    engine = Submitted()
+    sends = parked(engine)
+    park(sends, b"0")
+    engine.answer(RETURNED, None)
+    kind, what, _ = engine.calls[-1]
     assert kind == "declare" and "p:q:websocket.receive" in what
-    declared(object(), None)
-    kind, queue, published = engine.calls[1]
-    assert (kind, queue) == ("publish", "p:q:websocket.receive")
-    published(ACKED, None)
-    assert (sends.messages, sends.lost) == (0, 0)
-    assert not caplog.records
+    engine.answer(object(), None)
+    assert engine.calls[-1][:2] == ("publish", b"0")
+    engine.answer(ACKED, None)
+    assert sends.delivered == 1
 
 
-@pytest.mark.parametrize(
-    "answer, why",
-    [
-        ((NACKED, None), "the channel is full"),
-        ((None, LayerClosed("the layer is closed")), "the layer is closed"),
-    ],
-)
-def test_a_parked_send_that_is_lost_says_so(caplog, answer, why):
+class Clock(object):
+    now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+def test_a_send_parked_longer_than_expiry_expires_and_says_so(caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="asgi_amqp")
-    sends, send = parked_send(Submitted())
-    send.park()(*answer)
-    assert (sends.messages, sends.lost) == (0, 1)
-    (record,) = caplog.records
-    assert record.levelno == logging.WARNING
-    assert "websocket.receive" in record.getMessage() and why in record.getMessage()
-
-
-def test_a_second_return_or_a_closed_layer_ends_it_lost(caplog):
-    caplog.set_level(logging.WARNING, logger="asgi_amqp")
+    clock = Clock()
+    monkeypatch.setattr(parked_sends, "time", clock)
     engine = Submitted()
-    sends, send = parked_send(engine)
-    send.park()(RETURNED, None)
-    engine.calls[0][2](object(), None)
-    engine.calls[1][2](RETURNED, None)
-    assert (sends.messages, sends.lost) == (0, 1)
-    assert "disappears" in caplog.records[-1].getMessage()
-    closed = Submitted(closed=True)
-    sends, send = parked_send(closed)
-    send.park()(RETURNED, None)
-    assert (sends.messages, sends.lost) == (0, 1)
-    assert "closed" in caplog.records[-1].getMessage()
+    sends = parked(engine, expiry=60)
+    park(sends, b"0")
+    park(sends, b"1")
+    clock.now += 61
+    engine.answer(NACKED, None)
+    engine.calls[-1][2](None, None)  # the pause ends: both are older than expiry
+    assert not sends.waiting() and (sends.delivered, sends.expired) == (0, 2)
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2
+    assert "expired" in caplog.records[0].getMessage()
 
 
 def test_the_bound_counts_messages_and_bytes():
-    sends, send = parked_send(Submitted(), body=b"12345")
-    send.park()
-    assert send.has_room()  # 2 messages, 10 bytes: one more of 5 fits
-    send.park()
-    assert not send.has_room()  # 2 messages parked
-    sends, big = parked_send(Submitted(), body=b"x" * 11)
-    assert not big.has_room()  # larger than the bytes bound alone
+    sends = parked(Submitted(), messages=2, size=10)
+    park(sends, b"12345")
+    park(sends, b"12345")
+    with pytest.raises(ChannelFull, match="fill their limit"):
+        park(sends, b"1")  # 2 messages parked
+    away = parked(Submitted(away=True), size=10)
+    with pytest.raises(BrokerUnreachable, match="unreachable"):
+        park(away, b"x" * 11)  # larger than the bytes bound alone
+    park(away, b"x" * 11, marked=True)  # on its way already: parked whatever the bound
 
 
-def test_hand_over_reaches_the_parking_once_whoever_comes_first():
-    # Handed over first: the resolving thread calls it.
-    pending, seen = Pending("send"), []
-    pending.hand_over(lambda value, error: seen.append((value, error)))
-    assert pending.resolve(ACKED)
-    assert seen == [(ACKED, None)]
-    # Resolved first: hand_over calls it at once.
-    pending, seen = Pending("send"), []
-    error = LayerClosed("closed")
-    pending.fail(error)
-    pending.hand_over(lambda value, error: seen.append((value, error)))
-    assert seen == [(None, error)]
-    # A race, many times: exactly once each.
-    for _ in range(200):
-        pending, seen = Pending("send"), []
-        resolver = threading.Thread(target=pending.resolve, args=(ACKED,))
-        resolver.start()
-        pending.hand_over(lambda value, error, seen=seen: seen.append(value))
-        resolver.join(5)
-        assert seen == [ACKED]
+def test_a_closed_layer_loses_every_parked_send_and_says_so_once(caplog):
+    caplog.set_level(logging.WARNING, logger="asgi_amqp")
+    engine = Submitted()
+    sends = parked(engine)
+    park(sends, b"0")
+    park(sends, b"1")
+    engine.answer(None, LayerClosed("the layer is closed"))
+    assert not sends.waiting() and sends.lost == 2
+    (record,) = caplog.records
+    assert "2 sends" in record.getMessage() and "closed" in record.getMessage()
+    closed = Submitted(closed=True)
+    sends = parked(closed)
+    park(sends, b"0")
+    assert sends.lost == 1
+
+
+def test_a_copy_of_a_publish_that_may_have_arrived_goes_marked():
+    engine = Submitted()
+    sends = parked(engine)
+    park(sends, b"0", marked=True)
+    assert engine.calls[-1][3] is True

@@ -70,9 +70,9 @@ from .deliveries import Delivery, ForgetQueues, HandedOff
 from .futures import OnDone, Pending
 from .getter.waves import Poll
 from .io import IOThread
-from .outages import PARKED, OutageNotice, Parking, WorkerThread, unreachable, wait_while_reachable
+from .outages import PARKED, OutageNotice, WorkerThread, unreachable, wait_while_reachable
 from .publisher import ACKED, NACKED, RETURNED, Publish
-from .work import Queues, Work
+from .work import Pause, Queues, Work
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,6 @@ __all__ = [
     "NACKED",
     "RETURNED",
     "PARKED",
-    "Parking",
     "OnDone",
     "exchange_bind",
     "exchange_declare",
@@ -278,7 +277,7 @@ class Engine(object):
         fans_out: bool = False,
         *,
         alarm_wait: float,
-        parking: Optional[Parking] = None,
+        parks: bool = False,
     ) -> str:
         """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``.
 
@@ -294,10 +293,10 @@ class Engine(object):
         ``marked``: sent as a possible copy (its reader drops it if it has
         the original); ``fans_out``: a group send (``io.restart_hold``).
 
-        ``parking``, given by a send on daphne's reactor thread: while the
-        broker is away, or once it goes away during the wait, the publish
-        is handed to it and ``PARKED`` returned at once (``outages`` says
-        why); ``BrokerUnreachable`` if it has no room.
+        ``parks``, for a send on daphne's reactor thread: when the broker
+        goes away during the wait, the publish is given up and ``PARKED``
+        returned at once; the caller parks a marked copy of it
+        (``parked_sends`` says why).
         """
         deadline = None  # set at the first block: nothing extra on the usual path
         while True:
@@ -306,8 +305,8 @@ class Engine(object):
             )
             publish.maybe_delivered = marked
             try:
-                if parking is not None:
-                    return self._publish_or_park(publish, parking)
+                if parks:
+                    return self._publish_or_park(publish)
                 return self._submit_and_wait(publish)
             except BrokerBlocked:
                 if self._never_waits():
@@ -320,20 +319,21 @@ class Engine(object):
                 # the copy is marked, so its reader drops it if it has both.
                 marked = True
 
-    def _publish_or_park(self, publish: Publish, parking: Parking) -> str:
-        """The outcome within a round trip, or ``PARKED`` while the broker is away."""
+    def _publish_or_park(self, publish: Publish) -> str:
+        """The outcome within a round trip, or ``PARKED`` once the broker went away."""
         io = self._running_io()
         pending = publish.pending
-        if io.outage() and not parking.has_room():
-            raise unreachable(
-                io, pending.description, "the sends parked for its return fill their limit"
-            )
         io.submit(publish)
         if not wait_while_reachable(io, pending, self.operation_timeout) and io.outage():
-            pending.hand_over(parking.park())  # on its way already: parked whatever the room
-            return PARKED
+            if pending.abandon():  # given up: the caller parks a marked copy
+                return PARKED
         outcome: str = pending.result(0.0)  # or OperationTimeout: connected, no answer
         return outcome
+
+    def broker_away(self) -> bool:
+        """Whether the I/O thread has lost its connection and not made a new one."""
+        io = self._io
+        return io is not None and self.started_here and io.outage() > 0
 
     def submit_publish(
         self,
@@ -343,10 +343,19 @@ class Engine(object):
         properties: pika.BasicProperties,
         what: str,
         on_done: OnDone,
+        marked: bool = False,
     ) -> None:
-        """Publish (mandatory) without waiting: ``on_done(outcome, error)`` on the I/O thread."""
+        """Publish (mandatory) without waiting: ``on_done(outcome, error)`` on the I/O thread.
+
+        It waits through outages, carried to the next connection; ``marked``
+        sends it as a copy its reader drops if it has the original."""
         publish = Publish(Pending(what, on_done), exchange, routing_key, body, properties, True)
+        publish.maybe_delivered = marked
         self._running_io().submit(publish)
+
+    def submit_pause(self, seconds: float, on_done: OnDone) -> None:
+        """``on_done(None, None)`` on the I/O thread, ``seconds`` from now."""
+        self._running_io().submit(Pause(Pending("pause", on_done), seconds))
 
     def submit_declare(self, steps: Sequence[Step], what: str, on_done: OnDone) -> None:
         """Run topology steps without waiting: ``on_done(frame, error)`` on the I/O thread."""

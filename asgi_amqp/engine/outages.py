@@ -12,18 +12,17 @@ daphne's reactor thread is the opposite: it never waits for the broker
 beyond one round trip, since every connection of daphne waits with it
 (``Engine.publish`` and ``Engine._submit_and_wait``). ``wait_while_reachable``
 is its wait: it ends as soon as the broker is away. A send it makes then
-is handed to a ``Parking`` (the layer's ``parked_sends``): the publish
-stays with the I/O thread, which sends it on the next connection, and the
-parking sees it to its end. Anything else raises ``BrokerUnreachable``.
+is parked by the layer (``parked_sends``); anything else raises
+``BrokerUnreachable``.
 """
 
 import logging
 import threading
 import time
-from typing import Optional, Protocol
+from typing import Optional
 
 from ..errors import BrokerUnreachable
-from .futures import OnDone, Pending
+from .futures import Pending
 from .io import IOThread
 
 logger = logging.getLogger(__name__)
@@ -62,22 +61,11 @@ class OutageNotice(object):
         )
 
 
-# Engine.publish's outcome for a publish handed to a ``Parking``.
+# Engine.publish's outcome for a publish given up when the broker went away.
 PARKED = "parked"
 
 # How often a wait on daphne's reactor thread looks whether the broker is away.
 REACHABLE_CHECK = 0.05
-
-
-class Parking(Protocol):
-    """Where a publish of daphne's reactor thread goes while the broker is away."""
-
-    def has_room(self) -> bool:
-        """Whether one more publish may be parked (asked before it is handed over)."""
-
-    def park(self) -> OnDone:
-        """Count one more parked publish; its outcome goes to what this returns,
-        ``on_done(outcome, error)``, on the I/O thread."""
 
 
 def wait_while_reachable(io: IOThread, pending: Pending, timeout: float) -> bool:

@@ -54,3 +54,21 @@ class Work(object):
 
     def __call__(self, session: "Session") -> None:
         raise NotImplementedError
+
+
+class Pause(Work):
+    """``pending`` resolves ``seconds`` after the I/O thread runs it: a timer for
+    work that waits without a caller (``parked_sends``). On a lost connection
+    it runs again on the next one, and its first timer resolves nothing twice."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, pending: Pending, seconds: float) -> None:
+        super().__init__(pending)
+        self.seconds = seconds
+
+    def __call__(self, session: "Session") -> None:
+        session.connection.ioloop.call_later(self.seconds, self._end)
+
+    def _end(self) -> None:
+        self.pending.resolve(None)

@@ -609,6 +609,7 @@ def run(
     persistent=False,
     management_plugin=False,
     operation_timeout=None,
+    capacity=100,
 ):
     """Run the stack through faults; returns the report (a dict).
 
@@ -677,10 +678,6 @@ class FaultRun(object):
         # The one disruption's figures are named after it (lost_at_restart,
         # lost_at_node_loss...).
         self.label = "node_loss" if self.node_loss else "restart"
-        per_room = max(1, self.clients // max(1, self.rooms))
-        self.capacity = max(
-            1000, int(self.clients * self.rate * (self.restart_pause + 15) * per_room)
-        )
         self.own_node = self.node is None and not self.node_loss
         self.own_cluster = self.node_loss and self.cluster is None
         self.prefix = "faults-%s" % uuid.uuid4().hex[:8]

@@ -100,6 +100,12 @@ class AMQPChannelLayer(BaseChannelLayer):
     :param hosts: the node list under the name asgi_redis uses: a list of
         AMQP URLs, the same as a list in ``url``. asgi_redis's ``(host,
         port)`` pairs are refused with an error that names ``url``.
+    :param ordered_channels: the channels whose messages with a
+        ``reply_channel`` and an integer ``order`` reach one receiving
+        process at a time per reply channel, in order (ASGI 1.0's
+        ``websocket.connect``, ``websocket.receive`` and
+        ``websocket.disconnect``; see ``docs/topology.rst``). Normal channel
+        names only; an empty list turns it off.
 
 
     Its parts, which its methods call: ``sender`` (a ``sending.Sender``),
@@ -137,6 +143,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         *,
         persistent: bool = False,
         hosts: Optional[Sequence[str]] = None,
+        ordered_channels: Sequence[str] = naming.ORDERED_CHANNELS,
     ) -> None:
         super(AMQPChannelLayer, self).__init__(
             expiry=expiry,
@@ -178,7 +185,12 @@ class AMQPChannelLayer(BaseChannelLayer):
                     "channel_capacity values must be positive integers, not %r" % (value,)
                 )
         self.topology = naming.Topology(
-            prefix, expiry, group_expiry, self.get_capacity, queue_type=queue_type
+            prefix,
+            expiry,
+            group_expiry,
+            self.get_capacity,
+            queue_type=queue_type,
+            ordered_channels=_ordered_channels(ordered_channels),
         )
         self._serializer = Serializer(max_message_size, symmetric_encryption_keys)
         self._management_url = (
@@ -452,6 +464,21 @@ def _urls_from_hosts(hosts: Sequence[str], url: object) -> List[str]:
             "(host, port) pairs are asgi_redis's form: give the broker as 'url'"
         )
     return hosts
+
+
+def _ordered_channels(channels: object) -> Tuple[str, ...]:
+    """``ordered_channels`` checked: normal channel names only."""
+    if isinstance(channels, (str, bytes)) or not isinstance(
+        channels, (list, tuple, set, frozenset)
+    ):
+        raise ValueError("ordered_channels must be a list of channel names, not %r" % (channels,))
+    for channel in channels:
+        check_channel_name(channel)
+        if "!" in channel or "?" in channel:
+            raise ValueError(
+                "ordered_channels takes normal channel names only, not %r" % (channel,)
+            )
+    return tuple(channels)
 
 
 def _positive(name: str, value: object) -> None:

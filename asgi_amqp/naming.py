@@ -13,6 +13,15 @@ The topology (all objects are durable; transient messages live in them):
     to the layer's dead-letter exchange so that an expired message can drop
     its channel from every group.
 
+``{prefix}:q:{channel}#{shard}``
+    The ``ORDERED_SHARDS`` shards of an *ordered* channel (the layer's
+    ``ordered_channels``: ASGI's ``websocket.connect``, ``websocket.receive``
+    and ``websocket.disconnect``). A message with a ``reply_channel`` and an
+    integer ``order`` goes to the shard its reply channel hashes to, so one
+    socket's frames stay in one queue; the shards have the channel queue's
+    arguments plus ``x-single-active-consumer``, so one process at a time
+    takes a shard's messages, in order (``engine.consumers.balance``).
+
 ``{prefix}:groups``
     A direct exchange that always exists. ``send_group`` publishes to it with
     the group name as routing key, so a send to a group nobody joined is
@@ -74,12 +83,19 @@ back unambiguously.
 import math
 import re
 import time
+import zlib
 from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple, Union
 
 from . import errors
 from .channel_names import is_process_local, non_local_name
 
 SEPARATOR = ":"
+# An ordered channel's shard queue is ``{prefix}:q:{channel}#{shard}``: ``#``
+# is never part of an ASGI name, so the channel parses back.
+SHARD_MARK = "#"
+ORDERED_SHARDS = 16  # shards of one ordered channel
+# ASGI 1.0's channels whose messages carry ``reply_channel`` and ``order``.
+ORDERED_CHANNELS = ("websocket.connect", "websocket.receive", "websocket.disconnect")
 CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
 KIND_HEADER = "asgi-kind"
@@ -141,6 +157,7 @@ class Topology(object):
         group_expiry: float,
         capacity_for: Callable[[str], int],
         queue_type: str = "classic",
+        ordered_channels: Tuple[str, ...] = ORDERED_CHANNELS,
     ) -> None:
         check_prefix(prefix)
         if queue_type not in QUEUE_TYPES:
@@ -152,6 +169,8 @@ class Topology(object):
         self.expiry = expiry
         self.group_expiry = group_expiry
         self._capacity_for = capacity_for
+        # Channels whose messages with a reply channel and an order go to shards.
+        self.ordered_channels = frozenset(ordered_channels)
 
     def _name(self, kind: str, *parts: str) -> str:
         return SEPARATOR.join((self.prefix, kind) + parts)
@@ -188,6 +207,28 @@ class Topology(object):
     def channel_queue(self, channel: str) -> str:
         """The queue that holds messages for ``channel`` (``foo!bar`` -> ``foo!``)."""
         return self._name("q", non_local_name(channel))
+
+    def shard_queue(self, channel: str, reply_channel: str) -> str:
+        """The shard of ordered ``channel`` that holds ``reply_channel``'s messages."""
+        shard = zlib.crc32(reply_channel.encode("utf8")) % ORDERED_SHARDS
+        return "%s%s%d" % (self.channel_queue(channel), SHARD_MARK, shard)
+
+    def shard_queues(self, channel: str) -> Tuple[str, ...]:
+        """Every shard queue of ``channel``: none unless it is ordered."""
+        if channel not in self.ordered_channels:
+            return ()
+        queue = self.channel_queue(channel)
+        return tuple("%s%s%d" % (queue, SHARD_MARK, i) for i in range(ORDERED_SHARDS))
+
+    def send_queue(self, channel: str, message: Any) -> str:
+        """The queue a message for ``channel`` goes to: its reply channel's
+        shard for an ordered channel's message with ``reply_channel`` and an
+        integer ``order``, else the channel's queue."""
+        if channel in self.ordered_channels and isinstance(message, dict):
+            reply, order = message.get("reply_channel"), message.get("order")
+            if isinstance(reply, str) and isinstance(order, int) and not isinstance(order, bool):
+                return self.shard_queue(channel, reply)
+        return self.channel_queue(channel)
 
     def group_exchange(self, group: str) -> str:
         return self._name("g", group)
@@ -276,8 +317,10 @@ class Topology(object):
         return None
 
     def channel_of_queue(self, queue: str) -> Optional[str]:
-        """``{prefix}:q:foo`` -> ``foo`` (``foo!`` for process-local queues)."""
-        return self._strip("q", queue)
+        """``{prefix}:q:foo`` -> ``foo`` (``foo!`` for process-local queues,
+        and ``foo`` for a shard ``foo#3``)."""
+        channel = self._strip("q", queue)
+        return channel.partition(SHARD_MARK)[0] if channel else channel
 
     def channel_of_delivery(self, queue: str, headers: Mapping[str, Any]) -> Optional[str]:
         """The channel a message taken from ``queue`` was sent to, or None.
@@ -348,6 +391,13 @@ class Topology(object):
             # message more than x-max-length.
             arguments["x-max-length"] = capacity - 1
             arguments["x-queue-type"] = "quorum"
+        return arguments
+
+    def queue_arguments(self, channel: str, queue: str) -> Dict[str, Union[int, str]]:
+        """The arguments of ``channel``'s queue or one of its shards."""
+        arguments = self.channel_queue_arguments(channel)
+        if is_shard_queue(queue):
+            arguments["x-single-active-consumer"] = True
         return arguments
 
     def refusing_depth(self, channel: str) -> int:
@@ -462,6 +512,11 @@ def check_prefix(prefix: object) -> None:
         raise ValueError(
             "prefix must be 1-40 characters of letters, digits, '-', '_' or '.', not %r" % (prefix,)
         )
+
+
+def is_shard_queue(queue: str) -> bool:
+    """Whether ``queue`` is a shard of an ordered channel (``{prefix}:q:{channel}#{shard}``)."""
+    return SHARD_MARK in queue
 
 
 def is_process_local_queue(queue: str) -> bool:

@@ -67,13 +67,13 @@ class ParkedSends(object):
     def __init__(
         self,
         engine: Engine,
-        channel_queue_declare: Callable[[str], Step],
+        queue_declare: Callable[[str, str], Step],
         expiry: float,
         messages: int = MESSAGES,
         size: int = BYTES,
     ) -> None:
         self.engine = engine
-        self.channel_queue_declare = channel_queue_declare  # the Sender's
+        self.queue_declare = queue_declare  # the Sender's
         self.expiry = expiry
         # The bound: parked sends at a time, and their bodies' bytes in all.
         self.messages_limit = messages
@@ -180,7 +180,7 @@ class ParkedSends(object):
             self._declared = True
             self._run(
                 lambda: self.engine.submit_declare(
-                    [self.channel_queue_declare(head.channel)],
+                    [self.queue_declare(head.channel, head.queue)],
                     "declare %s" % head.queue,
                     self._declared_then_next,
                 )

@@ -167,7 +167,7 @@ class SendPipeline(object):
             entry.properties = sender.properties({naming.GROUP_HEADER: entry.name})
         else:
             layer.valid_channel_name(entry.name)
-            entry.queue = layer.topology.channel_queue(entry.name)
+            entry.queue = layer.topology.send_queue(entry.name, message)
             headers = {naming.CHANNEL_HEADER: entry.name} if is_process_local(entry.name) else None
             entry.properties = sender.properties(headers)
         entry.body = sender.encode(message)
@@ -261,7 +261,7 @@ class SendPipeline(object):
         declare = self._engine.declare
         if not self._passive_only:
             try:
-                declare([self._sender.channel_queue_declare(channel)], "declare %s" % queue)
+                declare([self._sender.queue_declare(channel, queue)], "declare %s" % queue)
                 return
             except BrokerOperationError as exc:
                 if exc.reply_code != ACCESS_REFUSED:

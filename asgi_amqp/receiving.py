@@ -203,7 +203,8 @@ class ReceiveTargets(object):
 
     def __init__(self, topology: naming.Topology) -> None:
         self._topology = topology
-        self._targets: Dict[Any, Target] = {}  # channel -> (queue, arguments)
+        # channel -> its (queue, arguments), and an ordered channel's shards
+        self._targets: Dict[Any, Tuple[Target, ...]] = {}
         # frozenset of names -> their distinct (queue, arguments)
         self._sets: Dict[FrozenSet[Any], Tuple[Target, ...]] = {}
 
@@ -236,23 +237,23 @@ class ReceiveTargets(object):
         queues: List[Target] = []
         seen = set()
         for channel in channels:
-            queue, arguments = self._target(channel)
-            if queue not in seen:
-                seen.add(queue)
-                queues.append((queue, arguments))
+            for queue, arguments in self._targets_of(channel):
+                if queue not in seen:
+                    seen.add(queue)
+                    queues.append((queue, arguments))
         return tuple(queues)
 
-    def _target(self, channel: Any) -> Target:
+    def _targets_of(self, channel: Any) -> Tuple[Target, ...]:
+        """A channel's queue, and an ordered channel's shards."""
         try:
             return self._targets[channel]
         except (KeyError, TypeError):  # TypeError: an unhashable, hence invalid, name
             pass
         check_channel_name(channel, receive=True)
-        target = (
-            self._topology.channel_queue(channel),
-            self._topology.channel_queue_arguments(channel),
-        )
+        topology = self._topology
+        queues = (topology.channel_queue(channel),) + topology.shard_queues(channel)
+        targets = tuple((queue, topology.queue_arguments(channel, queue)) for queue in queues)
         if len(self._targets) >= 10000:
             self._targets.clear()
-        self._targets[channel] = target
-        return target
+        self._targets[channel] = targets
+        return targets

@@ -70,12 +70,12 @@ class Sender(object):
         self._id_counter = itertools.count()
         # What daphne's reactor thread could not send at once (``parked_sends``;
         # the reactor thread parks, the I/O thread sends, under its own lock).
-        self.parked_sends = ParkedSends(engine, self.channel_queue_declare, topology.expiry)
+        self.parked_sends = ParkedSends(engine, self.queue_declare, topology.expiry)
 
     def send(self, channel: str, message: Message) -> None:
         check_channel_name(channel)
         body = self._serializer.dumps(message)
-        queue = self._topology.channel_queue(channel)
+        queue = self._topology.send_queue(channel, message)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
         properties = self.properties(headers)
         if on_reactor_thread():
@@ -144,7 +144,7 @@ class Sender(object):
             else:
                 # Returned: the queue does not exist (new, expired or flushed).
                 attempts.returned()
-                self.engine.declare([self.channel_queue_declare(channel)], "declare %s" % queue)
+                self.engine.declare([self.queue_declare(channel, queue)], "declare %s" % queue)
             outcome = self.engine.publish(
                 "", queue, body, properties, True, what, marked, alarm_wait=self.operation_timeout
             )
@@ -172,16 +172,18 @@ class Sender(object):
             raise ChannelFull(
                 "channel %s is full (%d of %d)" % (channel, depth, self._get_capacity(channel))
             )
-        self.engine.declare([self.channel_queue_declare(channel)], "check %s" % queue)
+        self.engine.declare([self.queue_declare(channel, queue)], "check %s" % queue)
         return depth
 
     # -- what every part of the layer publishes with -----------------------------
 
     def channel_queue_declare(self, channel: str) -> Step:
         """The step that declares ``channel``'s queue with this layer's arguments."""
-        return engine.queue_declare(
-            self._topology.channel_queue(channel), self._topology.channel_queue_arguments(channel)
-        )
+        return self.queue_declare(channel, self._topology.channel_queue(channel))
+
+    def queue_declare(self, channel: str, queue: str) -> Step:
+        """The step that declares ``channel``'s queue or shard with this layer's arguments."""
+        return engine.queue_declare(queue, self._topology.queue_arguments(channel, queue))
 
     def _process_token(self) -> str:
         """This process's id token: a forked child gets its own, so that the

@@ -32,7 +32,7 @@ thread.
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ...naming import is_process_local_queue
+from ...naming import is_process_local_queue, is_shard_queue
 from .. import declares
 from ..deliveries import Delivery, Held, HeldMessages
 from ..futures import Pending
@@ -85,6 +85,9 @@ class Polls(object):
             consumer = pool.consumer(queue)
             if consumer is not None:
                 consumer.wanted_at = now
+            elif is_shard_queue(queue):
+                # Never asked with basic.get (``consumes``): consumed from the first poll.
+                pool.start_shard(queue, arguments)
             elif (
                 is_process_local_queue(queue)
                 and self._polled_often(queue, now)
@@ -107,7 +110,13 @@ class Polls(object):
         return False
 
     def consumes(self, queue: str) -> bool:
-        """Whether a consumer of ours is (being) started on ``queue``: then no basic.get."""
+        """Whether a consumer of ours is (being) started on ``queue``: then no basic.get.
+
+        Never a shard of an ordered channel: a ``basic.get`` there would take
+        a message from under the process that holds the shard (on a quorum
+        queue the broker refuses it, closing the channel)."""
+        if is_shard_queue(queue):
+            return True
         consumer = self._pool.consumer(queue)
         return consumer is not None and consumer.active
 
@@ -148,6 +157,8 @@ class Polls(object):
             if consumer is not None and consumer.active:
                 if not consumer.confirmed or consumer.fills != consumer.checked:
                     return True
+            elif consumer is not None and is_shard_queue(queue):
+                return True  # being declared: its first pushes are still to come
         return False
 
     def checked(self, queues: Sequence[str]) -> None:

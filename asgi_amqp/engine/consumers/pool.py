@@ -77,6 +77,7 @@ from ..futures import Pending
 from ..reopening_channel import ReopeningChannel
 from ..work import Queues, Work
 from .acks import Acks, TakenAcks
+from .balance import Balance
 from .polls import Polls
 from .sweep import Sweep
 
@@ -116,6 +117,7 @@ class Consumer(object):
         "unacked",
         "fills",
         "checked",
+        "served",
     )
 
     def __init__(self, queue: str, window: int) -> None:
@@ -130,6 +132,7 @@ class Consumer(object):
         self.fills = 0  # how often its window filled (the broker then keeps messages back)
         self.checked = -1  # ``fills`` when a poll last found nothing (``Polls.checked``)
         self.polled = False  # started for non-blocking receives: see ``Sweep``
+        self.served = False  # pushed a message: the active consumer of a shard (``Balance``)
 
 
 class BlockingReceive(Work):
@@ -200,6 +203,7 @@ class ConsumerPool(object):
         self.acks = Acks(self, taken if taken is not None else TakenAcks())
         self.polls = Polls(self, held, declare_executor, settings.linger, settings.prefetch)
         self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
+        self._balance = Balance(self, declare_executor)
         self._channel = ReopeningChannel(
             connection, "consume", self._setup, self._on_ready, self._on_lost
         )
@@ -215,6 +219,7 @@ class ConsumerPool(object):
         while self._backlog:
             self.add_waiter(*self._backlog.popleft())
         self._sweep.schedule()
+        self._balance.schedule()
 
     # -- what the owned objects read and do ------------------------------------
 
@@ -253,6 +258,10 @@ class ConsumerPool(object):
         exist and did not just fail to declare."""
         return self._liveness.alive(queue) and self._unavailable.get(queue, 0) <= now
 
+    def start_shard(self, queue: str, arguments: Any) -> None:
+        """Declare and consume a shard a non-blocking receive polls (``Polls.keep``)."""
+        self._ensure_consumer(queue, arguments, self._window, polled=True)
+
     def start_polled(self, queue: str, arguments: Any, window: int) -> None:
         """Start a consumer for non-blocking receives of ``queue`` (see ``Polls.keep``)."""
         consumer = self._add_consumer(queue, window)
@@ -286,6 +295,8 @@ class ConsumerPool(object):
         if self.await_push(pending, [queue for queue, _ in queues], deadline):
             for queue, arguments in queues:
                 self._ensure_consumer(queue, arguments, self._window_for(queue))
+            if len(self._waiters) >= threads:
+                self._balance.on_waiting()
 
     def _window_for(self, queue: str) -> int:
         """The prefetch window a new consumer of ``queue`` gets.
@@ -344,17 +355,21 @@ class ConsumerPool(object):
 
     # -- consumers ----------------------------------------------------------
 
-    def _ensure_consumer(self, queue: str, arguments: Any, window: int) -> None:
+    def _ensure_consumer(
+        self, queue: str, arguments: Any, window: int, polled: bool = False
+    ) -> None:
         consumer = self._consumers.get(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
-            consumer.polled = False  # a blocking receive wants it: kept for idle_timeout
+            if not polled:
+                consumer.polled = False  # a blocking receive wants it: kept for idle_timeout
             if not (consumer.active and consumer.prefetch < window):
                 return
             self.cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
         consumer = self._add_consumer(queue, window)
+        consumer.polled = polled
         # Declared first, and on the admin channel: basic.consume on a missing
         # queue would 404 and close this channel under every other consumer,
         # and a queue whose node is down must not starve the others.
@@ -453,6 +468,7 @@ class ConsumerPool(object):
             # Sent before our basic.cancel reached the broker.
             self.acks.nack_tag(method.delivery_tag)
             return
+        consumer.served = True
         if self._handed_off.is_duplicate(consumer.queue, method, properties):
             self.acks.ack_tag(method.delivery_tag)
             return
@@ -505,6 +521,7 @@ class ConsumerPool(object):
             self.ioloop.remove_timeout(waiter.timer)
             waiter.pending.resolve(None)
         self._sweep.stop()
+        self._balance.stop()
         self.polls.channel_gone()  # nothing more will arrive on this channel
 
     def _fail_refused(self, reply_text: Optional[str]) -> None:
@@ -530,6 +547,7 @@ class ConsumerPool(object):
             ioloop.remove_timeout(waiter.timer)
         self._waiters = []
         self._sweep.stop()
+        self._balance.stop()
         self._held.clear()
         self._consumers.clear()
         self._by_tag.clear()

@@ -1,0 +1,214 @@
+"""A socket's frames reach one receiving process at a time, in the order sent.
+
+ASGI 1.0's ``websocket.connect``, ``websocket.receive`` and
+``websocket.disconnect`` messages carry a ``reply_channel`` and an integer
+``order``. Channels' ``enforce_ordering`` runs them in that order, and
+parks a frame that comes early in ``__wait__.<reply channel>``; with two
+runworkers taking consecutive frames of one socket, a backlog made that
+loop until frames were lost. The layer keeps each socket's frames in one
+shard of the channel, which one process at a time takes (``naming``,
+``engine.consumers.balance``), and spreads the shards over the processes.
+Messages without an order (asgiref's conformance suite) use the channel's
+own queue, as before.
+"""
+
+import collections
+import threading
+import time
+
+import pytest
+
+from asgi_amqp import AMQPChannelLayer
+from asgi_amqp.naming import ORDERED_SHARDS
+from helpers import make_layer, wait_until
+
+RECEIVE = "websocket.receive"
+CHANNELS = ["websocket.connect", RECEIVE, "websocket.disconnect"]
+
+
+def frame(socket, order, **extra):
+    return dict({"reply_channel": "daphne.response.%s!c" % socket, "order": order}, **extra)
+
+
+# -- where a message goes (no broker) ----------------------------------------------------
+
+
+def test_a_sockets_frames_go_to_one_shard_and_other_messages_to_the_channel():
+    layer = AMQPChannelLayer(url="amqp://127.0.0.1:1/", prefix="p")
+    topology = layer.topology
+    shard = topology.send_queue(RECEIVE, frame("a", 0))
+    assert shard.startswith("p:q:websocket.receive#")
+    assert topology.send_queue(RECEIVE, frame("a", 7, text="x")) == shard  # the same socket
+    shards = {topology.send_queue(RECEIVE, frame("s%d" % n, 0)) for n in range(200)}
+    assert shards == set(topology.shard_queues(RECEIVE))  # all of them used
+    assert len(shards) == ORDERED_SHARDS
+    # No order, a bool or text order, no reply channel, another channel: the channel's queue.
+    for channel, message in [
+        (RECEIVE, {"reply_channel": "daphne.response.a!c", "text": "x"}),
+        (RECEIVE, frame("a", True)),
+        (RECEIVE, frame("a", "1")),
+        (RECEIVE, {"order": 1}),
+        ("chat.receive", frame("a", 0)),
+    ]:
+        assert topology.send_queue(channel, message) == topology.channel_queue(channel)
+    assert topology.channel_of_queue(shard) == RECEIVE
+    assert topology.queue_arguments(RECEIVE, shard)["x-single-active-consumer"] is True
+    assert "x-single-active-consumer" not in topology.queue_arguments(
+        RECEIVE, topology.channel_queue(RECEIVE)
+    )
+
+
+def test_ordered_channels_is_a_setting_of_normal_channel_names():
+    layer = AMQPChannelLayer(url="amqp://127.0.0.1:1/", ordered_channels=["game.move"])
+    assert layer.topology.send_queue("game.move", frame("a", 0)) != "asgi:q:game.move"
+    assert layer.topology.shard_queues(RECEIVE) == ()
+    off = AMQPChannelLayer(url="amqp://127.0.0.1:1/", ordered_channels=[])
+    assert off.topology.send_queue(RECEIVE, frame("a", 0)) == "asgi:q:websocket.receive"
+    for bad in ["websocket.receive", ["daphne.response!"], ["a.b?"], ["bad name"], [3]]:
+        with pytest.raises((ValueError, TypeError)):
+            AMQPChannelLayer(url="amqp://127.0.0.1:1/", ordered_channels=bad)
+
+
+# -- on a broker -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_frame_sent_is_there_for_the_next_non_blocking_receive(broker, new_layer, queue_type):
+    layer = new_layer(broker, flush=True, queue_type=queue_type)
+    for order in range(3):
+        layer.send(RECEIVE, frame("a", order, text=str(order)))
+        layer.send(RECEIVE, {"text": "plain %d" % order})  # the channel's own queue
+    got = [layer.receive(CHANNELS) for _ in range(6)]
+    assert all(channel == RECEIVE for channel, _ in got), got
+    assert [m["order"] for _, m in got if "order" in m] == [0, 1, 2]
+    assert sorted(m["text"] for _, m in got if "order" not in m) == [
+        "plain 0",
+        "plain 1",
+        "plain 2",
+    ]
+    assert layer.receive(CHANNELS) == (None, None)
+
+
+def test_a_full_shard_is_a_full_channel(broker, new_layer):
+    layer = new_layer(broker, flush=True, capacity=5)
+    for order in range(5):
+        layer.send(RECEIVE, frame("a", order))
+    with pytest.raises(layer.ChannelFull, match="websocket.receive"):
+        layer.send(RECEIVE, frame("a", 5))
+    assert layer.receive([RECEIVE])[1]["order"] == 0
+
+
+class Worker(object):
+    """A runworker's loop on a layer of its own: receive, handle for ``work`` s, repeat."""
+
+    def __init__(self, broker, prefix, queue_type, name, log, work=0.001):
+        self.name = name
+        self.layer = make_layer(broker, prefix=prefix, queue_type=queue_type, receive_timeout=0.2)
+        self.log = log  # socket -> [(taken, handled, worker, order)], shared
+        self.work = work
+        self.handled = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            channel, message = self.layer.receive(CHANNELS, block=True)
+            if channel is None:
+                continue
+            taken = time.monotonic()
+            time.sleep(self.work)  # the consumer's own work
+            self.log[message["reply_channel"]].append(
+                (taken, time.monotonic(), self.name, message["order"])
+            )
+            self.handled += 1
+
+    def stop(self, close=True):
+        self._stop.set()
+        self._thread.join(10)
+        if close:
+            self.layer.close()
+
+
+def _send_frames(layer, sockets, frames, first=0):
+    for order in range(first, first + frames):
+        for socket in range(sockets):
+            layer.send(RECEIVE, frame("s%d" % socket, order))
+
+
+def _check_order(log, expected_per_socket):
+    """Every frame once, each socket's in order, and never two workers on one socket at once."""
+    for socket, entries in log.items():
+        entries.sort()
+        orders = [order for _, _, _, order in entries]
+        assert orders == list(range(expected_per_socket)), (socket, orders)
+        for before, after in zip(entries, entries[1:]):
+            # The next frame is taken only once the one before it was handled.
+            assert after[0] >= before[1], (socket, before, after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them(
+    broker, new_layer, queue_type
+):
+    sender = new_layer(broker, flush=True, queue_type=queue_type)
+    log = collections.defaultdict(list)
+    workers = [Worker(broker, sender.topology.prefix, queue_type, "w%d" % n, log) for n in range(2)]
+    try:
+        sockets, frames = 20, 30
+        _send_frames(sender, sockets, frames)
+        wait_until(
+            lambda: sum(map(len, log.values())) >= sockets * frames, 60, message="every frame"
+        )
+        # A third worker joins: the shards spread over all three.
+        workers.append(Worker(broker, sender.topology.prefix, queue_type, "w2", log))
+        for round_ in range(1, 6):
+            _send_frames(sender, sockets, frames, first=round_ * frames)
+            wait_until(
+                lambda n=sockets * frames * (round_ + 1): sum(map(len, log.values())) >= n,
+                60,
+                message="every frame of round %d" % round_,
+            )
+    finally:
+        for worker in workers:
+            worker.stop()
+    _check_order(log, 6 * frames)
+    assert all(worker.handled for worker in workers), [w.handled for w in workers]
+    assert sender.receive(CHANNELS) == (None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_dead_workers_sockets_move_to_the_others_in_order(broker, new_layer, queue_type):
+    """A worker whose process dies (its connections close) leaves its shards
+    to the others at once: the frames it had not taken go to them, in order."""
+    sender = new_layer(broker, flush=True, queue_type=queue_type)
+    log = collections.defaultdict(list)
+    prefix = sender.topology.prefix
+    workers = [Worker(broker, prefix, queue_type, "w%d" % n, log) for n in range(2)]
+    try:
+        sockets, frames = 20, 20
+        _send_frames(sender, sockets, frames)
+        wait_until(lambda: sum(map(len, log.values())) >= sockets * frames, 60, message="frames")
+        wait_until(
+            lambda: all(w.handled for w in workers), 30, message="both workers serving sockets"
+        )
+        dead = workers.pop(0)
+        dead.stop(close=False)
+        died = time.monotonic()
+        dead.layer.close()  # its connections close, as a killed process's do
+        _send_frames(sender, sockets, frames, first=frames)
+        wait_until(lambda: sum(map(len, log.values())) >= 2 * sockets * frames, 60, message="all")
+        orphans = [e for e in log.values() if [x for x in e if x[0] < died][-1][2] == dead.name]
+        moved = max(min(x[0] for x in entries if x[0] > died) for entries in orphans)
+        print(
+            "\n%s: the dead worker's %d sockets were all taken up %.2f s after its death"
+            % (queue_type, len(orphans), moved - died)
+        )
+    finally:
+        for worker in workers:
+            worker.stop()
+    _check_order(log, 2 * frames)
+    after = [e for entries in log.values() for e in entries if e[0] > died]
+    assert after and all(e[2] == workers[0].name for e in after)

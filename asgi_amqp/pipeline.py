@@ -169,7 +169,9 @@ class SendPipeline(object):
             layer.valid_channel_name(entry.name)
             entry.queue = layer.topology.send_queue(entry.name, message)
             headers = {naming.CHANNEL_HEADER: entry.name} if is_process_local(entry.name) else None
-            entry.properties = sender.properties(headers)
+            entry.properties = sender.properties(
+                headers, persistent=naming.is_shard_queue(entry.queue)
+            )
         entry.body = sender.encode(message)
 
     def _launch(self) -> None:

@@ -77,7 +77,9 @@ class Sender(object):
         body = self._serializer.dumps(message)
         queue = self._topology.send_queue(channel, message)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
-        properties = self.properties(headers)
+        # A socket's frames outlive a restart: a frame lost from a classic
+        # queue would stall its socket under Channels' enforce_ordering.
+        properties = self.properties(headers, persistent=naming.is_shard_queue(queue))
         if on_reactor_thread():
             self._send_without_waiting(channel, queue, body, properties)
             return
@@ -192,12 +194,14 @@ class Sender(object):
             self._id_token, self._id_pid = secrets.token_hex(8), os.getpid()
         return self._id_token
 
-    def properties(self, headers: Optional[Dict[str, Any]] = None) -> pika.BasicProperties:
+    def properties(
+        self, headers: Optional[Dict[str, Any]] = None, persistent: bool = False
+    ) -> pika.BasicProperties:
         """The properties of a message of this layer, with a new id."""
         # Ids only need to be unique per process and cheap: a random
         # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
-            delivery_mode=self._delivery_mode,  # 2 with persistent=True
+            delivery_mode=2 if persistent else self._delivery_mode,  # 2 with persistent=True
             content_type="application/x-msgpack",
             message_id="%s.%d" % (self._process_token(), next(self._id_counter)),
             headers=headers,

@@ -303,10 +303,18 @@ def missing_channels(layer: Source, channels: Iterable[str]) -> List[str]:
 
 
 def channel_statistics(layer: Source, channel: str) -> Figures:
-    """The statistics of one channel (of its queue, for ``foo!bar``)."""
+    """The statistics of one channel (of its queue, for ``foo!bar``; of its
+    queue and shards together, for an ordered channel)."""
     _check_channel(layer, channel)
-    record = layer.management_client().queue(layer.topology.channel_queue(channel))
-    figures = _from_queue(record, time.time())
+    topology, client, now = layer.topology, layer.management_client(), time.time()
+    queue = topology.channel_queue(channel)
+    if not topology.shard_queues(channel):
+        figures = _from_queue(client.queue(queue), now)
+    else:
+        records = client.queues(queue)
+        figures = _sum(
+            _from_queue(r, now) for r in records if topology.channel_of_queue(r["name"]) == channel
+        )
     return _add_full(figures, _counters(layer), channel)
 
 
@@ -323,7 +331,11 @@ def all_channel_statistics(layer: Source) -> Dict[str, Figures]:
     for record in layer.management_client().queues(topology.channel_queue("")):
         channel = topology.channel_of_queue(record.get("name", ""))
         if channel:
-            found[channel] = _add_full(_from_queue(record, now), counters, channel)
+            # An ordered channel's shards count as the channel.
+            figures = _from_queue(record, now)
+            found[channel] = _sum((found[channel], figures)) if channel in found else figures
+    for channel in found:
+        found[channel] = _add_full(found[channel], counters, channel)
     if counters is not None:
         for channel in counters.channels():
             if channel not in found:
@@ -338,13 +350,18 @@ def global_statistics(layer: Source) -> Figures:
 
 def summarize(per_channel: Iterable[Figures], counters: Optional[Counters] = None) -> Figures:
     """Totals of several channels' statistics (the maximum for the age)."""
+    # The process-wide counters include channels that fell out of the per-channel table.
+    return _add_full(_sum(per_channel), counters, None)
+
+
+def _sum(queues: Iterable[Figures]) -> Figures:
+    """The broker's figures of several queues together (the maximum for the age)."""
     total = _empty()
-    for figures in per_channel:
+    for figures in queues:
         for key in ("messages_count", "messages_count_per_second", "messages_pending"):
             total[key] += figures[key]
         total["messages_max_age"] = max(total["messages_max_age"], figures["messages_max_age"])
-    # The process-wide counters include channels that fell out of the per-channel table.
-    return _add_full(total, counters, None)
+    return total
 
 
 # -- is the extension available? --------------------------------------------------

@@ -54,6 +54,7 @@ class Session(object):
         held: HeldMessages,
         consumer_settings: ConsumerSettings,
         taken: Optional[TakenAcks] = None,
+        resumed: bool = False,
     ) -> None:
         self.connection = connection
         self.liveness = liveness
@@ -61,7 +62,7 @@ class Session(object):
         self.publisher = Publisher(publishing)
         self.declares = AdminChannels(connection)
         self.consumers = ConsumerPool(
-            connection, self.declares, liveness, handed_off, held, consumer_settings, taken
+            connection, self.declares, liveness, handed_off, held, consumer_settings, taken, resumed
         )
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts: Tuple[Part, ...] = (

@@ -69,7 +69,7 @@ import pika.spec
 from pika.adapters.select_connection import IOLoop
 
 from ...errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerOperationError
-from ...naming import is_process_local_queue
+from ...naming import is_process_local_queue, is_shard_queue
 from .. import declares
 from ..declares import AdminChannels
 from ..deliveries import Delivery, HandedOff, Held, HeldMessages, Liveness
@@ -100,6 +100,12 @@ class ConsumerSettings(NamedTuple):
 # blocking receive.
 THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
+# After a lost connection, seconds before this process consumes an ordered
+# channel's shards again. A worker thread may still be handling a frame it
+# took on the lost connection, its replies waiting for the new one; every
+# process that lost its connection waits, so that whichever then takes that
+# socket's shard takes its next frame after that one's replies went out.
+SHARD_GRACE = 1.0
 
 
 class Consumer(object):
@@ -184,8 +190,14 @@ class ConsumerPool(object):
         held: HeldMessages,
         settings: ConsumerSettings,
         taken: Optional[TakenAcks] = None,
+        resumed: bool = False,
     ) -> None:
         self._connection = connection
+        # Shards are consumed from this monotonic time on (``SHARD_GRACE``).
+        self._shards_from = time.monotonic() + SHARD_GRACE if resumed else 0.0
+        self._shards_timer: Any = None
+        # shard queue -> (its arguments, polled), until the grace ends
+        self._postponed: Dict[str, Tuple[Any, bool]] = {}
         self._declares = declare_executor
         self._held = held  # shared with callers' threads, who take from it
         self._unavailable: Dict[str, float] = {}  # queue -> time before which it is not retried
@@ -368,6 +380,10 @@ class ConsumerPool(object):
             self.cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
+        if is_shard_queue(queue) and self._shards_from > time.monotonic():
+            self._postponed[queue] = (arguments, polled)
+            self._consume_shards_later()
+            return
         consumer = self._add_consumer(queue, window)
         consumer.polled = polled
         # Declared first, and on the admin channel: basic.consume on a missing
@@ -380,6 +396,27 @@ class ConsumerPool(object):
             ),
             [declares.queue_declare(queue, arguments)],
         )
+
+    def _consume_shards_later(self) -> None:
+        """At the end of ``SHARD_GRACE``, start the shards' consumers its waiters want."""
+        if self._shards_timer is not None:
+            return
+
+        def start() -> None:
+            self._shards_timer, self._shards_from = None, 0.0
+            postponed, self._postponed = self._postponed, {}
+            if self.ready:
+                for queue, (arguments, polled) in postponed.items():
+                    self._ensure_consumer(queue, arguments, self._window, polled)
+
+        self._shards_timer = self.ioloop.call_later(
+            max(0.0, self._shards_from - time.monotonic()), start
+        )
+
+    def _stop_shards_timer(self) -> None:
+        if self._shards_timer is not None:
+            self.ioloop.remove_timeout(self._shards_timer)
+            self._shards_timer = None
 
     def _add_consumer(self, queue: str, window: int) -> Consumer:
         """A new consumer of ``queue``, not yet started; room is made under
@@ -522,6 +559,7 @@ class ConsumerPool(object):
             waiter.pending.resolve(None)
         self._sweep.stop()
         self._balance.stop()
+        self._stop_shards_timer()
         self.polls.channel_gone()  # nothing more will arrive on this channel
 
     def _fail_refused(self, reply_text: Optional[str]) -> None:
@@ -548,6 +586,7 @@ class ConsumerPool(object):
         self._waiters = []
         self._sweep.stop()
         self._balance.stop()
+        self._stop_shards_timer()
         self._held.clear()
         self._consumers.clear()
         self._by_tag.clear()

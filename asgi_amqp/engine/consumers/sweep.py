@@ -19,7 +19,7 @@ methods.
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from ...naming import is_process_local_queue
+from ...naming import is_process_local_queue, is_shard_queue
 from ..deliveries import HeldMessages
 
 if TYPE_CHECKING:
@@ -84,6 +84,14 @@ class Sweep(object):
         due: Optional[float] = None
         for consumer in pool.consumers():
             if consumer.queue in wanted or not consumer.active:
+                continue
+            if is_shard_queue(consumer.queue):
+                # What a shard holds is this process's to hand out: given
+                # back, a quorum queue requeues it behind the shard's later
+                # frames, and another process takes the socket's next one.
+                # Only a shard nobody here wants any more goes back.
+                if now - consumer.wanted_at > self._idle_timeout:
+                    pool.cancel(consumer)
                 continue
             if consumer.polled and now - consumer.wanted_at <= self._linger:
                 # Polled within linger: what it holds is for the next poll.

@@ -314,7 +314,8 @@ class IOThread(object):
             return
         publishing.add_on_connection_blocked_callback(self._on_blocked)
         publishing.add_on_connection_unblocked_callback(self._on_unblocked)
-        if self._ever_connected:
+        reconnected = self._ever_connected
+        if reconnected:
             logger.info("reconnected to %s", describe_parameters(connection.params))
         self._attempt = 0
         self._ever_connected = True
@@ -334,6 +335,7 @@ class IOThread(object):
             self._held,
             self._consumer_settings,
             self._taken,
+            resumed=reconnected,
         )
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:

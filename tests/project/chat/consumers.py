@@ -87,14 +87,16 @@ def chat_connect(message, room):
     logger.info("%s joined room %s (%s)", name, room, message.reply_channel.name)
 
 
-def _notes_stale_frames(func):
-    """Log a frame whose ``order`` has run already (to CHAT_HANDLED_LOG).
+def _notes_order(func):
+    """Log a frame that is not next in its socket's order (to CHAT_HANDLED_LOG).
 
-    Such a frame is a duplicate: a copy of daphne's send, or of a worker's
-    requeue, whose original another worker took. ``enforce_ordering``
-    parks it in the socket's ``__wait__`` channel for good, and sends it
-    back to ``websocket.receive`` after every later frame of that socket,
-    where it is parked again; the stack fault report counts them.
+    A frame whose ``order`` has run already is a duplicate: a copy of
+    daphne's send, or of a worker's requeue, whose original another worker
+    took. ``enforce_ordering`` parks it in the socket's ``__wait__`` channel
+    for good, and sends it back after every later frame of that socket,
+    where it is parked again. A frame that comes before its turn is parked
+    in ``__wait__`` until the frame before it has run. The stack fault
+    report counts both.
     """
 
     @functools.wraps(func)
@@ -103,12 +105,14 @@ def _notes_stale_frames(func):
         next_order = message.channel_session.get("__channels_next_order", 0)
         if order is not None and int(order) < next_order:
             _log_handled("stale %s %s" % (message.reply_channel.name, order))
+        elif order is not None and int(order) > next_order:
+            _log_handled("early %s %s" % (message.reply_channel.name, order))
         return func(message, *args, **kwargs)
 
     return channel_session(inner)
 
 
-@_notes_stale_frames
+@_notes_order
 @enforce_ordering
 def chat_receive(message, room):
     raw = message.content.get("text")
@@ -135,6 +139,7 @@ def chat_receive(message, room):
     )
 
 
+@_notes_order
 @enforce_ordering
 def chat_disconnect(message, room):
     room_group(room).discard(message.reply_channel)

@@ -5,16 +5,18 @@ every connection of daphne waits with it. A send there is *parked*, and
 ``send`` returns at once, when it cannot be published now:
 
 * the broker is away (the send goes out once it is back);
-* sends parked before it still wait (it goes out behind them, so that a
-  socket's frames keep the order daphne made them in);
+* sends to the same queue parked before it still wait (it goes out behind
+  them, so that a socket's frames keep the order daphne made them in);
 * its channel refused it as full (it waits for room).
 
-Parked sends go out one at a time on the I/O thread, in the order they were
-parked, each when its channel takes it: a refusal is tried again after a
-short pause, a return (the queue expired while the broker was away)
-declares the queue and publishes again. One in flight at a time keeps the
-order: two in flight to a full queue could be refused and taken out of
-order. A send parked longer than ``expiry`` is dropped as an expired
+Each queue's parked sends form a *line* that goes out one send at a time
+on the I/O thread, in the order they were parked, each when the queue
+takes it: a refusal is tried again after a short pause, a return (the
+queue expired while the broker was away) declares the queue and publishes
+again. One in flight per line keeps the order (two in flight to a full
+queue could be refused and taken out of order); the lines of different
+queues move side by side, so an HTTP request does not wait behind a full
+``websocket.receive``. A send parked longer than ``expiry`` is dropped as an expired
 message would be, counted in ``expired`` and logged. Nothing is dropped for
 a full channel: daphne had accepted the frame, and its client would never
 be told.
@@ -27,15 +29,16 @@ is parked whatever the bound, as a copy its reader drops if the original
 arrived: it cannot be taken back.
 
 State: ``ParkedSends`` is shared by the reactor thread (which parks) and
-the I/O thread (which publishes and pauses), under its one lock; a publish
-of the head is in flight, or its pause scheduled, only while ``_moving``.
+the I/O thread (which publishes and pauses), under its one lock. A line's
+head is in flight, or its pause scheduled, only while the line ``moving``;
+its ``declared`` and ``pause`` are the I/O thread's.
 """
 
 import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, NamedTuple, Optional
+from typing import Callable, Deque, Dict, NamedTuple, Optional
 
 import pika
 
@@ -61,8 +64,21 @@ class ParkedSend(NamedTuple):
     parked_at: float  # time.monotonic()
 
 
+class _Line(object):
+    """The parked sends of one queue, in order."""
+
+    __slots__ = ("queue", "sends", "moving", "declared", "pause")
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.sends: Deque[ParkedSend] = collections.deque()
+        self.moving = False  # its head is being published or paused
+        self.declared = False  # its queue was declared after a return
+        self.pause = FIRST_PAUSE  # before its head is tried again
+
+
 class ParkedSends(object):
-    """The parked sends of one layer, in order, and the one that is moving."""
+    """The parked sends of one layer: a line per queue, and their bound."""
 
     def __init__(
         self,
@@ -79,22 +95,16 @@ class ParkedSends(object):
         self.messages_limit = messages
         self.bytes_limit = size
         self._lock = threading.Lock()
-        self._waiting: Deque[ParkedSend] = collections.deque()  # in order (under _lock)
+        self._lines: Dict[str, _Line] = {}  # queue -> its line, while it has sends (_lock)
+        self.messages = 0  # parked now (under _lock)
         self._bytes = 0  # their bodies' size (under _lock)
-        self._moving = False  # the head is being published or paused (under _lock)
-        self._declared = False  # the head's queue was declared after a return (I/O thread)
-        self._pause = FIRST_PAUSE  # before the head is tried again (I/O thread)
         self.delivered = 0  # parked sends confirmed, since the layer began
         self.expired = 0  # dropped after ``expiry``
         self.lost = 0  # not delivered for another reason (the layer closed)
 
-    @property
-    def messages(self) -> int:
-        return len(self._waiting)
-
-    def waiting(self) -> bool:
-        """Whether sends are parked: a new send of the reactor thread goes behind them."""
-        return bool(self._waiting)
+    def waiting(self, queue: str) -> bool:
+        """Whether sends to ``queue`` are parked: a new one goes behind them."""
+        return queue in self._lines
 
     def park(
         self,
@@ -113,16 +123,20 @@ class ParkedSends(object):
         with self._lock:
             if not marked:
                 self._check_room(channel, len(body))
-            self._waiting.append(send)
+            line = self._lines.get(queue)
+            if line is None:
+                line = self._lines[queue] = _Line(queue)
+            line.sends.append(send)
+            self.messages += 1
             self._bytes += len(body)
-            start, self._moving = not self._moving, True
+            start, line.moving = not line.moving, True
         logger.debug("send to %s parked", channel)
         if start:
-            self._next()
+            self._next(line)
 
     def _check_room(self, channel: str, size: int) -> None:
         """Under ``_lock``: raise unless one more send fits the bound."""
-        if len(self._waiting) >= self.messages_limit or self._bytes + size > self.bytes_limit:
+        if self.messages >= self.messages_limit or self._bytes + size > self.bytes_limit:
             why = "the sends parked on daphne's reactor thread fill their limit"
             if self.engine.broker_away():
                 raise BrokerUnreachable(
@@ -130,20 +144,21 @@ class ParkedSends(object):
                 )
             raise ChannelFull("channel %s: %s" % (channel, why))
 
-    # -- moving the head, on the I/O thread -----------------------------------------
+    # -- moving a line's head, on the I/O thread --------------------------------------
 
-    def _next(self) -> None:
-        """Publish the head, or stop moving when nothing waits; drops expired sends."""
+    def _next(self, line: _Line) -> None:
+        """Publish the line's head, or end the line when nothing waits; drops expired sends."""
         while True:
             with self._lock:
-                if not self._waiting:
-                    self._moving = False
+                if not line.sends:
+                    line.moving = False
+                    self._end(line)
                     return
-                head = self._waiting[0]
+                head = line.sends[0]
                 age = time.monotonic() - head.parked_at
                 if age <= self.expiry:
                     break
-                self._remove_head()
+                self._remove_head(line)
                 self.expired += 1
             logger.warning(
                 "a send to %s, parked on daphne's reactor thread, expired after %.0f s "
@@ -158,50 +173,50 @@ class ParkedSends(object):
                 head.body,
                 head.properties,
                 "send to %s" % head.channel,
-                self._published,
+                lambda outcome, error: self._published(line, outcome, error),
                 marked=head.marked,
             )
         except LayerClosed as exc:
             self._lose_all(str(exc))
 
-    def _published(self, outcome: Optional[str], error: Optional[BaseException]) -> None:
-        if error is not None:
+    def _published(
+        self, line: _Line, outcome: Optional[str], error: Optional[BaseException]
+    ) -> None:
+        if error is not None or not line.sends:  # not line.sends: lost already
             self._lose_all(str(error))
             return
-        head = self._waiting[0]
+        head = line.sends[0]
         if outcome == ACKED:
             with self._lock:
-                self._remove_head()
+                self._remove_head(line)
                 self.delivered += 1
-            self._declared, self._pause = False, FIRST_PAUSE
-            self._next()
-        elif outcome == RETURNED and not self._declared:
+            line.declared, line.pause = False, FIRST_PAUSE
+            self._next(line)
+        elif outcome == RETURNED and not line.declared:
             # Its queue expired while the broker was away: declare it, send again.
-            self._declared = True
+            line.declared = True
             self._run(
                 lambda: self.engine.submit_declare(
                     [self.queue_declare(head.channel, head.queue)],
                     "declare %s" % head.queue,
-                    self._declared_then_next,
+                    lambda _frame, error: self._then_next(line, error),
                 )
             )
         else:
             # Refused (its channel is full), or returned again: wait, then again.
-            self._declared = outcome != RETURNED and self._declared
-            pause, self._pause = self._pause, min(2 * self._pause, LONGEST_PAUSE)
-            self._run(lambda: self.engine.submit_pause(pause, self._paused))
+            line.declared = outcome != RETURNED and line.declared
+            pause, line.pause = line.pause, min(2 * line.pause, LONGEST_PAUSE)
+            self._run(
+                lambda: self.engine.submit_pause(
+                    pause, lambda _value, error: self._then_next(line, error)
+                )
+            )
 
-    def _declared_then_next(self, _frame: Any, error: Optional[BaseException]) -> None:
-        if error is not None:
-            self._lose_all("declaring its queue failed: %s" % error)
-            return
-        self._next()
-
-    def _paused(self, _value: Any, error: Optional[BaseException]) -> None:
+    def _then_next(self, line: _Line, error: Optional[BaseException]) -> None:
         if error is not None:
             self._lose_all(str(error))
             return
-        self._next()
+        self._next(line)
 
     def _run(self, submit: Callable[[], None]) -> None:
         try:
@@ -209,19 +224,28 @@ class ParkedSends(object):
         except LayerClosed as exc:
             self._lose_all(str(exc))
 
-    def _remove_head(self) -> None:
-        """Under ``_lock``: the head is done with."""
-        head = self._waiting.popleft()
+    def _remove_head(self, line: _Line) -> None:
+        """Under ``_lock``: the line's head is done with."""
+        head = line.sends.popleft()
+        self.messages -= 1
         self._bytes -= len(head.body)
+
+    def _end(self, line: _Line) -> None:
+        """Under ``_lock``: an empty line goes (a new send starts a new one)."""
+        if self._lines.get(line.queue) is line:
+            del self._lines[line.queue]
 
     def _lose_all(self, why: str) -> None:
         """The layer closed: every parked send is lost, and that is said once."""
         with self._lock:
-            lost = len(self._waiting)
-            while self._waiting:
-                self._remove_head()
+            lost = self.messages
+            for line in self._lines.values():
+                line.sends.clear()
+                line.moving = False
+            self._lines.clear()
             self.lost += lost
-            self._moving = False
+            self.messages = 0
+            self._bytes = 0
         if lost:
             logger.warning(
                 "%d sends parked on daphne's reactor thread were not delivered: %s", lost, why

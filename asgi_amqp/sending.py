@@ -99,7 +99,7 @@ class Sender(object):
     ) -> None:
         """daphne's reactor thread: sent within a round trip, or parked (``parked_sends``)."""
         parked = self.parked_sends
-        if parked.waiting() or self.engine.broker_away():
+        if parked.waiting(queue) or self.engine.broker_away():
             parked.park(channel, queue, body, properties)
             return
         outcome = self.engine.publish(

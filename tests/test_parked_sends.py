@@ -48,11 +48,14 @@ class Submitted(object):
 
 
 def parked(engine, messages=10, size=1000, expiry=60.0):
-    return ParkedSends(engine, lambda channel: ("declare", channel), expiry, messages, size)
+    return ParkedSends(engine, lambda channel, queue: ("declare", queue), expiry, messages, size)
 
 
-def park(sends, body, **kw):
-    sends.park("websocket.receive", "p:q:websocket.receive", body, pika.BasicProperties(), **kw)
+QUEUE = "p:q:websocket.receive"
+
+
+def park(sends, body, queue=QUEUE, **kw):
+    sends.park("websocket.receive", queue, body, pika.BasicProperties(), **kw)
 
 
 def test_parked_sends_go_one_at_a_time_in_order():
@@ -60,14 +63,26 @@ def test_parked_sends_go_one_at_a_time_in_order():
     sends = parked(engine)
     for body in (b"0", b"1", b"2"):
         park(sends, body)
-    assert sends.waiting() and sends.messages == 3
+    assert sends.waiting(QUEUE) and sends.messages == 3
     assert [c[1] for c in engine.calls] == [b"0"]  # only the head is in flight
     for expected in (b"0", b"1", b"2"):
         assert engine.calls[-1][:2] == ("publish", expected)
         engine.answer(ACKED, None)
-    assert not sends.waiting() and (sends.delivered, sends.lost, sends.expired) == (3, 0, 0)
+    assert not sends.waiting(QUEUE) and (sends.delivered, sends.lost, sends.expired) == (3, 0, 0)
     park(sends, b"3")  # nothing moving: it goes at once
     assert engine.calls[-1][:2] == ("publish", b"3")
+
+
+def test_the_lines_of_two_queues_move_side_by_side():
+    engine = Submitted()
+    sends = parked(engine)
+    park(sends, b"r0")
+    park(sends, b"r1")
+    park(sends, b"h0", queue="p:q:http.request")
+    assert [c[1] for c in engine.calls] == [b"r0", b"h0"]  # one head per line
+    assert sends.waiting(QUEUE) and sends.waiting("p:q:http.request")
+    engine.calls[1][2](ACKED, None)  # the request's line is done, however full the other
+    assert not sends.waiting("p:q:http.request") and sends.messages == 2
 
 
 def test_a_refused_send_waits_for_room_and_keeps_its_place(caplog):
@@ -123,7 +138,7 @@ def test_a_send_parked_longer_than_expiry_expires_and_says_so(caplog, monkeypatc
     clock.now += 61
     engine.answer(NACKED, None)
     engine.calls[-1][2](None, None)  # the pause ends: both are older than expiry
-    assert not sends.waiting() and (sends.delivered, sends.expired) == (0, 2)
+    assert not sends.waiting(QUEUE) and (sends.delivered, sends.expired) == (0, 2)
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * 2
     assert "expired" in caplog.records[0].getMessage()
 
@@ -147,7 +162,7 @@ def test_a_closed_layer_loses_every_parked_send_and_says_so_once(caplog):
     park(sends, b"0")
     park(sends, b"1")
     engine.answer(None, LayerClosed("the layer is closed"))
-    assert not sends.waiting() and sends.lost == 2
+    assert not sends.waiting(QUEUE) and sends.lost == 2
     (record,) = caplog.records
     assert "2 sends" in record.getMessage() and "closed" in record.getMessage()
     closed = Submitted(closed=True)

@@ -660,12 +660,9 @@ def run(
 ):
     """Run the stack through faults; returns the report (a dict).
 
-    The channels' capacity holds what the clients send while the broker is
-    away: daphne publishes it all when the broker is back, and the workers'
-    replies to every member of every room land in daphne's one
-    process-local queue. A deployment that must ride through an outage
-    sizes its capacity for that burst; otherwise daphne closes sockets for
-    backpressure and the broker drops fan-out into the full queue.
+    ``capacity`` is the layer's for every process: 100, its default, as
+    users run it. daphne parks what the clients send while the broker is
+    away and publishes it at the pace the workers take it.
 
     With ``alarm`` (seconds), the run has no kills and no restart: a memory
     alarm of that length in the middle blocks every publisher instead.
@@ -1449,13 +1446,12 @@ def main(argv=None):
     parser.add_argument(
         "--websocket-worker",
         choices=["faults", "restart", "always", "never"],
-        default="faults",
+        default="never",
         help=(
             "when the first runworker alone takes the websocket.* channels (one "
-            "thread) and the others the rest, the docs' deployment for riding "
-            "through broker faults under enforce_ordering: in the kills, restart and "
-            "node-loss scenarios (faults, the default), in the restart scenario only, always, "
-            "or never (two runworkers on every channel)"
+            "thread) and the others the rest: in the kills, restart and node-loss "
+            "scenarios (faults), in the restart scenario only, always, or never "
+            "(the default: every runworker on every channel)"
         ),
     )
     parser.add_argument(

@@ -177,6 +177,7 @@ class Acks(object):
             consumer.wanted_at = time.monotonic()
         if self.settle_held(held, ack=True) and held.owner is not None:
             held.owner.unacked -= 1
+            held.owner.handed_at = time.monotonic()
 
     def send_taken(self) -> None:
         """Ack what callers took in their own threads (``TakenAcks``).
@@ -214,6 +215,7 @@ class Acks(object):
                 self.ack_tag(held.delivery_tag)
             if held.owner is not None:
                 held.owner.unacked -= 1
+                held.owner.handed_at = now
 
     def ack_tag(self, tag: int) -> None:
         channel = self._pool.channel

@@ -124,6 +124,7 @@ class Consumer(object):
         "fills",
         "checked",
         "served",
+        "handed_at",
     )
 
     def __init__(self, queue: str, window: int) -> None:
@@ -139,6 +140,7 @@ class Consumer(object):
         self.checked = -1  # ``fills`` when a poll last found nothing (``Polls.checked``)
         self.polled = False  # started for non-blocking receives: see ``Sweep``
         self.served = False  # pushed a message: the active consumer of a shard (``Balance``)
+        self.handed_at = 0.0  # monotonic time a message of it was last handed to a caller
 
 
 class BlockingReceive(Work):
@@ -307,8 +309,6 @@ class ConsumerPool(object):
         if self.await_push(pending, [queue for queue, _ in queues], deadline):
             for queue, arguments in queues:
                 self._ensure_consumer(queue, arguments, self._window_for(queue))
-            if len(self._waiters) >= threads:
-                self._balance.on_waiting()
 
     def _window_for(self, queue: str) -> int:
         """The prefetch window a new consumer of ``queue`` gets.
@@ -375,11 +375,13 @@ class ConsumerPool(object):
             consumer.wanted_at = time.monotonic()
             if not polled:
                 consumer.polled = False  # a blocking receive wants it: kept for idle_timeout
-            if not (consumer.active and consumer.prefetch < window):
-                return
+            if not (consumer.active and consumer.prefetch < window) or is_shard_queue(queue):
+                return  # a shard's held frames stay: a nack could put them out of order
             self.cancel(consumer)  # more threads now: start it again with a wider window
         if self._unavailable.get(queue, 0) > time.monotonic():
             return  # its node is down: keep waiting on the other queues
+        if is_shard_queue(queue) and not self._balance.may_subscribe(queue):
+            return  # this process serves its share of the channel's shards
         if is_shard_queue(queue) and self._shards_from > time.monotonic():
             self._postponed[queue] = (arguments, polled)
             self._consume_shards_later()
@@ -521,7 +523,7 @@ class ConsumerPool(object):
             self.ioloop.remove_timeout(waiter.timer)
             if waiter.pending.resolve(delivery):
                 self._handed_off.add(delivery)
-                consumer.wanted_at = time.monotonic()
+                consumer.wanted_at = consumer.handed_at = time.monotonic()
                 self.acks.ack_tag(method.delivery_tag)
                 return
         consumer.unacked += 1

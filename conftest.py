@@ -43,6 +43,10 @@ def pytest_configure(config):
         "markers",
         "broker: needs a RabbitMQ broker (make check runs the tests without this marker)",
     )
+    config.addinivalue_line(
+        "markers",
+        "extras: needs the spark or channels extra, which make check neither installs nor runs",
+    )
     # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture
     # teardown and leave the private broker node behind.  Turn it into a
     # KeyboardInterrupt, which pytest unwinds cleanly.

@@ -290,8 +290,8 @@ class Topology(object):
             "x-dead-letter-exchange": self.dead_letter_exchange,
         }
         if self.queue_type == "quorum":
-            # Measured on 3.10: a quorum queue's reject-publish admits one
-            # message more than x-max-length.
+            # A quorum queue's reject-publish admits one message more than
+            # x-max-length (tests/test_cluster.py, test_quorum_queue_behaviour).
             arguments["x-max-length"] = capacity - 1
             arguments["x-queue-type"] = "quorum"
         return arguments
@@ -301,11 +301,9 @@ class Topology(object):
         its length: its capacity for a classic queue.
 
         A quorum queue that reached its ``x-max-length`` refuses every
-        publish until it is down to 80 % of it, and only then admits again
-        (measured on RabbitMQ 3.10.8 and 4.0.5 alike, with ``x-max-length``
-        10: refused at depths 10 and 9, admitted at 8; with 100: refused
-        down to 81, admitted at 80). A refusal at any depth from this mark up is the
-        queue being full, not a node failing.
+        publish until it is down to 80 % of it, on RabbitMQ 3.10 and 4.0
+        (``tests/test_full_queues_and_long_outages.py``). A refusal at any
+        depth from this mark up is the queue being full, not a node failing.
         """
         capacity = int(self._capacity_for(channel))
         if self.queue_type != "quorum":

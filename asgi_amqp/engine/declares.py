@@ -15,14 +15,10 @@ channel until its answer: the layer never unbinds a queue in a run (a
 membership's binding goes to an exchange, see ``naming``).
 
 What ``nowait`` costs besides the answer. A ``queue.declare`` sent with
-``nowait`` does not renew the queue's ``x-expires`` lease (measured on
-RabbitMQ 3.10.8 and 4.0.5: a queue with ``x-expires`` 2 s re-declared at
-1.2 s was gone at 3.23-3.24 s when the re-declare waited for its
-``Declare-Ok``, at 2.01-2.06 s when it did not). The layer renews channel
-queues by declaring them again, so a step with
-``answered=True`` (every ``queue_declare``) always goes out with a callback
-and ends a run of nowait steps: an operation is one round trip per such
-step, not one in all.
+``nowait`` does not renew the queue's ``x-expires`` lease
+(``tests/test_group_renewal.py``), and the layer renews channel queues by
+declaring them again: so every ``queue_declare`` step is answered, and ends
+a run of nowait steps.
 
 Why a careful pass. A ``nowait`` step that fails closes the channel and says
 only the reply code and text, not which step it was; the steps after it are
@@ -32,16 +28,11 @@ finds the step that fails and applies that step's rules: a 404 is fine for
 deleting or unbinding something already gone; anything else fails the
 operation, with an error that names the step and its object.
 
-Why several admin channels. Operations run strictly one after another on
-a channel, so ``AdminChannels`` keeps a few channels and gives each operation to the least
-busy one: ``group_add`` calls from several threads overlap instead of
-queueing behind each other. A channel opens only when every open one is
-busy, so a process with one calling thread keeps one. Up to 8: with 8
-threads discarding process-local memberships through one layer (private
-RabbitMQ 3.10.8 node, 3,000 each), 4 channels gave 1,063-1,064 discards a
-second and 8 gave 1,271-1,304 (1 gave 775); a py-spy profile of the 4
-channel run had the calling threads waiting for the broker in 97-99 % of
-their samples and the I/O thread idle in ``poll`` in 44 % of its own.
+Why several admin channels. A channel runs its operations one after
+another, so ``AdminChannels`` gives each operation to the least busy of up
+to 8 channels, opening one only when every open one is busy: ``group_add``
+calls from several threads overlap instead of queueing (docs/benchmarks.rst,
+"Measurements behind the code").
 """
 
 import collections

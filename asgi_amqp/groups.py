@@ -421,8 +421,9 @@ class Groups(object):
         steps = []
         # Every stamp whose lease may not have ended, with nowait, the last
         # answered: one round trip. Unbinding a binding that is not there,
-        # or whose exchange is gone, is no error (measured on RabbitMQ
-        # 3.10.8 and 4.0.5); the leases of these stamps then unbind nothing.
+        # or whose exchange is gone, is no error on RabbitMQ 3.10 and 4.0
+        # (tests/test_memberships_are_bindings.py); the leases of these
+        # stamps then unbind nothing.
         for stamp in topology.live_stamps():
             member, arguments = topology.membership_binding(channel, stamp)
             steps.append(engine.exchange_unbind(member, group_exchange, arguments))

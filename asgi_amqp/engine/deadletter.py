@@ -25,18 +25,17 @@ once. What arrives there:
   notice until its lease ends, the others for a lease's longest life.
   Otherwise the process, reading again, would not know its members.
 * a channel message that reached a quorum queue's **delivery limit**
-  (reason ``delivery_limit``): RabbitMQ 4.0 gives quorum queues a default
-  limit of 20 deliveries (3.x has none) and dead-letters the message at
-  its 21st. The layer gives messages back with ``basic.nack(requeue=True)``
+  (reason ``delivery_limit``): RabbitMQ 4.0 dead-letters a quorum queue's
+  message at its 21st delivery (``tests/test_quorum_delivery_limit.py``),
+  and the layer gives messages back with ``basic.nack(requeue=True)``
   (held messages after ``linger``, those of a closed channel), so a message
   nobody refused can reach it. It is sent back to its queue, at the end,
   with what is left of its ``expiry`` as its expiration, and logged at
   WARNING; one whose expiry has passed, or that its queue does not take
-  (full, or gone), is logged as dropped. The limit itself is not raised
-  with ``x-delivery-limit``: adding an argument to existing queues makes
-  the broker refuse their declaration (406, measured on 3.10.8 and 4.0.5),
-  and ``-1``, 4.0's "no limit", means a limit of 0 on 3.10.8 (measured:
-  dead-lettered at the first redelivery).
+  (full, or gone), is logged as dropped. The limit is not raised with
+  ``x-delivery-limit``: a new argument makes the broker refuse existing
+  queues' declarations (406), and ``-1``, 4.0's "no limit", is a limit of 0
+  on 3.10.8.
 
 Fan-out to process-local members does not pass through here: a group
 message reaches the members' process through its own queue, which copies

@@ -39,7 +39,15 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): setup.py | $(VPY)
-	$(VPY) -m pip install -e '.[test,spark,channels]'
+	$(VPY) -m pip install -e '.[test,spark,channels,browser]'
+	touch $@
+
+# make check and make lint need the test extra and Twisted (mypy checks
+# twisted_support.py against it), no Spark, Channels or browser: a stamp of
+# their own, which the full install above includes.
+CHECK_STAMP := $(VENV)/.check-installed
+$(CHECK_STAMP): setup.py | $(VPY)
+	$(VPY) -m pip install -e '.[test,twisted]'
 	touch $@
 
 $(VENV)/.%-installed: $(STAMP)
@@ -68,20 +76,22 @@ redis-deps: venv ## a Redis for the benchmarks' asgi_redis (optional)
 test: venv broker-deps e2e-deps lint docs ## lint, docs and every test on every broker version (PYTEST_ARGS='-k foo')
 	$(VPY) -m devtools.test_brokers $(PYTEST_ARGS)
 
-# The tests that need no broker: not marked `broker` (conftest.py marks every
-# test that uses the session broker or a private node). No AMQP_URL reaches
+# The tests that need no broker and no heavy extra: not marked `broker`
+# (conftest.py marks every test that uses the session broker or a private
+# node) nor `extras` (Spark and Channels are not installed for them; make
+# test runs them). No AMQP_URL reaches
 # them, and ASGI_AMQP_NO_BROKER makes a broker start-up an error that names
 # the marker, so an unmarked broker test fails here instead of starting one.
-check: lint ## lint, types, import contracts and the broker-free tests (< 1 min)
+check: lint ## lint, types, import contracts and the broker-free tests (< 90 s)
 	env -u AMQP_URL -u AMQP_MANAGEMENT_URL ASGI_AMQP_NO_BROKER=1 \
-	    $(VPY) -m pytest -m 'not broker' -q $(PYTEST_ARGS)
+	    $(VPY) -m pytest -m 'not broker and not extras' -q $(PYTEST_ARGS)
 
 # The developer's loop: pytest once, on AMQP_URL if set (else on a private
 # node for the run), with no installs, lint or docs first.
 quick: ## just the tests, on AMQP_URL or a private node, no set-up (PYTEST_ARGS='-k groups')
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-lint: venv ## ruff check, ruff format --check, mypy, import contracts (pyproject.toml)
+lint: $(CHECK_STAMP) ## ruff check, ruff format --check, mypy, import contracts (pyproject.toml)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy asgi_amqp

@@ -15,10 +15,11 @@ the rest the tests share).
 
 Tests that need a broker are marked ``broker``: here, every test that uses
 the ``broker`` or ``node`` fixture or is marked ``faults``; by hand, the few
-that start a node another way. ``make check`` runs the rest (``-m 'not
-broker'``) with ``ASGI_AMQP_NO_BROKER`` set, under which a node that starts
-is an error (devtools.rabbitmq.refuse_if_no_broker): a broker test that is
-not marked fails there rather than starting one.
+that start a node another way. Tests that need the spark or channels extra
+are marked ``extras`` by hand. ``make check`` runs the rest (``-m 'not
+broker and not extras'``) with ``ASGI_AMQP_NO_BROKER`` set, under which a
+node that starts is an error (devtools.rabbitmq.refuse_if_no_broker): a
+broker test that is not marked fails there rather than starting one.
 """
 
 import contextlib
@@ -42,6 +43,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "broker: needs a RabbitMQ broker (make check runs the tests without this marker)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "extras: needs the spark or channels extra, which make check neither installs nor runs",
     )
     # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture
     # teardown and leave the private broker node behind.  Turn it into a

@@ -44,7 +44,6 @@ setup(
             "cryptography>=3.4",
             "docker>=6",
             "websocket-client>=1.0",
-            "selenium>=4.10",
             # make lint (run by make check and make test): pinned, so that a
             # new release's rules cannot fail a clean checkout.
             "ruff==0.17.6",
@@ -54,6 +53,7 @@ setup(
         ],
         "cli": [],  # kept for old install commands: click and tqdm are core now
         "spark": ["pyspark>=3.4"],
+        "browser": ["selenium>=4.10"],  # tests/e2e/test_channels_browser.py
         "twisted": ["twisted"],
         "channels": [
             "channels==1.1.8",

@@ -177,12 +177,9 @@ class Groups(object):
         queue_first = not made_lately and not is_process_local(channel)
         self._send_lease_and_notice(group, channel, stamp, queue_first)
         what = "group_add %s %s" % (group, channel)
-        legacy: List[Any] = []  # the group exchange was made before it was auto-delete
         try:
             self._engine.declare(
-                self._membership_steps(
-                    group, channel, stamp, legacy, renewing, made_lately, queue_first
-                ),
+                self._membership_steps(group, channel, stamp, renewing, made_lately, queue_first),
                 what,
             )
         except BrokerOperationError as exc:
@@ -197,18 +194,9 @@ class Groups(object):
             self._member_exchanges.forget(member)
             self._bound.pop((group, channel), None)
             self.ensure_infrastructure(again=True)
-            self._engine.declare(
-                self._membership_steps(group, channel, stamp, legacy, again=True), what
-            )
+            self._engine.declare(self._membership_steps(group, channel, stamp, again=True), what)
         self._member_exchanges.add(member)
-        if legacy:
-            # Not auto-delete, it stays when its last binding goes: this lease
-            # asks the dead-letter worker to delete it then, if unused. So a
-            # renewal declares it again (``_renewing``), with this lease.
-            self._bound.pop((group, channel), None)
-            self._send_lease(group, channel, stamp, delete_unused_group=True)
-        else:
-            _remember(self._bound, (group, channel), stamp)
+        _remember(self._bound, (group, channel), stamp)
 
     def _renewing(self, group: str, channel: str) -> bool:
         """Whether ``group_add(group, channel)`` renews a membership this
@@ -222,8 +210,6 @@ class Groups(object):
         exchange nor binds it to the router: a declare of an exchange that
         exists and a binding made again change nothing besides their
         answer. That is two of a renewal's four declares and bindings.
-        A group exchange made before group exchanges were auto-delete is
-        declared every time (its lease asks for its deletion).
         """
         stamp = self._bound.get((group, channel))
         return stamp is not None and self._topology.lease_ends(stamp) > time.time()
@@ -233,7 +219,6 @@ class Groups(object):
         group: str,
         channel: str,
         stamp: int,
-        legacy: List[Any],
         renewing: bool = False,
         made_lately: bool = False,
         queue_declared: bool = False,
@@ -272,11 +257,7 @@ class Groups(object):
             ]
         if again or not renewing:
             steps += [
-                engine.exchange_declare(
-                    group_exchange,
-                    auto_delete=naming.GROUP_EXCHANGE_AUTO_DELETE,
-                    inequivalent_ok=legacy.append,  # made before groups were auto-delete
-                ),
+                engine.exchange_declare(group_exchange, auto_delete=True),
                 engine.exchange_bind(group_exchange, topology.group_router, group),
             ]
         steps.append(engine.exchange_bind(member, group_exchange, arguments=arguments))
@@ -339,11 +320,11 @@ class Groups(object):
         return outcomes
 
     def _lease_message(
-        self, group: str, channel: str, stamp: int, delete_unused_group: bool = False
+        self, group: str, channel: str, stamp: int
     ) -> Optional[pika.BasicProperties]:
         """The properties of the lease message of ``stamp``, or None if this
         process sent it already (see ``_send_lease``)."""
-        if self._leases_sent.get((group, channel)) == stamp and not delete_unused_group:
+        if self._leases_sent.get((group, channel)) == stamp:
             return None
         headers: Dict[str, Any] = {
             naming.KIND_HEADER: naming.LEASE_KIND,
@@ -351,8 +332,6 @@ class Groups(object):
             naming.MEMBER_HEADER: channel,
             naming.LEASE_HEADER: str(stamp),
         }
-        if delete_unused_group:
-            headers[naming.DELETE_UNUSED_HEADER] = 1
         properties = self._sender.properties(headers)
         properties.delivery_mode = 2  # a lease lost is a binding nobody removes
         ends = self._topology.lease_ends(stamp)
@@ -362,16 +341,14 @@ class Groups(object):
     def _remember_lease(self, group: str, channel: str, stamp: int) -> None:
         _remember(self._leases_sent, (group, channel), stamp)
 
-    def _send_lease(
-        self, group: str, channel: str, stamp: int, delete_unused_group: bool = False
-    ) -> None:
+    def _send_lease(self, group: str, channel: str, stamp: int) -> None:
         """Put the lease of ``stamp`` in the lease queue, unless this process did.
 
         Every lease message of a stamp ends when the stamp's leases end (its
         expiration counts from now to then), so one is enough; another
         process's copy ends the same binding at the same time, harmlessly.
         """
-        properties = self._lease_message(group, channel, stamp, delete_unused_group)
+        properties = self._lease_message(group, channel, stamp)
         if properties is None:
             return
         queue = self._topology.lease_queue
@@ -444,13 +421,12 @@ class Groups(object):
         steps = []
         # Every stamp whose lease may not have ended, with nowait, the last
         # answered: one round trip. Unbinding a binding that is not there,
-        # or whose exchange is gone, is no error (measured on RabbitMQ
-        # 3.10.8 and 4.0.5); the leases of these stamps then unbind nothing.
+        # or whose exchange is gone, is no error on RabbitMQ 3.10 and 4.0
+        # (tests/test_memberships_are_bindings.py); the leases of these
+        # stamps then unbind nothing.
         for stamp in topology.live_stamps():
             member, arguments = topology.membership_binding(channel, stamp)
             steps.append(engine.exchange_unbind(member, group_exchange, arguments))
-        # A membership made before leases: the member exchange's plain binding.
-        steps.append(engine.exchange_unbind(topology.member_exchange(channel), group_exchange))
         # The leave notice goes out with the unbinds, not after them: one
         # round trip for both. The process may stop copying to the channel
         # a moment before its bindings are gone; it is leaving.

@@ -95,19 +95,14 @@ class LocalGroups(object):
         * ``NOTICE`` for a join or leave notice, which is applied here;
         * the member channels, for a group message that came by a lease's
           binding (possibly none: the members left meanwhile);
-        * None for anything else: a message with its channel in its headers,
-          or a group message dead-lettered the way of the design before leases.
+        * None for anything else: a message with its channel in its headers.
         """
         kind = _text(headers.get(naming.KIND_HEADER))
         if kind in naming.NOTICE_KINDS:
             self._apply(queue, kind, headers)
             return NOTICE
         group = _text(headers.get(naming.GROUP_HEADER))
-        if (
-            not group
-            or naming.CHANNEL_HEADER in headers
-            or self._topology.member_queue_channel(headers)
-        ):
+        if not group or naming.CHANNEL_HEADER in headers:
             return None
         return self._current(queue, group)
 

@@ -63,14 +63,6 @@ its lease (``asgi-lease``: the lease's stamp, see ``Topology.lease_stamp``):
     ``group_add`` adds a binding with a later stamp, so it renews the
     membership without a broker-side lookup.
 
-Objects of the design before leases, read but never made any more:
-``{prefix}:l:{channel}``, the zero-length queue through which a
-process-local member's group messages were dead-lettered into its process's
-queue, and ``{prefix}:k:{group}:{channel}``, a membership's marker queue.
-A process of the new design still reads messages that come the old way,
-ends memberships whose old markers expire, and ``flush`` deletes both
-kinds (see the docs' upgrade notes).
-
 ``{prefix}:dlx`` and ``{prefix}:dead-letters``
     The dead-letter exchange and the queue every layer process's dead-letter
     worker consumes from, competing, so each event is handled once.
@@ -99,15 +91,9 @@ ORDERED_CHANNELS = ("websocket.connect", "websocket.receive", "websocket.disconn
 CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
 KIND_HEADER = "asgi-kind"
-# A lease's member channel (not ``asgi-channel``: a dead-letter worker of
-# the design before leases would read that as a channel to drop).
-MEMBER_HEADER = "asgi-member"
+MEMBER_HEADER = "asgi-member"  # a lease's or a notice's member channel
 LEASE_HEADER = "asgi-lease"  # the lease's stamp (a binding argument too)
-# On a lease: its group exchange was made before group exchanges were
-# auto-delete, so the dead-letter worker deletes it, if unused, at the end.
-DELETE_UNUSED_HEADER = "asgi-delete-unused-group"
 LEASE_ENDS_HEADER = "asgi-lease-ends"  # when a joining member's lease ends, in ms since the epoch
-MARKER_KIND = "marker"  # the design before leases: a membership's marker
 LEASE_KIND = "lease"  # a message of the lease queue
 JOIN_KIND = "join"  # a notice to a process: its channel joined a group
 LEAVE_KIND = "leave"  # a notice to a process: its channel left a group
@@ -132,11 +118,8 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}", re.ASCII)
 # The kinds of per-channel and per-group objects (``{prefix}:{kind}:{name}``)
 # and the names of the shared ones (``{prefix}:{name}``): everything the layer
 # creates, and all that ``flush`` may delete or a permission pattern admit.
-KINDS = ("q", "l", "k", "g", "m", "e")  # l and k: made before leases; flushed
+KINDS = ("q", "g", "m", "e")
 SHARED_NAMES = ("groups", "dlx", "dead-letters")
-# Group exchanges are auto-delete: the broker removes a group with its last
-# member. Exchanges made before that was so are used as they are (see groups).
-GROUP_EXCHANGE_AUTO_DELETE = True
 QUEUE_TYPES = ("classic", "quorum")
 # A full quorum queue admits publishes again once its depth is down to this
 # share of x-max-length (see Topology.refusing_depth).
@@ -236,14 +219,6 @@ class Topology(object):
     def member_exchange(self, channel: str) -> str:
         return self._name("m", channel)
 
-    def local_member_queue(self, channel: str) -> str:
-        """The design before leases: a process-local member's queue (read only)."""
-        return self._name("l", channel)
-
-    def marker_queue(self, group: str, channel: str) -> str:
-        """The design before leases: a membership's marker queue (read only)."""
-        return self._name("k", group, channel)
-
     @property
     def lease_queue(self) -> str:
         return self._name("e", str(_ms(self.group_expiry)))
@@ -300,7 +275,7 @@ class Topology(object):
             return None
         channel = self.channel_of_member_exchange(destination)
         if not channel or not channel.endswith("!"):
-            return channel  # a normal channel, or one made before leases (m:foo!bar)
+            return channel  # a normal channel
         member = (arguments or {}).get(MEMBER_HEADER)
         if isinstance(member, bytes):
             member = member.decode("utf8", "replace")
@@ -326,9 +301,7 @@ class Topology(object):
         """The channel a message taken from ``queue`` was sent to, or None.
 
         A process-local queue ``foo!`` holds messages for many channels
-        ``foo!bar``: the sender names it in the ``asgi-channel`` header, and
-        for a group message dead-lettered here from a member queue the
-        ``x-death`` entry names that queue, hence the channel.
+        ``foo!bar``: the sender names it in the ``asgi-channel`` header.
         """
         channel = self.channel_of_queue(queue)
         if not channel or not channel.endswith("!"):
@@ -339,22 +312,6 @@ class Topology(object):
             channel = channel.decode("utf8", "replace")
         if isinstance(channel, str) and channel.startswith(prefix):
             return channel
-        local = self.member_queue_channel(headers)
-        if local and local.startswith(prefix):
-            return local
-        return None
-
-    def member_queue_channel(self, headers: Mapping[str, Any]) -> Optional[str]:
-        """The process-local channel whose member queue (``l:``, the design
-        before leases) a message was dead-lettered out of, from its
-        ``x-death``; None for a message that did not come that way."""
-        for death in headers.get("x-death") or []:
-            queue = death.get("queue") if isinstance(death, dict) else None
-            if isinstance(queue, bytes):
-                queue = queue.decode("utf8", "replace")
-            local = self.channel_of_local_member_queue(queue) if isinstance(queue, str) else None
-            if local:
-                return local
         return None
 
     def channel_of_member_exchange(self, exchange: str) -> Optional[str]:
@@ -363,17 +320,6 @@ class Topology(object):
     def group_of_exchange(self, exchange: str) -> Optional[str]:
         """``{prefix}:g:foo`` -> ``foo``."""
         return self._strip("g", exchange)
-
-    def membership_of_marker_queue(self, queue: str) -> Optional[Tuple[str, str]]:
-        """``{prefix}:k:{group}:{channel}`` -> ``(group, channel)``, or None."""
-        rest = self._strip("k", queue)
-        if not rest or SEPARATOR not in rest:
-            return None
-        group, _, channel = rest.partition(SEPARATOR)
-        return group, channel
-
-    def channel_of_local_member_queue(self, queue: str) -> Optional[str]:
-        return self._strip("l", queue)
 
     # -- arguments --------------------------------------------------------
 
@@ -387,8 +333,8 @@ class Topology(object):
             "x-dead-letter-exchange": self.dead_letter_exchange,
         }
         if self.queue_type == "quorum":
-            # Measured on 3.10: a quorum queue's reject-publish admits one
-            # message more than x-max-length.
+            # A quorum queue's reject-publish admits one message more than
+            # x-max-length (tests/test_cluster.py, test_quorum_queue_behaviour).
             arguments["x-max-length"] = capacity - 1
             arguments["x-queue-type"] = "quorum"
         return arguments
@@ -405,11 +351,9 @@ class Topology(object):
         its length: its capacity for a classic queue.
 
         A quorum queue that reached its ``x-max-length`` refuses every
-        publish until it is down to 80 % of it, and only then admits again
-        (measured on RabbitMQ 3.10.8 and 4.0.5 alike, with ``x-max-length``
-        10: refused at depths 10 and 9, admitted at 8; with 100: refused
-        down to 81, admitted at 80). A refusal at any depth from this mark up is the
-        queue being full, not a node failing.
+        publish until it is down to 80 % of it, on RabbitMQ 3.10 and 4.0
+        (``tests/test_full_queues_and_long_outages.py``). A refusal at any
+        depth from this mark up is the queue being full, not a node failing.
         """
         capacity = int(self._capacity_for(channel))
         if self.queue_type != "quorum":

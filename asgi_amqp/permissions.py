@@ -78,12 +78,11 @@ def permissions(prefix: str, role: str) -> Permissions:
     check_prefix(prefix)
     if role == "application":
         # Everything is configured and read; what is never a binding's
-        # destination nor a dead-letter exchange (marker and lease queues) is
-        # not written. (A publish through the default exchange needs write on
-        # it alone.) Member queues (l) are written by processes made before
-        # leases, which an upgrade runs beside new ones for a while.
+        # destination nor a dead-letter exchange (lease queues) is not
+        # written. (A publish through the default exchange needs write on it
+        # alone.)
         every = _objects(prefix, KINDS)
-        written = _objects(prefix, tuple(kind for kind in KINDS if kind not in ("k", "e")))
+        written = _objects(prefix, tuple(kind for kind in KINDS if kind != "e"))
         return Permissions(
             "^%s$" % every,
             "^(%s|%s)$" % (DEFAULT_EXCHANGE, written),

@@ -14,13 +14,12 @@ fires with ``(None, None)`` and daphne simply asks again.
 
 Why not always the thread pool: daphne reads its replies one at a time,
 and a trip through a pool thread and back costs two thread wake-ups per
-message. With every WebSocket reply of the process behind that one loop,
-those wake-ups bounded how fast daphne drained its queue: on a 2-core
-machine a chat at 1,000 replies a second fell behind by tens of seconds,
-until replies outlived ``expiry`` and /ping timed out. Why the next turn
-and not at once: daphne's loop asks again as soon as its Deferred fires,
-so a Deferred that fired at once would drain every held message without
-letting the reactor read its sockets in between.
+message, which bound how fast daphne drains every WebSocket reply of the
+process (docs/benchmarks.rst, "Measurements behind the code").
+
+Why the next turn and not at once: daphne's loop asks again as soon as its
+Deferred fires, so a Deferred that fired at once would drain every held
+message without letting the reactor read its sockets in between.
 
 Twisted is optional: without it the extension is not listed.
 """

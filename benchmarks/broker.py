@@ -323,15 +323,6 @@ class Admin(object):
 # -- group memberships: the broker's record, checked and removed --------------------------
 
 
-def uses_leases(topology):
-    """Whether ``topology`` is of the design with leases (a membership is a
-    binding from its group's exchange whose arguments carry its lease's
-    stamp, and a message in the lease queue), or of the one before it (a
-    marker queue per membership, a member queue per process-local channel):
-    a ``--baseline-src`` tree may be either."""
-    return hasattr(topology, "membership_binding")
-
-
 class MembershipKeeping(object):
     """The membership checks and clean-up of an AMQP layer's keeper, for
     ``asgi_trials.check_membership_round``: ``LayerKeeper``'s and the
@@ -340,21 +331,14 @@ class MembershipKeeping(object):
     def check_deliveries(self, channel, pairs, present, notices, what):
         """One send_group to each group reaches a process-local queue once
         per group that has members there (the process copies it to them);
-        the join and leave notices of the round wait there too. Before
-        leases, one message per membership came, and no notices."""
-        leases = uses_leases(self.topology)
+        the join and leave notices of the round wait there too."""
         expected = collections.Counter()
         if present:
-            expected["group"] = len({group for group, _channel in pairs}) if leases else len(pairs)
-        if leases:
-            expected.update(notices)
+            expected["group"] = len({group for group, _channel in pairs})
+        expected.update(notices)
         expected = +expected  # no zero counts
         queue = self.topology.channel_queue(channel)
-        if leases:
-            seen = self.admin.take(queue, expected)
-        else:  # every message is a group message, dead-lettered from a member queue
-            depth = self.admin.wait_depth(queue, expected["group"])
-            seen = +collections.Counter(group=depth or 0)
+        seen = self.admin.take(queue, expected)
         if seen == expected:
             return []
         return [
@@ -364,15 +348,10 @@ class MembershipKeeping(object):
         ]
 
     def check_memberships(self, pairs, present):
-        if uses_leases(self.topology):
-            return check_leases(self.admin, self.topology, pairs, present)
-        return _check_markers(self.admin, self.topology, pairs, present)
+        return check_leases(self.admin, self.topology, pairs, present)
 
     def forget(self, pairs):
-        if uses_leases(self.topology):
-            forget_leases(self.admin, self.topology, pairs)
-        else:
-            _forget_markers(self.admin, self.topology, pairs)
+        forget_leases(self.admin, self.topology, pairs)
 
 
 class LayerKeeper(MembershipKeeping, Keeper):
@@ -536,39 +515,12 @@ def forget_leases(admin, topology, pairs):
     admin.sift(topology.lease_queue, drop=theirs)
 
 
-def _check_markers(admin, topology, pairs, present):
-    """Before leases (a ``--baseline-src`` tree): each membership's marker
-    queue must hold its one marker if ``present``, and must not exist otherwise."""
-    depths = admin.depths([topology.marker_queue(group, channel) for group, channel in pairs])
-    if present:
-        wrong = sum(1 for depth in depths if depth != 1)
-        what = "have no marker queue holding one marker"
-    else:
-        wrong = sum(1 for depth in depths if depth is not None)
-        what = "still have a marker queue"
-    return ["%d of %d memberships %s" % (wrong, len(pairs), what)] if wrong else []
-
-
-def _forget_markers(admin, topology, pairs):
-    """Before leases: delete the marker queues, member queues and member
-    exchanges ``pairs`` (group, process-local channel) made."""
-    channels = sorted({channel for _group, channel in pairs})
-    admin.delete_many(
-        [topology.marker_queue(group, channel) for group, channel in pairs]
-        + [topology.local_member_queue(channel) for channel in channels],
-        [topology.member_exchange(channel) for channel in channels],
-    )
-
-
 def layer_objects(topology, channels, group):
     """(queues, exchanges) an AMQPChannelLayer with ``topology`` creates for
-    the benchmark's ``channels`` and ``group``, its shared objects included:
-    the lease queue, or before leases the group's marker queues."""
+    the benchmark's ``channels`` and ``group``, its shared objects included
+    (the lease queue)."""
     queues = [topology.channel_queue(c) for c in channels]
-    if uses_leases(topology):
-        queues.append(topology.lease_queue)
-    else:
-        queues += [topology.marker_queue(group, c) for c in channels]
+    queues.append(topology.lease_queue)
     queues.append(topology.dead_letter_queue)
     exchanges = [topology.member_exchange(c) for c in channels]
     exchanges += [

@@ -44,7 +44,7 @@ one channel). The rows:
   the **renewal's own work** alone: the next stamp's binding and lease
   message (and a process-local channel's join notice);
 * **group_discard**: an unbind of every live stamp (most of them not
-  there), the legacy plain unbind, a process-local channel's leave notice.
+  there), a process-local channel's leave notice.
 
 Then the **layer itself** (``AMQPChannelLayer``, one call at a time, its
 dead-letter worker off): a first membership, its ``group_discard``, and a

@@ -216,13 +216,12 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
 def discard_runs(topology, group, channel, stamps=None):
     """``group_discard(group, channel)`` as the layer sends it: ``(unbinds,
     notices)``, sent together and waited for together (``PipelinedChannel.
-    run_beside``). The unbinds: every live stamp's binding and the legacy
-    plain binding of the member exchange, nowait, the last one answered;
-    the notices: a process-local channel's leave notice, which the layer
-    publishes on its publishing connection at the same time.
+    run_beside``). The unbinds: every live stamp's binding, nowait, the
+    last one answered; the notices: a process-local channel's leave notice,
+    which the layer publishes on its publishing connection at the same time.
 
-    ``stamps``: unbind only these stamps' bindings, and not the legacy one
-    (the floor of a discard, ``contestants.RawOneUnbindContestant``)."""
+    ``stamps``: unbind only these stamps' bindings (the floor of a discard,
+    ``contestants.RawOneUnbindContestant``)."""
     from asgi_amqp import naming
 
     group_exchange = topology.group_exchange(group)
@@ -237,11 +236,6 @@ def discard_runs(topology, group, channel, stamps=None):
                 ),
             )
         )
-    if stamps is None:
-        legacy = dict(
-            destination=topology.member_exchange(channel), source=group_exchange, routing_key=""
-        )
-        unbinds.append(Call("exchange_unbind", legacy))
     unbinds[-1] = unbinds[-1]._replace(answered=True)
     notices = []
     if "!" in channel:

@@ -572,25 +572,6 @@ def test_quorum_queue_behaviour(raw):
         _publish(channel, q, b"msg-ttl", expiration="200")
         results["expiration 200 ms -> dead letter"] = _dead_letter(channel, 10)
         assert results["expiration 200 ms -> dead letter"] == (b"msg-ttl", "expired")
-        # Marker: max-length 1, drop-head dead-letters the old marker with "maxlen".
-        q = declare({"x-max-length": 1, "x-message-ttl": 60000, "x-dead-letter-exchange": "qq:dlx"})
-        _publish(channel, q, b"first")
-        _publish(channel, q, b"second")
-        results["marker pushed out -> dead letter"] = _dead_letter(channel, 5)
-        assert results["marker pushed out -> dead letter"] == (b"first", "maxlen")
-        # Local member queue: max-length 0 dead-letters straight into the target.
-        target = declare({})
-        q = declare(
-            {"x-max-length": 0, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target}
-        )
-        _publish(channel, q, b"fan-out")
-        got = wait_until(
-            lambda: channel.basic_get(target, auto_ack=True)[0] is not None or None,
-            timeout=5,
-            interval=0.01,
-            message="dead-lettered into target",
-        )
-        results["max-length 0 -> target queue"] = got
         # nack + requeue counts deliveries (RabbitMQ 4 drops a message after 20 by default).
         q = declare({})
         _publish(channel, q, b"again")

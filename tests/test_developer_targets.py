@@ -1,11 +1,11 @@
 """The Makefile's developer loops cost only what they need.
 
-``make demo`` once installed the test, Spark and Channels extras (a 456 MB
-pyspark) for a demo that needs the Channels extra; running a subset of the
-tests meant ``make test``'s chromium, lint and docs each time; and the demo's
-scripted users imported websocket-client, which no extra the demo names
-brought. ``make -n`` shows what a target would run on a fresh checkout (a
-virtualenv path that does not exist yet), without running it.
+``make demo`` and ``make check`` need neither the Spark extra (a 456 MB
+pyspark) nor selenium; running a subset of the tests needs none of ``make
+test``'s chromium, lint and docs; and the demo's scripted users import
+websocket-client, which the demo's extra must bring. ``make -n`` shows what
+a target would run on a fresh checkout (a virtualenv path that does not
+exist yet), without running it.
 """
 
 import ast
@@ -50,6 +50,19 @@ def test_the_demo_installs_the_channels_extra_only(tmp_path):
     for other in ("browser", "sphinx", "ruff", "mypy", "spark"):
         assert other not in commands, commands
     assert "examples/chat_demo.py" in commands
+
+
+def test_the_quick_tier_installs_neither_spark_nor_a_browser(tmp_path):
+    """``make check`` (and the lint it runs) installs the test extra and
+    Twisted (for mypy) alone; ``make test`` still installs Spark and selenium
+    for the tests that use them."""
+    installs = re.findall(r"pip install (.*)", _dry_run(tmp_path, "check"))
+    assert installs == ["-e '.[test,twisted]'"], installs
+    _, extras = _setup_requirements()
+    light = {_normalized(Requirement(r).name) for r in extras["test"] + extras["twisted"]}
+    assert not {"pyspark", "selenium"} & light
+    installs = re.findall(r"pip install (.*)", _dry_run(tmp_path, "test"))
+    assert "-e '.[test,spark,channels,browser]'" in installs, installs
 
 
 def _setup_requirements():
@@ -113,6 +126,7 @@ def _python_files(*relative):
             yield from (os.path.join(directory, f) for f in files if f.endswith(".py"))
 
 
+@pytest.mark.extras
 def test_the_chat_demo_needs_only_the_channels_extra():
     """What examples/chat_demo.py and the chat project it runs import comes
     with ``pip install '.[channels]'``."""

@@ -16,7 +16,7 @@ import pika
 import pytest
 
 from asgi_amqp import AMQPChannelLayer
-from asgi_amqp.tools import layerconfig, spark
+from asgi_amqp.tools import layerconfig
 from helpers import run_cli
 
 
@@ -39,7 +39,14 @@ def test_every_tool_accepts_every_option(option, tmp_path):
         path = tmp_path / "layer.json"
         path.write_text(json.dumps({option: value}))
         assert layerconfig.from_file(str(path)) == {option: value}
-    # send_dataframe takes it as a keyword (checked before Spark is touched).
+
+
+@pytest.mark.extras
+@pytest.mark.parametrize("option", sorted(_constructor_options()))
+def test_send_dataframe_accepts_every_option(option):
+    """As a keyword, checked before Spark is touched."""
+    from asgi_amqp.tools import spark
+
     parameters = inspect.signature(spark.send_dataframe).parameters
     assert option in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values()), option
 

@@ -76,7 +76,7 @@ def test_a_renewal_skips_the_group_declares_and_remakes_them_when_they_went(
     topology = layer.topology
     layer.group_add("renewed", channel)
     assert layer.groups._renewing("renewed", channel)
-    steps = layer.groups._membership_steps("renewed", channel, topology.lease_stamp(), [], True)
+    steps = layer.groups._membership_steps("renewed", channel, topology.lease_stamp(), True)
     group_exchange = topology.group_exchange("renewed")
     # Neither the group exchange's declare nor its binding to the router:
     assert not [

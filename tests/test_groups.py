@@ -1,4 +1,4 @@
-"""Groups on the broker: membership, expiry by marker and by message expiry, local members."""
+"""Groups on the broker: membership, expiry by lease and by message expiry, local members."""
 
 import threading
 import time

@@ -100,11 +100,7 @@ def test_a_drop_notice_ends_every_membership_of_the_channel():
 def test_messages_that_are_not_a_group_fan_out_are_left_to_the_caller():
     local = _groups()
     local.members_of(QUEUE, _join("room", "daphne!a", 2000))
-    # A message sent to one channel, and one dead-lettered the way of the
-    # design before leases (its x-death names the member queue).
     assert local.members_of(QUEUE, {naming.CHANNEL_HEADER: "daphne!a"}) is None
-    legacy = {naming.GROUP_HEADER: "room", "x-death": [{"queue": "p:l:daphne!a"}]}
-    assert local.members_of(QUEUE, legacy) is None
     assert local.members_of(QUEUE, {}) is None
 
 

@@ -3,9 +3,8 @@
 What each membership leaves on the broker, and when it goes: no queue per
 membership, a binding per lease stamp that the dead-letter worker removes
 when the lease ends (also while the member's queue is in use), nothing
-left after ``group_discard``, one copy of a group message per process
-queue however many of its channels are members, and the memberships a
-process made before leases still reached and discarded.
+left after ``group_discard``, and one copy of a group message per process
+queue however many of its channels are members.
 """
 
 import pika
@@ -127,34 +126,6 @@ def test_a_receive_right_after_send_group_sees_it_with_quorum_queues(broker, new
         got = sorted([layer.receive(["fast!"]), layer.receive(["fast!"])])
         assert got == [("fast!a", {"n": attempt}), ("fast!b", {"n": attempt})], attempt
         assert layer.receive(["fast!"]) == (None, None)
-
-
-def test_a_membership_made_before_leases_is_reached_and_discarded(broker, new_layer):
-    """An old process's membership of a normal channel: the member exchange
-    bound from the group exchange with no lease arguments. A new process's
-    send_group reaches it, group_channels lists it, and group_discard ends it."""
-    layer = new_layer(broker, flush=True, group_expiry=60)
-    topology = layer.topology
-    layer.group_add("mixed", "new.member")
-    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
-    try:
-        channel = connection.channel()
-        queue = topology.channel_queue("old.member")
-        channel.queue_declare(
-            queue, durable=True, arguments=topology.channel_queue_arguments("old.member")
-        )
-        member = topology.member_exchange("old.member")
-        channel.exchange_declare(member, "fanout", durable=True, auto_delete=True)
-        channel.queue_bind(queue, member)
-        channel.exchange_bind(member, topology.group_exchange("mixed"))
-    finally:
-        connection.close()
-    assert sorted(layer.group_channels("mixed")) == ["new.member", "old.member"]
-    layer.send_group("mixed", {"to": "both"})
-    assert layer.receive(["old.member"]) == ("old.member", {"to": "both"})
-    assert layer.receive(["new.member"]) == ("new.member", {"to": "both"})
-    layer.group_discard("mixed", "old.member")
-    assert layer.group_channels("mixed") == ["new.member"]
 
 
 @pytest.mark.parametrize("group_expiry", [80, 86400])

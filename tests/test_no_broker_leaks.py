@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 
-import pika
 import pytest
 
 from helpers import Management, make_layer, wait_until
@@ -152,43 +151,3 @@ def test_channels_groups_and_local_channels_all_expire(broker):
     finally:
         for layer in layers:
             layer.close()
-
-
-def _raw_channel(broker):
-    connection = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
-    return connection, connection.channel()
-
-
-def test_a_group_exchange_made_before_auto_delete_is_used_then_deleted(broker, new_layer):
-    """Upgrade path: a deployment's existing group exchanges are not auto-delete.
-
-    Declaring one with the new flag would be a 406; ``group_add`` uses it as
-    it is, and the dead-letter worker deletes it once its last membership
-    expired.
-    """
-    layer = new_layer(
-        broker, expiry=EXPIRY, group_expiry=GROUP_EXPIRY, capacity=10, receive_timeout=2
-    )
-    exchange = layer.topology.group_exchange("legacy")
-    connection, channel = _raw_channel(broker)
-    try:
-        channel.exchange_declare(exchange, "fanout", durable=True, auto_delete=False)
-    finally:
-        connection.close()
-    layer.group_add("legacy", "member")
-    layer.send_group("legacy", {"text": "still works"})
-    assert layer.receive(["member"], block=True) == ("member", {"text": "still works"})
-    assert layer.group_channels("legacy") == ["member"]
-    api = Management(broker)
-    prefix = layer.topology.prefix + ":g:"
-    assert api.exchange_names(prefix) == [exchange]
-    wait_until(
-        lambda: api.exchange_names(prefix) == [],
-        GROUP_EXPIRY + SETTLE,
-        interval=0.5,
-        message="the old group exchange deleted after its membership expired",
-    )
-    # A new group_add makes it again, auto-delete this time.
-    layer.group_add("legacy", "member")
-    record = api._get("exchanges/%s/%s" % (api._vhost, exchange.replace(":", "%3A")))
-    assert record["auto_delete"] is True

@@ -3,6 +3,9 @@
 One Spark session for the module (it takes seconds to start). The executors
 are Python workers of this interpreter (PYSPARK_PYTHON) and find asgi_amqp
 through PYTHONPATH (set here, for a checkout that is not installed).
+
+pyspark is imported by the tests that run, not when the module is collected:
+``make check`` installs no Spark and runs only the one broker-free test here.
 """
 
 import json
@@ -12,11 +15,9 @@ import subprocess
 import sys
 import uuid
 
-import pyspark  # noqa: F401  (make test installs the spark extra)
 import pytest
 
-from asgi_amqp.spark import SendResult, send_dataframe  # noqa: E402
-from helpers import Management, drain, wait_until  # noqa: E402
+from helpers import Management, drain, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,13 @@ def layer(broker, prefix, new_layer):
     return new_layer(broker, flush=True, prefix=prefix, capacity=5000)
 
 
+def send_dataframe(df, **kwargs):
+    """``asgi_amqp.spark.send_dataframe``, imported when a test calls it (it needs pyspark)."""
+    from asgi_amqp.spark import send_dataframe as send
+
+    return send(df, **kwargs)
+
+
 def _send(broker, prefix, df, capacity=5000, **kwargs):
     kwargs.setdefault("management_url", broker.management_url)
     return send_dataframe(df, url=broker.amqp_url, prefix=prefix, capacity=capacity, **kwargs)
@@ -83,6 +91,8 @@ def _numbered(spark, rows, channels=4, partitions=2):
 
 
 def test_every_row_arrives_exactly_once(spark, broker, prefix, layer):
+    from asgi_amqp.spark import SendResult
+
     rows = 1000
     df = _numbered(spark, rows)
     assert df.rdd.getNumPartitions() == 2

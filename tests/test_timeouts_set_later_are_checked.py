@@ -21,7 +21,14 @@ from asgi_amqp.layer import AMQPChannelLayer
 
 @pytest.fixture
 def layer(silent_broker):
-    layer = AMQPChannelLayer(url=silent_broker.amqp_url, receive_timeout=3, operation_timeout=4)
+    # No dead-letter worker: its connect to the silent broker cannot be
+    # interrupted, and close() would wait 10 s for it.
+    layer = AMQPChannelLayer(
+        url=silent_broker.amqp_url,
+        receive_timeout=3,
+        operation_timeout=4,
+        dead_letter_worker=False,
+    )
     yield layer
     layer.close()
 

@@ -11,12 +11,6 @@ once. What arrives there:
   ends later, so nothing needs to be looked up: the membership lasts while
   any of its bindings does. The group exchange is auto-delete and goes with
   its last binding.
-* a membership marker of the design before leases (reason ``expired``),
-  from a process not yet upgraded: the member exchange's plain binding is
-  removed, unless a fresh marker shows the member re-joined, and a group
-  exchange made before group exchanges were auto-delete is deleted once
-  unused. A marker pushed out by a repeated ``group_add`` (reason
-  ``maxlen``) is ignored.
 * a channel message that **expired**: its channel is not being read, so it
   leaves all its groups. A normal channel's member exchange is deleted,
   which takes every membership binding with it. A process-local channel's
@@ -31,18 +25,17 @@ once. What arrives there:
   notice until its lease ends, the others for a lease's longest life.
   Otherwise the process, reading again, would not know its members.
 * a channel message that reached a quorum queue's **delivery limit**
-  (reason ``delivery_limit``): RabbitMQ 4.0 gives quorum queues a default
-  limit of 20 deliveries (3.x has none) and dead-letters the message at
-  its 21st. The layer gives messages back with ``basic.nack(requeue=True)``
+  (reason ``delivery_limit``): RabbitMQ 4.0 dead-letters a quorum queue's
+  message at its 21st delivery (``tests/test_quorum_delivery_limit.py``),
+  and the layer gives messages back with ``basic.nack(requeue=True)``
   (held messages after ``linger``, those of a closed channel), so a message
   nobody refused can reach it. It is sent back to its queue, at the end,
   with what is left of its ``expiry`` as its expiration, and logged at
   WARNING; one whose expiry has passed, or that its queue does not take
-  (full, or gone), is logged as dropped. The limit itself is not raised
-  with ``x-delivery-limit``: adding an argument to existing queues makes
-  the broker refuse their declaration (406, measured on 3.10.8 and 4.0.5),
-  and ``-1``, 4.0's "no limit", means a limit of 0 on 3.10.8 (measured:
-  dead-lettered at the first redelivery).
+  (full, or gone), is logged as dropped. The limit is not raised with
+  ``x-delivery-limit``: a new argument makes the broker refuse existing
+  queues' declarations (406), and ``-1``, 4.0's "no limit", is a limit of 0
+  on 3.10.8.
 
 Fan-out to process-local members does not pass through here: a group
 message reaches the members' process through its own queue, which copies
@@ -240,13 +233,11 @@ class DeadLetterWorker(object):
             self._give_back(properties, body, deaths[0])
             return
         if reason != "expired":
-            return  # maxlen: a marker replaced by a repeated group_add
+            return
         kind = _text(headers.get(naming.KIND_HEADER))
         try:
             if kind == naming.LEASE_KIND:
                 self._end_lease(headers)
-            elif kind == naming.MARKER_KIND:
-                self._expire_membership(headers)
             elif kind in naming.NOTICE_KINDS:
                 self._renew_notice(properties, body, deaths[0])
             else:
@@ -283,18 +274,6 @@ class DeadLetterWorker(object):
             for key, value in original.items()
             if not key.startswith("x-")  # the broker's own: x-death, x-delivery-count
         }
-        if channel.endswith("!") and not self._is_for_the_process(original):
-            # A group message reached a process-local queue by dead-lettering,
-            # and only its x-death history names its channel: name it plainly.
-            local = self._topology.channel_of_delivery(queue, original)
-            if not local:
-                logger.warning(
-                    "a message of queue %s reached its delivery limit and names no "
-                    "process-local channel; dropped",
-                    queue,
-                )
-                return
-            headers[naming.CHANNEL_HEADER] = local
         again = pika.BasicProperties(
             delivery_mode=properties.delivery_mode,
             content_type=properties.content_type,
@@ -345,17 +324,6 @@ class DeadLetterWorker(object):
             # Full, or gone with its process: nobody will read it.
             logger.debug("an expired notice for %s was not renewed: %s", queue, exc)
 
-    def _is_for_the_process(self, headers: Headers) -> bool:
-        """A message of a process-local queue that its process reads as a
-        whole: a notice, or a group message it copies to its members itself
-        (its x-death names no member queue of the design before leases; the
-        delivery limit just gave it one naming its own queue)."""
-        if _text(headers.get(naming.KIND_HEADER)) in naming.NOTICE_KINDS:
-            return True
-        if not headers.get(naming.GROUP_HEADER) or naming.CHANNEL_HEADER in headers:
-            return False
-        return not self._topology.member_queue_channel(headers)
-
     def _confirming(self) -> BlockingChannel:
         """A channel of the worker's connection with publisher confirms on."""
         if self._republish is None or not self._republish.is_open:
@@ -389,55 +357,16 @@ class DeadLetterWorker(object):
         self._topology_channel().exchange_unbind(
             destination=member, source=group_exchange, routing_key="", arguments=arguments
         )
-        # The group exchange is auto-delete and went with its last binding.
-        # One made before that was so says it on its lease: only then is it
-        # deleted if unused, a call the broker refuses (a 406, a closed
-        # channel and a log line) while the group has members.
-        if headers.get(naming.DELETE_UNUSED_HEADER):
-            self._delete_if_unused(group_exchange)
-
-    def _expire_membership(self, headers: Headers) -> None:
-        group = _text(headers.get(naming.GROUP_HEADER))
-        channel = _text(headers.get(naming.CHANNEL_HEADER))
-        if not group or not channel:
-            return
-        marker_queue = self._topology.marker_queue(group, channel)
-        try:
-            declared = self._topology_channel().queue_declare(marker_queue, passive=True)
-            fresh = declared.method.message_count
-        except pika.exceptions.ChannelClosedByBroker:
-            self._actions = self._connected().channel()  # no marker queue: not renewed
-            fresh = 0
-        if fresh:
-            return
-        logger.debug("group membership expired: %s in %s", channel, group)
-        group_exchange = self._topology.group_exchange(group)
-        self._topology_channel().exchange_unbind(
-            destination=self._topology.member_exchange(channel), source=group_exchange
-        )
-        self._delete_if_unused(group_exchange)
-
-    def _delete_if_unused(self, exchange: str) -> None:
-        """Delete a group exchange left without members; one in use stays (a 406).
-
-        A group exchange declared auto-delete is gone already; this is for
-        those an older version made, which would otherwise stay until flush.
-        """
-        try:
-            self._topology_channel().exchange_delete(exchange, if_unused=True)
-        except pika.exceptions.ChannelClosedByBroker:
-            self._actions = self._connected().channel()  # still in use
 
     def _drop_channel(self, headers: Headers, deaths: List[Headers]) -> None:
-        channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(
-            headers, deaths
-        )
+        channel = _text(headers.get(naming.CHANNEL_HEADER)) or self._channel_from_deaths(deaths)
         if not channel:
             return
         logger.debug("message expired in %s: dropping it from its groups", channel)
         if channel_names.is_process_local(channel):
             self._drop_local_member(channel)
-        self._topology_channel().exchange_delete(self._topology.member_exchange(channel))
+        else:
+            self._topology_channel().exchange_delete(self._topology.member_exchange(channel))
 
     def _drop_local_member(self, channel: str) -> None:
         """Unbind a process-local channel from every group, and tell its process.
@@ -474,13 +403,9 @@ class DeadLetterWorker(object):
         )
         self._topology_channel().basic_publish("", queue, b"", notice)
 
-    def _channel_from_deaths(self, headers: Headers, deaths: List[Headers]) -> Optional[str]:
-        """The channel a dead message belonged to, from its x-death history."""
-        topology = self._topology
-        local = topology.member_queue_channel(headers)
-        if local:
-            return local
-        channel = topology.channel_of_queue(_text(deaths[0].get("queue")))
+    def _channel_from_deaths(self, deaths: List[Headers]) -> Optional[str]:
+        """A normal channel whose message expired, from its x-death history."""
+        channel = self._topology.channel_of_queue(_text(deaths[0].get("queue")))
         if channel and not channel.endswith("!"):
             return channel
         return None

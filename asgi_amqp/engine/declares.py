@@ -15,39 +15,29 @@ channel until its answer: the layer never unbinds a queue in a run (a
 membership's binding goes to an exchange, see ``naming``).
 
 What ``nowait`` costs besides the answer. A ``queue.declare`` sent with
-``nowait`` does not renew the queue's ``x-expires`` lease (measured on
-RabbitMQ 3.10.8 and 4.0.5: a queue with ``x-expires`` 2 s re-declared at
-1.2 s was gone at 3.23-3.24 s when the re-declare waited for its
-``Declare-Ok``, at 2.01-2.06 s when it did not). The layer renews channel,
-member and marker queues by declaring them again, so a step with
-``answered=True`` (every ``queue_declare``) always goes out with a callback
-and ends a run of nowait steps: an operation is one round trip per such
-step, not one in all.
+``nowait`` does not renew the queue's ``x-expires`` lease
+(``tests/test_group_renewal.py``), and the layer renews channel queues by
+declaring them again: so every ``queue_declare`` step is answered, and ends
+a run of nowait steps.
 
 Why a careful pass. A ``nowait`` step that fails closes the channel and says
 only the reply code and text, not which step it was; the steps after it are
 dropped by the broker. So an operation whose pipelined pass failed runs again
 from its first step, one step at a time (every step is idempotent), which
 finds the step that fails and applies that step's rules: a 404 is fine for
-deleting or unbinding something already gone, a 406 for an exchange that
-exists with other flags (made by an older version); anything else fails the
+deleting or unbinding something already gone; anything else fails the
 operation, with an error that names the step and its object.
 
-Why several admin channels. Operations run strictly one after another on
-a channel, so ``AdminChannels`` keeps a few channels and gives each operation to the least
-busy one: ``group_add`` calls from several threads overlap instead of
-queueing behind each other. A channel opens only when every open one is
-busy, so a process with one calling thread keeps one. Up to 8: with 8
-threads discarding process-local memberships through one layer (private
-RabbitMQ 3.10.8 node, 3,000 each), 4 channels gave 1,063-1,064 discards a
-second and 8 gave 1,271-1,304 (1 gave 775); a py-spy profile of the 4
-channel run had the calling threads waiting for the broker in 97-99 % of
-their samples and the I/O thread idle in ``poll`` in 44 % of its own.
+Why several admin channels. A channel runs its operations one after
+another, so ``AdminChannels`` gives each operation to the least busy of up
+to 8 channels, opening one only when every open one is busy: ``group_add``
+calls from several threads overlap instead of queueing (docs/benchmarks.rst,
+"Measurements behind the code").
 """
 
 import collections
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Deque, Dict, NamedTuple, Optional, Sequence
 
 import pika
 import pika.exceptions
@@ -65,7 +55,6 @@ logger = logging.getLogger(__name__)
 # Admin channels per connection at most (see ``AdminChannels``).
 ADMIN_CHANNELS = 8
 NOT_FOUND = 404
-PRECONDITION_FAILED = 406
 STATE_ERRORS = (
     pika.exceptions.ConnectionWrongStateError,
     pika.exceptions.ChannelWrongStateError,
@@ -88,7 +77,6 @@ class Step(NamedTuple):
     method: str
     kwargs: Dict[str, Any]
     not_found_ok: bool
-    inequivalent_ok: Union[bool, Callable[["Step"], None]] = False
     answered: bool = False
 
     def describe(self) -> str:
@@ -114,7 +102,6 @@ def queue_declare(
         "queue_declare",
         dict(queue=queue, durable=True, arguments=arguments, passive=passive),
         not_found_ok,
-        False,
         True,
     )
 
@@ -132,19 +119,12 @@ def queue_bind(queue: str, exchange: str, not_found_ok: bool = False) -> Step:
 
 
 def exchange_declare(
-    exchange: str,
-    auto_delete: bool = False,
-    exchange_type: str = "fanout",
-    inequivalent_ok: Union[bool, Callable[[Step], None]] = False,
+    exchange: str, auto_delete: bool = False, exchange_type: str = "fanout"
 ) -> Step:
-    """``inequivalent_ok``: an exchange of that name with other flags (406) is
-    used as it is; a callable is also called with the step when that happens
-    (on the I/O thread: it must only take note)."""
     return Step(
         "exchange_declare",
         dict(exchange=exchange, exchange_type=exchange_type, durable=True, auto_delete=auto_delete),
         False,
-        inequivalent_ok,
     )
 
 
@@ -313,12 +293,6 @@ class DeclareExecutor(object):
             self._queue.appendleft(operation)
         elif reply_code == NOT_FOUND and step.not_found_ok:
             # Already gone is what we wanted; go on once the channel is back.
-            operation.index += 1
-            self._queue.appendleft(operation)
-        elif reply_code == PRECONDITION_FAILED and step.inequivalent_ok:
-            logger.debug("%s: %s; using it as it is", step.describe(), reply_text)
-            if callable(step.inequivalent_ok):
-                step.inequivalent_ok(step)  # the caller's note, made on this thread
             operation.index += 1
             self._queue.appendleft(operation)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:

@@ -83,10 +83,7 @@ class HandedOff(object):
     unmarked message whose key is that of a copy held or handed out, its
     original, is dropped too; otherwise an unmarked message costs no
     lookup. The key is the queue, the message id and the channel (the
-    ``asgi-channel`` header, or for a group message fanned out to
-    process-local members the member queue it was dead-lettered from), so
-    one group message reaching two members of this process is two keys.
-    Other processes cannot see this log: on a
+    ``asgi-channel`` header). Other processes cannot see this log: on a
     channel read by several processes a copy may reach another process;
     see the docs' delivery guarantees. A copy comes back within
     ``operation_timeout`` of the reconnect, so the log holds enough keys for
@@ -181,12 +178,7 @@ class HandedOff(object):
 
 def delivery_key(queue: str, message_id: Optional[str], headers: Mapping[str, Any]) -> DeliveryKey:
     """What tells one delivery from another in ``HandedOff``."""
-    channel = headers.get(CHANNEL_HEADER)
-    if channel is None:
-        deaths = headers.get("x-death")
-        if deaths:
-            channel = deaths[0].get("queue")
-    return queue, message_id, channel
+    return queue, message_id, headers.get(CHANNEL_HEADER)
 
 
 class Liveness(object):

@@ -8,10 +8,9 @@ that gives up calls ``abandon``, and from then on ``resolve`` returns False,
 so the I/O thread puts the message back instead of losing it.
 
 The caller sleeps on a bare lock, released once when the result arrives,
-rather than on a ``threading.Event``: ``Event.set`` runs a Python-level
-``Condition.notify_all`` on the I/O thread, and with eight threads sending
-through one layer that was about a seventh of the I/O thread's time, which
-is the layer's bottleneck. Releasing a lock is one C call.
+rather than on a ``threading.Event``, whose ``set`` runs Python code on the
+I/O thread, the layer's bottleneck; releasing a lock is one C call
+(docs/benchmarks.rst, "Measurements behind the code").
 
 It is the one wait protocol of the engine. The I/O thread also uses it for
 work nobody waits on: an acknowledgement is a ``Pending`` that no caller

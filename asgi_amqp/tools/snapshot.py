@@ -249,9 +249,10 @@ class Collector(object):
             if not group or not member:
                 continue
             # A binding per lease stamp: a member's lease ends with its last.
-            # One made before leases has no stamp, and no end to see here.
             stamp = str(arguments.get(naming.LEASE_HEADER))
-            ends = topology.lease_ends(int(stamp)) if stamp.isdigit() else float("inf")
+            if not stamp.isdigit():
+                continue  # not a lease's binding: the layer made none such
+            ends = topology.lease_ends(int(stamp))
             of_group = members.setdefault(group, {})
             of_group[member] = max(of_group.get(member, 0.0), ends)
             if channel_names.is_process_local(member):

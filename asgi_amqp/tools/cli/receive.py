@@ -30,10 +30,6 @@ IDLE_FIRST = 0.01
 IDLE_MAX = 0.2
 
 
-class Unreadable(Exception):
-    """A message left in its queue because it cannot be read; ``str`` says where and why."""
-
-
 def report_unreadable(channel: str, exc: BaseException) -> None:
     """The stderr line for a message that stays in its queue: channel and reason only."""
     click.echo(

@@ -317,3 +317,27 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
         sender.close()
     copies = _check_order(log, frames, copies_allowed=True)
     print("\n%s: %d of %d frames came twice" % (queue_type, copies, sockets * frames))
+
+
+def test_statistics_top_and_flush_take_the_shards_for_the_channel(broker, new_layer):
+    from asgi_amqp.tools.snapshot import Collector
+
+    layer = new_layer(broker, flush=True)
+    for socket in range(3):
+        layer.send(RECEIVE, frame("s%d" % socket, 0))  # three shards, most likely
+    layer.send(RECEIVE, {"text": "plain"})
+    # The management API samples queues every few seconds.
+    wait_until(
+        lambda: layer.channel_statistics(RECEIVE)["messages_pending"] == 4,
+        30,
+        interval=0.25,
+        message="the channel's statistics counting its shards",
+    )
+    assert layer.global_statistics()["messages_pending"] == 4
+    collect = Collector(layer.management_client(), layer.topology)
+    views = [view for view in collect().channels if view.name == RECEIVE]
+    assert len(views) == 1 and views[0].depth == 4, views
+    layer.flush()
+    head = layer.topology.channel_queue(RECEIVE)
+    left = [q["name"] for q in layer.management_client().queues(head)]
+    assert left == [], left

@@ -158,6 +158,25 @@ def _capacity(record: Dict[str, Any]) -> Optional[int]:
     return length + 1 if arguments.get("x-queue-type") == "quorum" else length
 
 
+def _sum_views(one: ChannelView, other: ChannelView) -> ChannelView:
+    """Two queues of one channel (its own and a shard) as one view: the
+    figures added up, the oldest age and the most readers; the capacity is
+    each queue's."""
+    ages = [age for age in (one.oldest_age, other.oldest_age) if age is not None]
+    return dataclasses.replace(
+        one,
+        depth=one.depth + other.depth,
+        unacked=one.unacked + other.unacked,
+        capacity=one.capacity or other.capacity,
+        in_rate=one.in_rate + other.in_rate,
+        out_rate=one.out_rate + other.out_rate,
+        oldest_age=max(ages) if ages else None,
+        readers=max(one.readers, other.readers),
+        taken_in=one.taken_in + other.taken_in,
+        expired=one.expired + other.expired,
+    )
+
+
 def _channel_view(channel: str, record: Dict[str, Any], now: float) -> ChannelView:
     stats = record.get("message_stats") or {}
     depth = _int(record.get("messages_ready"))
@@ -210,7 +229,11 @@ class Collector(object):
             name = str(record.get("name", ""))
             channel = topology.channel_of_queue(name)
             if channel:
-                channels[channel] = _channel_view(channel, record, now)
+                view = _channel_view(channel, record, now)
+                # An ordered channel's shards count as the channel.
+                channels[channel] = (
+                    _sum_views(channels[channel], view) if channel in channels else view
+                )
             elif name == topology.dead_letter_queue:
                 dead_letters = record
         groups, local_members = self._groups(now)

@@ -190,6 +190,18 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         dict(type=click.IntRange(min=1), metavar="N", help="[default: 1000]"),
     ),
     (
+        ("--ordered-channel", "ordered_channels"),
+        dict(
+            type=_ListOf("CHANNEL"),
+            multiple=True,
+            envvar=ENV_PREFIX + "ORDERED_CHANNELS",
+            metavar="CHANNEL",
+            help="A channel whose messages with a reply_channel and an order reach one "
+            "process at a time, in order; repeatable (the environment variable is "
+            "comma-separated) [default: websocket.connect, .receive, .disconnect].",
+        ),
+    ),
+    (
         ("--persistent/--transient", "persistent"),
         dict(
             default=None,

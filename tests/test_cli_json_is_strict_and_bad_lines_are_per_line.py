@@ -66,5 +66,5 @@ def test_a_line_that_is_not_utf8_fails_alone(cli_env, cli_layer, tmp_path):
     result = run_cli(["send", "--from", str(source)], env=cli_env)
     assert result.exit_code == 1
     assert re.search(r"^line 2: not UTF-8 text \(byte 0xe9 at column \d+\)$", result.stderr, re.M)
-    assert "sent 2, channel full 0, failed 1" in result.stderr
+    assert "sent 2, refused 0, in doubt 0, not sent 1," in result.stderr
     assert drain(cli_layer, ["u.a"]) == [("u.a", {"n": 1}), ("u.a", {"n": 3})]

@@ -34,7 +34,7 @@ MAX_REPORTED_ERRORS = 20
 EPILOG = """\b
 Exit status:
   0  everything was sent (received, done)
-  1  some messages were skipped because a channel was full, or failed;
+  1  some lines were not sent (refused, in doubt, or not sent);
      receive: fewer than --count messages arrived; flush: not confirmed;
      requeue: a destination channel was full
   2  usage or configuration error, invalid name, a message that cannot

@@ -19,25 +19,14 @@ import time
 import pika
 import pytest
 
-from helpers import Management, make_layer, run_cli, wait_until
+from helpers import BULK_SUMMARY, Management, bulk_summary, make_layer, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUMMARY = re.compile(
-    r"^sent (\d+), refused (\d+), in doubt (\d+), not sent (\d+), of (\d+) lines in ", re.M
-)
 RESUME = re.compile(r"^first line not sent: (\d+) \(--skip (\d+) resumes there too\)", re.M)
 LINES = 20000
 CHANNELS = 300
-
-
-def _summary(stderr):
-    found = SUMMARY.findall(stderr)
-    assert len(found) == 1, stderr
-    counts = tuple(int(n) for n in found[0])
-    assert sum(counts[:4]) == counts[4], stderr
-    return counts[:4]
 
 
 def _write_lines(path, lines=LINES, channels=CHANNELS):
@@ -100,7 +89,7 @@ def test_a_signal_leaves_a_summary_that_matches_the_broker(
             process.wait(10)
     try:
         assert process.returncode in (128 + signum, 0), stderr  # 0: it finished first
-        sent, refused, in_doubt, not_sent = _summary(stderr)
+        sent, refused, in_doubt, not_sent = bulk_summary(stderr)
         held = sum(_queue_depths(broker, queues).values())
         print(
             "\n%s at %d queues: %s; the broker holds %d"
@@ -133,7 +122,7 @@ def test_on_full_fail_accounts_for_the_lines_after_the_stop(cli_env, cli_layer, 
     _write_lines(source, lines=3000, channels=1)
     result = run_cli(["--capacity", "100", "send", "--from", str(source)], env=cli_env)
     assert result.exit_code == 1
-    sent, refused, in_doubt, not_sent = _summary(result.stderr)
+    sent, refused, in_doubt, not_sent = bulk_summary(result.stderr)
     assert sent == 100 and in_doubt == 0 and refused >= 1
     assert sent + refused + in_doubt + not_sent == 3000, result.stderr
     assert RESUME.search(result.stderr).group(1) == "101", result.stderr
@@ -149,8 +138,8 @@ def test_refused_credentials_account_for_every_line(broker, cli_prefix, tmp_path
     )
     assert result.exit_code == 2
     assert "wrong" not in result.stderr
-    if SUMMARY.search(result.stderr):  # one line in, the error alone says it all
-        sent, refused, in_doubt, not_sent = _summary(result.stderr)
+    if BULK_SUMMARY.search(result.stderr):  # one line in, the error alone says it all
+        sent, refused, in_doubt, not_sent = bulk_summary(result.stderr)
         assert sent == 0 and sent + refused + in_doubt + not_sent == 2000, result.stderr
 
 
@@ -191,7 +180,7 @@ def test_retries_are_bounded_and_say_how_they_go(cli_env, cli_layer, tmp_path):
     )
     elapsed = time.monotonic() - started
     assert result.exit_code == 1, result.stderr
-    assert _summary(result.stderr) == (5, 195, 0, 0), result.stderr
+    assert bulk_summary(result.stderr) == (5, 195, 0, 0), result.stderr
     assert elapsed < 6 + 8, elapsed
     assert "retrying full channels (now acct.c0)" in result.stderr
     assert "gave up retrying after" in result.stderr

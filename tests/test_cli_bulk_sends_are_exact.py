@@ -20,21 +20,9 @@ import pika
 import pytest
 
 from asgi_amqp.serialization import Serializer
-from helpers import drain, run_cli, wait_until
+from helpers import bulk_summary, drain, run_cli, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUMMARY = re.compile(
-    r"^sent (\d+), refused (\d+), in doubt (\d+), not sent (\d+), of (\d+) lines in ", re.M
-)
-
-
-def _summary(stderr):
-    """(sent, refused, in doubt, not sent), checked to add up to the lines read."""
-    found = SUMMARY.findall(stderr)
-    assert len(found) == 1, stderr
-    counts = tuple(int(n) for n in found[0])
-    assert sum(counts[:4]) == counts[4], stderr
-    return counts[:4]
 
 
 def _write(path, records):
@@ -163,7 +151,7 @@ def test_a_stalled_broker_leaves_lines_in_doubt_and_the_resume_sends_the_rest_on
             process.wait(10)
     try:
         assert process.returncode == 2, stderr  # it gave up: the broker did not answer
-        sent, refused, in_doubt, not_sent = _summary(stderr)
+        sent, refused, in_doubt, not_sent = bulk_summary(stderr)
         assert in_doubt > 0 and refused == 0 and sent + in_doubt >= 3000, stderr
         kinds = _rejects(str(source) + ".rejects")
         assert collections.Counter(kinds.values()) == {"in doubt": in_doubt, "not sent": not_sent}
@@ -191,7 +179,7 @@ def test_a_stalled_broker_leaves_lines_in_doubt_and_the_resume_sends_the_rest_on
         command, env = _command(node, prefix, "send", "--from", str(source) + ".rejects")
         resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 1, resumed.stderr  # the lines in doubt are still not sent
-        assert _summary(resumed.stderr) == (not_sent, 0, in_doubt, 0)
+        assert bulk_summary(resumed.stderr) == (not_sent, 0, in_doubt, 0)
         assert "--resend-in-doubt" in resumed.stderr
         assert set(_rejects(str(source) + ".rejects").values()) == {"in doubt"}
         copies.update(_take_all(node.amqp_url, queues))
@@ -217,7 +205,7 @@ def test_on_full_fail_writes_nothing_after_the_refusal_and_the_resume_is_exact(
     )
     result = run_cli(options + ["send", "--from", str(source)], env=cli_env)
     assert result.exit_code == 1, result.stderr
-    sent, refused, in_doubt, not_sent = _summary(result.stderr)
+    sent, refused, in_doubt, not_sent = bulk_summary(result.stderr)
     assert "stopped at line 101: channel fa.a is full (--on-full=fail)" in result.stderr
     assert in_doubt == 0 and refused >= 50
     first = collections.Counter(m["n"] for _, m in drain(layer, ["fa.a", "fa.b"]))
@@ -232,7 +220,7 @@ def test_on_full_fail_writes_nothing_after_the_refusal_and_the_resume_is_exact(
     # fa.a was drained: the resume has room, and sends each line not sent once.
     again = run_cli(options + ["send", "--from", str(source) + ".rejects"], env=cli_env)
     assert again.exit_code == 0, again.stderr
-    assert _summary(again.stderr) == (len(kinds), 0, 0, 0)
+    assert bulk_summary(again.stderr) == (len(kinds), 0, 0, 0)
     assert os.path.getsize(str(source) + ".rejects") == 0
     first.update(m["n"] for _, m in drain(layer, ["fa.a", "fa.b"]))
     assert first == collections.Counter(range(5150))
@@ -249,14 +237,14 @@ def test_json_nested_a_thousand_deep_is_an_error_of_its_line(cli_env, cli_layer,
     assert result.exit_code == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert re.search(r"^line 1: invalid JSON: nested too deeply", result.stderr, re.M)
-    assert _summary(result.stderr) == (1, 0, 0, 1)
+    assert bulk_summary(result.stderr) == (1, 0, 0, 1)
     assert drain(cli_layer, ["deep.a"]) == [("deep.a", {"n": 1})]
 
     source = tmp_path / "deep.jsonl"
     source.write_text(good + "\n" + DEEP + "\n")
     result = run_cli(["send", "--from", str(source)], env=cli_env)
     assert re.search(r"^line 2: invalid JSON: nested too deeply", result.stderr, re.M)
-    assert _summary(result.stderr) == (1, 0, 0, 1)
+    assert bulk_summary(result.stderr) == (1, 0, 0, 1)
     assert _rejects(str(source) + ".rejects") == {2: "not sent"}
 
     message = DEEP[DEEP.index('{"d"') : -1]

@@ -200,7 +200,9 @@ def test_an_existing_queue_with_other_arguments_is_used_as_it_is(
 @pytest.mark.parametrize(
     "content, expected",
     [
-        ('{"hosts": ["amqp://a"]}', "unknown layer option 'hosts'; give the broker as 'url'"),
+        ('{"hosts": [["localhost", 6379]]}', "hosts must be a list of AMQP URLs"),
+        ('{"url": "amqp://a", "hosts": ["amqp://b"]}', "gives both 'url' and 'hosts'"),
+        ('{"capacity": 5, "hostz": 1}', "unknown layer option 'hostz'"),
         ('{"capacity": 5,', "is not valid JSON"),
         ("[1, 2]", "must be an object of layer options"),
     ],

@@ -84,6 +84,17 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         ),
     ),
     (
+        ("--hosts",),
+        dict(
+            type=_ListOf("URL"),
+            multiple=True,
+            metavar="URL",
+            help="The broker's nodes as the layer's 'hosts' (asgi_redis's name for a list "
+            "of URLs); repeatable, the environment variable comma-separated. The same as "
+            "--url with a list: give one of the two.",
+        ),
+    ),
+    (
         ("--management-url",),
         dict(
             envvar="AMQP_MANAGEMENT_URL",

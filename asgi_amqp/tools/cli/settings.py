@@ -47,6 +47,11 @@ class Settings(object):
                 for name, entry in self._given.items()
                 if name not in _NOT_LAYER
             }
+            # --url and --hosts name one setting: the one given the higher way
+            # wins (--hosts over AMQP_URL); given alike, both are an error.
+            url, hosts = self._given.get("url"), self._given.get("hosts")
+            if url is not None and hosts is not None and url[0] != hosts[0]:
+                del overrides["url" if url[0] < hosts[0] else "hosts"]
             try:
                 config = layerconfig.layer_config(
                     django_settings=self.given("django_settings"),
@@ -142,8 +147,8 @@ def _layer_value(name: str, value: Any) -> Any:
         return [part.strip() for part in value.split(",") if part.strip()]
     if name == "channel_capacity":
         return dict(value)
-    if name == "symmetric_encryption_keys":
-        return list(value)
+    if name in ("symmetric_encryption_keys", "hosts"):
+        return list(value) or None  # an empty list: not given
     return value
 
 

@@ -81,10 +81,18 @@ class Settings(object):
             from ...layer import AMQPChannelLayer
 
             config = self.config()
-            if existing_capacities:
-                config = layerconfig.with_existing_capacities(config, self.urls())
+            # The layer checks every setting and connects on first use only:
+            # nothing (the management API included) is contacted before the
+            # settings are known to be valid.
             with _LayerErrors():
-                self._layer = AMQPChannelLayer(**config)
+                layer = AMQPChannelLayer(**config)
+            if existing_capacities:
+                found = layerconfig.with_existing_capacities(config, self.urls())
+                if found != config:
+                    layer.close()
+                    with _LayerErrors():
+                        layer = AMQPChannelLayer(**found)
+            self._layer = layer
         return self._layer
 
     def reader(self) -> "QueueReader":

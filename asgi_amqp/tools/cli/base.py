@@ -53,6 +53,26 @@ than --url: a command line is visible to other users of the machine.
 """
 
 
+def no_queue_note(channel: str) -> None:
+    """Say on stderr that ``channel`` has no queue: a mistyped name or prefix, often."""
+    click.echo(
+        "note: channel %s has no queue (never sent to, expired when unused, or "
+        "flushed): check the name and --prefix" % channel,
+        err=True,
+    )
+
+
+def confirm_or_stop(question: str, refused: str) -> None:
+    """Ask ``question``; unless answered yes, say ``refused`` and exit 1."""
+    try:
+        confirmed = click.confirm(question, default=False, err=True)
+    except click.Abort:  # end of input or Ctrl-C
+        confirmed = False
+    if not confirmed:
+        click.echo("%s: %s" % (PROG, refused), err=True)
+        sys.exit(EXIT_PARTIAL)
+
+
 def _message_argument(text: str) -> Dict[str, Any]:
     try:
         message = loads(text)

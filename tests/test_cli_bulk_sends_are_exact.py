@@ -8,6 +8,7 @@ them twice; ``--on-full fail`` went on sending the lines after the full
 one; JSON nested 1,000 deep crashed the command with a RecursionError.
 """
 
+import codecs
 import collections
 import json
 import os
@@ -20,7 +21,7 @@ import pika
 import pytest
 
 from asgi_amqp.serialization import Serializer
-from helpers import bulk_summary, drain, run_cli, wait_until
+from helpers import Management, bulk_summary, drain, run_cli, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -251,3 +252,37 @@ def test_json_nested_a_thousand_deep_is_an_error_of_its_line(cli_env, cli_layer,
     result = run_cli(["send", "deep.a", message], env=cli_env)
     assert result.exit_code == 2
     assert "MESSAGE_JSON" in result.stderr and "nested too deeply" in result.stderr
+
+
+# -- for cron jobs: a dry run, and a byte-order mark -------------------------------------
+
+
+def test_a_dry_run_checks_every_line_and_sends_nothing(broker, cli_env, cli_prefix, tmp_path):
+    source = tmp_path / "check.jsonl"
+    lines = [
+        json.dumps({"channel": "dry.a", "message": {"n": 1}}),
+        "{bad",
+        json.dumps({"channel": "dry.a", "message": {"text": "x" * 200}}),
+        json.dumps({"channel": "bad name", "message": {}}),
+    ]
+    source.write_bytes(codecs.BOM_UTF8 + "\n".join(lines).encode() + b"\n")
+    options = ["--max-message-size", "100", "send", "--dry-run", "--from", str(source)]
+    result = run_cli(options, env=cli_env)
+    assert result.exit_code == 1, result.stderr
+    assert [line.split(":")[0] for line in result.stderr.splitlines()[:3]] == [
+        "line 2",
+        "line 3",
+        "line 4",
+    ]
+    assert "dry run: 4 lines, 1 valid, 3 bad; nothing was sent" in result.stderr
+    assert Management(broker).queue("%s:q:dry.a" % cli_prefix) is None
+    assert not os.path.exists(str(source) + ".rejects")
+
+
+def test_a_byte_order_mark_is_not_part_of_line_one(cli_env, cli_layer, tmp_path):
+    source = tmp_path / "bom.jsonl"
+    lines = [json.dumps({"channel": "bom.a", "message": {"n": n}}) for n in (1, 2)]
+    source.write_bytes(codecs.BOM_UTF8 + "\n".join(lines).encode() + b"\n")
+    result = run_cli(["send", "--from", str(source)], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert drain(cli_layer, ["bom.a"]) == [("bom.a", {"n": 1}), ("bom.a", {"n": 2})]

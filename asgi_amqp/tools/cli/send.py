@@ -14,7 +14,18 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+)
 
 from ...errors import AuthenticationError, BrokerConnectionError, MessageTooLarge
 from ...pipeline import NotAttempted
@@ -290,6 +301,45 @@ def _check_writable(path: str) -> None:
         )
 
 
+def _lines(stream: IO[bytes], skip: int) -> Iterator[Tuple[int, bytes]]:
+    """(number, line) of every non-blank line after the first ``skip``; a UTF-8
+    byte-order mark at the start is dropped (a file saved as "utf-8-sig")."""
+    for number, raw in enumerate(stream, 1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        if raw.strip() and number > skip:
+            yield number, raw
+
+
+def _check_bulk(settings: Settings, stream: IO[bytes], skip: int, as_json: bool) -> int:
+    """--dry-run: check every line as a send would, send nothing, connect nowhere."""
+    layer = settings.layer()  # made, not connected: it connects on first use
+    report = _reporter((lambda text: None) if settings.silent else None)
+    read = bad = 0
+    for number, raw in _lines(stream, skip):
+        read += 1
+        line, value = _read(number, raw)
+        try:
+            if isinstance(value, ValueError):
+                raise value
+            _kind, _name, message = _message_of(value, layer)
+            layer.sender.encode(message)  # the size limit, and the keys' encryption
+        except (TypeError, ValueError, MessageTooLarge) as exc:
+            bad += 1
+            report("line %d" % line.number, exc)
+    code = EXIT_PARTIAL if bad else EXIT_OK
+    if as_json:
+        click.echo(
+            json.dumps({"lines": read, "valid": read - bad, "bad": bad, "exit_status": code})
+        )
+    elif not settings.quiet:
+        click.echo(
+            "dry run: %d lines, %d valid, %d bad; nothing was sent" % (read, read - bad, bad),
+            err=True,
+        )
+    return code
+
+
 def _reason(error: Optional[BaseException]) -> str:
     return "" if error is None else _describe(error)
 
@@ -338,11 +388,7 @@ def _send_bulk(
     unread_from = None  # the line a pipe's reading stopped at, or None
     with _StopSignals() as signals:
         try:
-            for number, raw in enumerate(stream, 1):
-                if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8) :]
-                if not raw.strip() or number <= skip:
-                    continue
+            for number, raw in _lines(stream, skip):
                 if signals.received is not None and sender.stopped is None:
                     sender.stop(signals.reason or "a signal")
                 if sender.done and total is None:
@@ -510,6 +556,12 @@ def _send_bulk(
     is_flag=True,
     help="With --from: print the summary on stdout as one JSON object.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="With --from: check every line (JSON, names, size, encryption) and send "
+    "nothing; exit status 1 if any line is bad.",
+)
 @click.pass_obj
 def send(
     settings: Settings,
@@ -524,6 +576,7 @@ def send(
     rejects_to: Optional[str],
     resend_in_doubt: bool,
     as_json: bool,
+    dry_run: bool,
 ) -> None:
     """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
 
@@ -535,6 +588,8 @@ def send(
     if source is not None:
         if channel is not None or message_json is not None:
             raise click.UsageError("give either CHANNEL MESSAGE_JSON or --from FILE, not both")
+        if dry_run:
+            sys.exit(_check_bulk(settings, source, skip, as_json))
         sys.exit(
             _send_bulk(
                 settings,
@@ -549,8 +604,10 @@ def send(
                 as_json,
             )
         )
-    if rejects_to is not None or resend_in_doubt or as_json:
-        raise click.UsageError("--rejects, --resend-in-doubt and --json go with --from FILE")
+    if rejects_to is not None or resend_in_doubt or as_json or dry_run:
+        raise click.UsageError(
+            "--rejects, --resend-in-doubt, --json and --dry-run go with --from FILE"
+        )
     if channel is None or message_json is None:
         raise click.UsageError("give CHANNEL and MESSAGE_JSON, or --from FILE")
     message = _message_argument(message_json)

@@ -311,6 +311,11 @@ def test_sender_cli_names_the_refusal(users, layers, tmp_path):
     assert "cannot reach" not in bulk.stderr, bulk.stderr
     assert "sent 2, refused 1, in doubt 0, not sent 0," in bulk.stderr, bulk.stderr
     assert [m["n"] for _, m in drain(app, ["cron"])] == [0, 2]
+    # A group send needs more than the role has: said in the role's terms.
+    group = cli("send-group", "room", '{"n": 3}')
+    assert group.returncode == 1, group.stderr
+    assert "this user may not send to groups" in group.stderr, group.stderr
+    assert "'sender' role" in group.stderr and group.stderr.count("\n") == 1
 
 
 # -- monitoring ---------------------------------------------------------------------------------

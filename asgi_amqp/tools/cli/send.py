@@ -27,7 +27,12 @@ from typing import (
     Tuple,
 )
 
-from ...errors import AuthenticationError, BrokerConnectionError, MessageTooLarge
+from ...errors import (
+    ACCESS_REFUSED,
+    AuthenticationError,
+    BrokerConnectionError,
+    MessageTooLarge,
+)
 from ...pipeline import NotAttempted
 from ...serialization import validate_message
 from .. import bulk, rejects
@@ -661,6 +666,14 @@ def _send_one(
         # The message itself (too large, say): an invalid message, exit 2.
         if isinstance(problem, (MessageTooLarge, TypeError, ValueError)):
             raise CLIError("%s %s: %s" % (kind, name, _one_line(problem)))
+        if kind == "group" and getattr(problem, "reply_code", None) == ACCESS_REFUSED:
+            raise CLIError(
+                "group %s: this user may not send to groups (the broker refused it: %s). "
+                "The 'sender' role (asgi-amqp permissions sender) sends to channels "
+                "only; send-group needs the 'application' role's permissions"
+                % (name, _one_line(problem)),
+                EXIT_PARTIAL,
+            )
         raise _error_for(problem) or CLIError(
             "%s %s: %s" % (kind, name, _describe(problem)), EXIT_PARTIAL
         )

@@ -96,6 +96,20 @@ def test_when_no_node_answers_the_error_names_every_node_tried(tmp_path, monkeyp
         assert "pw" not in result.stderr
 
 
+def test_a_commands_help_names_the_shared_options_without_repeating_them():
+    """Every command's --help repeated the group's 25 settings options."""
+    group = run_cli(["--help"])
+    assert group.exit_code == 0 and "--queue-type" in group.stdout
+    for command in (["send"], ["peek"], ["stats"]):
+        result = run_cli(command + ["--help"])
+        assert result.exit_code == 0, result.stderr
+        assert "--queue-type" not in result.stdout and "--max-consumers" not in result.stdout
+        assert "The settings options of 'asgi-amqp --help'" in result.stdout
+    assert "--on-full" in run_cli(["send", "--help"]).stdout
+    # Still accepted after the command, and completed there.
+    assert run_cli(["send", "--queue-type", "nonsense", "c", "{}"]).exit_code == 2
+
+
 def test_shell_completion_script_and_answers():
     result = _console(extra_env={"_ASGI_AMQP_COMPLETE": "bash_source"})
     assert result.returncode == 0

@@ -91,7 +91,10 @@ class _Group(click.Group):
 
     click prints a usage error as the usage, a hint and the error on
     separate lines; here it is one line that ends with the hint to --help.
+    Its commands' --help leave out the shared options (``options.SharedHelp``).
     """
+
+    command_class = options.SharedHelp
 
     def main(
         self,

@@ -391,6 +391,7 @@ def _send_bulk(
     started = time.monotonic()
     read = 0  # non-blank lines read, after --skip
     unread_from = None  # the line a pipe's reading stopped at, or None
+    resuming = False  # a line was a rejects record: its number is not this file's
     with _StopSignals() as signals:
         try:
             for number, raw in _lines(stream, skip):
@@ -401,6 +402,7 @@ def _send_bulk(
                     break
                 read += 1
                 line, value = _read(number, raw)
+                resuming = resuming or line.raw is not raw
                 where = "line %d" % line.number
                 if sender.done:  # the rest of a file goes to the rejects
                     error: BaseException = NotAttempted("not sent: the run stopped first")
@@ -475,7 +477,7 @@ def _send_bulk(
             click.echo("the rest of the input, from line %d, was not read" % unread_from, err=True)
         if sender.in_doubt:
             click.echo(IN_DOUBT_RISK % sender.in_doubt, err=True)
-        skip_line = _skip_line(sender)
+        skip_line = None if resuming else _skip_line(sender)
         if skip_line is not None:
             click.echo(skip_line, err=True)
     if out.count and not settings.silent and not as_json:

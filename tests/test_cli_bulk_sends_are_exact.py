@@ -186,6 +186,20 @@ def test_a_stalled_broker_leaves_lines_in_doubt_and_the_resume_sends_the_rest_on
         copies.update(_take_all(node.amqp_url, queues))
         for n in range(STALL_LINES):
             assert copies[n] == 1 or (n in doubtful and copies[n] == 0), n
+
+        # --resend-in-doubt sends the rest: a second copy of each that had arrived.
+        command, env = _command(
+            node, prefix, "send", "--resend-in-doubt", "--json", "--from", str(source) + ".rejects"
+        )
+        resent = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert resent.returncode == 0, resent.stderr
+        summary = json.loads(resent.stdout)
+        assert (summary["lines"], summary["sent"], summary["in_doubt"]) == (in_doubt,) * 2 + (0,)
+        assert summary["rejects"] is None and os.path.getsize(str(source) + ".rejects") == 0
+        again = _take_all(node.amqp_url, queues)
+        assert set(again) == doubtful and set(again.values()) == {1}
+        copies.update(again)
+        assert sum(1 for n in doubtful if copies[n] == 2) == arrived
     finally:
         _delete(node.amqp_url, queues)
 
@@ -219,9 +233,11 @@ def test_on_full_fail_writes_nothing_after_the_refusal_and_the_resume_is_exact(
     assert all(kinds[line] == "refused" for line in range(101, 151))
 
     # fa.a was drained: the resume has room, and sends each line not sent once.
-    again = run_cli(options + ["send", "--from", str(source) + ".rejects"], env=cli_env)
+    again = run_cli(options + ["send", "--json", "--from", str(source) + ".rejects"], env=cli_env)
     assert again.exit_code == 0, again.stderr
-    assert bulk_summary(again.stderr) == (len(kinds), 0, 0, 0)
+    summary = json.loads(again.stdout)
+    assert summary["exit_status"] == 0 and summary["lines"] == summary["sent"] == len(kinds)
+    assert summary["refused"] == summary["in_doubt"] == summary["not_sent"] == 0
     assert os.path.getsize(str(source) + ".rejects") == 0
     first.update(m["n"] for _, m in drain(layer, ["fa.a", "fa.b"]))
     assert first == collections.Counter(range(5150))

@@ -21,7 +21,7 @@ import pika
 import pytest
 
 from asgi_amqp.serialization import Serializer
-from helpers import Management, bulk_summary, drain, run_cli, wait_until
+from helpers import Management, bulk_summary, drain, free_port, run_cli, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -302,3 +302,21 @@ def test_a_byte_order_mark_is_not_part_of_line_one(cli_env, cli_layer, tmp_path)
     result = run_cli(["send", "--from", str(source)], env=cli_env)
     assert result.exit_code == 0, result.stderr
     assert drain(cli_layer, ["bom.a"]) == [("bom.a", {"n": 1}), ("bom.a", {"n": 2})]
+
+
+def test_json_summary_when_the_broker_cannot_be_reached(tmp_path, monkeypatch):
+    """A cron job reading --json gets its object when nothing could be sent too."""
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "lines.jsonl"
+    _write(source, ({"channel": "un.a", "message": {"n": n}} for n in range(5)))
+    env = {
+        "AMQP_URL": "amqp://guest:pw@127.0.0.1:%d/%%2F" % free_port(),
+        "AMQP_MANAGEMENT_URL": "http://127.0.0.1:%d/" % free_port(),
+    }
+    result = run_cli(["send", "--json", "--from", str(source)], env=env)
+    assert result.exit_code == 2, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["lines"], summary["sent"], summary["not_sent"]) == (5, 0, 5)
+    assert summary["rejects"] is None and "cannot reach the broker" in summary["error"]
+    assert summary["exit_status"] == 2 and "pw" not in result.stdout + result.stderr
+    assert not os.path.exists(str(source) + ".rejects")  # the input itself is the resume

@@ -113,6 +113,10 @@ def _skip_line(sender: bulk.BulkSender) -> Optional[str]:
     return "first line not sent: %d (--skip %d resumes there too)" % (first, first - 1)
 
 
+RESENT_RISK = (
+    "--resend-in-doubt: %d lines that were in doubt were sent again; each one the "
+    "broker already had is now there twice"
+)
 IN_DOUBT_RISK = (
     "in doubt: %d lines were written to the broker but not confirmed; it may hold "
     "some or all of them. A resume leaves them out; --resend-in-doubt sends them "
@@ -392,6 +396,7 @@ def _send_bulk(
     read = 0  # non-blank lines read, after --skip
     unread_from = None  # the line a pipe's reading stopped at, or None
     resuming = False  # a line was a rejects record: its number is not this file's
+    resent = 0  # lines in doubt sent again (--resend-in-doubt)
     with _StopSignals() as signals:
         try:
             for number, raw in _lines(stream, skip):
@@ -417,6 +422,7 @@ def _send_bulk(
                 elif isinstance(value, ValueError):
                     sender.invalid(where, value, line.number, line)
                 else:
+                    resent += line.in_doubt
                     try:
                         kind, name, message = _message_of(value, layer)
                     except ValueError as exc:
@@ -436,19 +442,11 @@ def _send_bulk(
             if bar is not None:
                 bar.close()
     elapsed = time.monotonic() - started
-    if sender.fatal is not None and sender.sent == 0 and sender.in_doubt == 0:
-        out.discard()  # nothing reached the broker: the input itself is the resume
-        raise _fatal_error(sender.fatal)
-    written = out.finish(keep_empty)
-    if sender.fatal is not None:
-        click.echo("%s: error: %s" % (PROG, _fatal_error(sender.fatal).format_message()), err=True)
-    if sender.stopped and signals.received is None:
-        click.echo(
-            "%s: stopped at %s"
-            % (PROG, sender.stopped.replace("(on_full=fail)", "(--on-full=fail)")),
-            err=True,
-        )
     code = _exit_code(sender, signals)
+    nothing_reached = sender.fatal is not None and sender.sent == 0 and sender.in_doubt == 0
+    if nothing_reached:
+        out.discard()  # the input itself is the resume
+    replaced = not nothing_reached and out.finish(keep_empty)
     if as_json:
         click.echo(
             json.dumps(
@@ -458,14 +456,26 @@ def _send_bulk(
                     "refused": sender.refused,
                     "in_doubt": sender.in_doubt,
                     "not_sent": sender.not_sent,
-                    "rejects": path if out.count else None,
+                    "resent_in_doubt": resent,
+                    "rejects": path if out.count and not nothing_reached else None,
                     "unread_from": unread_from,
                     "seconds": round(elapsed, 3),
+                    "error": _fatal_error(sender.fatal).format_message() if sender.fatal else None,
                     "exit_status": code,
                 }
             )
         )
-    elif not settings.quiet:
+    if nothing_reached and sender.fatal is not None:
+        raise _fatal_error(sender.fatal)
+    if sender.fatal is not None:
+        click.echo("%s: error: %s" % (PROG, _fatal_error(sender.fatal).format_message()), err=True)
+    if sender.stopped and signals.received is None:
+        click.echo(
+            "%s: stopped at %s"
+            % (PROG, sender.stopped.replace("(on_full=fail)", "(--on-full=fail)")),
+            err=True,
+        )
+    if not settings.quiet and not as_json:
         if sender.retry_given_up:
             click.echo(
                 "%s: gave up retrying after %.0f s (--retry-for): %d messages counted as "
@@ -477,6 +487,8 @@ def _send_bulk(
             click.echo("the rest of the input, from line %d, was not read" % unread_from, err=True)
         if sender.in_doubt:
             click.echo(IN_DOUBT_RISK % sender.in_doubt, err=True)
+        if resent:
+            click.echo(RESENT_RISK % resent, err=True)
         skip_line = None if resuming else _skip_line(sender)
         if skip_line is not None:
             click.echo(skip_line, err=True)
@@ -486,7 +498,7 @@ def _send_bulk(
             % (path, out.count, PROG, shlex.quote(path)),
             err=True,
         )
-    elif written and not settings.quiet and not as_json:
+    elif replaced and not settings.quiet and not as_json:
         click.echo("rejects: %s is empty now: every line was sent" % path, err=True)
     return code
 

@@ -674,6 +674,14 @@ def _send_one(
     )
     sender.submit(kind, name, message, "%s %s" % (kind, name))
     sender.close()
+    if sender.in_doubt:  # after a connection error: the first one says which
+        why = sender.fatal or next(iter(reported), None)
+        raise CLIError(
+            "%s %s: in doubt: it was written to the broker but no confirm came (%s); "
+            "the broker may or may not have it"
+            % (kind, name, _describe(why) if why is not None else "no answer"),
+            EXIT_PARTIAL,
+        )
     if sender.fatal is not None:
         raise _fatal_error(sender.fatal)
     for problem in reported:

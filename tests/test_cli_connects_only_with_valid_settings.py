@@ -67,3 +67,18 @@ def test_a_malformed_url_makes_no_connection(listeners, url, command, tmp_path, 
     assert "pw" not in result.stderr.replace("heartbeat_interval", "")
     assert not amqp.connected(), "an AMQP connection before the URL was checked"
     assert not management.connected(), "a management API request before the URL was checked"
+
+
+def test_a_rejects_file_that_cannot_be_written_stops_before_any_connection(listeners, tmp_path):
+    amqp, management = listeners
+    source = tmp_path / "lines.jsonl"
+    source.write_text('{"channel": "a.b", "message": {}}\n')
+    env = {
+        "AMQP_URL": "amqp://guest:guest@127.0.0.1:%d/%%2F" % amqp.port,
+        "AMQP_MANAGEMENT_URL": "http://127.0.0.1:%d/" % management.port,
+    }
+    missing = str(tmp_path / "no-such-folder" / "lines.rejects")
+    result = run_cli(["send", "--from", str(source), "--rejects", missing], env=env)
+    assert result.exit_code == 2, result.stderr
+    assert "cannot write the rejects file %s" % missing in result.stderr
+    assert not amqp.connected() and not management.connected()

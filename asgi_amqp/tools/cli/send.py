@@ -11,6 +11,7 @@ import shlex
 import signal
 import stat
 import sys
+import tempfile
 import threading
 import time
 from types import FrameType
@@ -284,26 +285,37 @@ def _rejects_path(stream: IO[bytes], given: Optional[str]) -> Tuple[str, bool]:
     """Where the rejects go, and whether that file is written even when empty.
 
     By default beside the input (``FILE.rejects``; a resume from a rejects
-    file rewrites that file), or for a pipe in the current directory. A
-    rejects file that was given, or that is the input itself, is always
-    written: left as it was, it would list lines this run sent.
+    file rewrites that file), else (a pipe, or a folder the command may not
+    write to) in the current directory, else in the temporary one. A rejects
+    file that was given, or that is the input itself, must be writable, and
+    is always written: left as it was, it would list lines this run sent.
     """
     name = getattr(stream, "name", None)
     is_file = isinstance(name, str) and name not in ("-", "<stdin>") and os.path.isfile(name)
     if given is not None:
+        _check_writable(given)
         return given, True
     if is_file:
         path = str(name)
         if path.endswith(".rejects"):
+            _check_writable(path)
             return path, True
-        return path + ".rejects", os.path.exists(path + ".rejects")
+        if _writable(path + ".rejects"):
+            return path + ".rejects", os.path.exists(path + ".rejects")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return "asgi-amqp-send-%s.rejects" % stamp, False
+    path = "asgi-amqp-send-%s.rejects" % stamp
+    if not _writable(path):
+        path = os.path.join(tempfile.gettempdir(), path)
+    return path, False
+
+
+def _writable(path: str) -> bool:
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
 
 
 def _check_writable(path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    if not _writable(path):
         raise CLIError(
             "cannot write the rejects file %s (every line not sent goes there): give "
             "--rejects FILE in a directory you can write to" % path
@@ -366,7 +378,6 @@ def _send_bulk(
     as_json: bool = False,
 ) -> int:
     path, keep_empty = _rejects_path(stream, rejects_to)
-    _check_writable(path)
     layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)

@@ -13,9 +13,13 @@ import collections
 import json
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
+from urllib.parse import urlsplit
 
 import pika
 import pytest
@@ -320,3 +324,79 @@ def test_json_summary_when_the_broker_cannot_be_reached(tmp_path, monkeypatch):
     assert summary["rejects"] is None and "cannot reach the broker" in summary["error"]
     assert summary["exit_status"] == 2 and "pw" not in result.stdout + result.stderr
     assert not os.path.exists(str(source) + ".rejects")  # the input itself is the resume
+
+
+class ConfirmDroppingProxy(object):
+    """Forwards TCP to ``target``; once a client sent a basic.publish frame,
+    what the broker sends back on that connection is dropped: the broker
+    takes the message, and its confirm never comes."""
+
+    PUBLISH = b"\x00\x3c\x00\x28"  # method frame payload: class 60 (basic), method 40
+
+    def __init__(self, target):
+        self._target = target
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(8)
+        self.port = self._listener.getsockname()[1]
+        self._pairs = []  # [client, upstream, frozen]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @property
+    def frozen(self):
+        return any(pair[2] for pair in self._pairs)
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        for client, upstream, _ in self._pairs:
+            client.close()
+            upstream.close()
+        self._listener.close()
+
+    def _run(self):
+        while not self._stop.is_set():
+            live = list(self._pairs)
+            sockets = [self._listener] + [s for pair in live for s in pair[:2]]
+            readable, _, _ = select.select(sockets, [], [], 0.05)
+            for sock in readable:
+                if sock is self._listener:
+                    client, _ = self._listener.accept()
+                    self._pairs.append([client, socket.create_connection(self._target), False])
+                    continue
+                pair = next(p for p in live if sock in p[:2])
+                other = pair[1] if sock is pair[0] else pair[0]
+                data = sock.recv(65536)
+                if not data:
+                    self._pairs.remove(pair)
+                    pair[0].close()
+                    pair[1].close()
+                    continue
+                if sock is pair[0]:
+                    other.sendall(data)
+                    pair[2] = pair[2] or self.PUBLISH in data
+                elif not pair[2]:
+                    other.sendall(data)
+
+
+def test_a_single_send_without_its_confirm_is_in_doubt(broker, cli_env, cli_layer):
+    target = urlsplit(broker.amqp_url)
+    proxy = ConfirmDroppingProxy((target.hostname, target.port))
+    try:
+        url = "amqp://%s@127.0.0.1:%d%s" % (
+            target.netloc.rpartition("@")[0],
+            proxy.port,
+            target.path,
+        )
+        env = dict(cli_env, AMQP_URL=url)
+        result = run_cli(["--operation-timeout", "2", "send", "doubt.a", '{"n": 1}'], env=env)
+        assert proxy.frozen
+    finally:
+        proxy.close()
+    assert result.exit_code == 1, result.stderr
+    assert "channel doubt.a: in doubt: it was written to the broker" in result.stderr
+    assert "guest@" not in result.stderr
+    # Here the broker did take it: "in doubt" was the honest answer.
+    assert drain(cli_layer, ["doubt.a"]) == [("doubt.a", {"n": 1})]

@@ -530,6 +530,8 @@ def test_bulk_subprocess_summary_without_progress_bar(broker, prefix):
         ("--url", "amqps://u:SECRETPW@127.0.0.1:1/"),
         ("--management-url", "http://u:SECRETPW@127.0.0.1:1/"),
         ("--management-url", "ftp://u:SECRETPW@127.0.0.1:1/"),
+        ("--hosts", "amqp://u:SECRETPW@127.0.0.1:1/%2F?heartbeat_interval=3"),
+        ("--hosts", "http://u:SECRETPW@127.0.0.1/"),
     ],
 )
 def test_bad_urls_never_print_the_password(env, option, url):

@@ -199,10 +199,15 @@ def _has_password(url: str) -> bool:
 
 
 def _note_passwords(given: Dict[str, Tuple[int, Any]]) -> None:
-    for name, variable in (("url", "AMQP_URL"), ("management_url", "AMQP_MANAGEMENT_URL")):
+    for name, variable in (
+        ("url", "AMQP_URL"),
+        ("hosts", "ASGI_AMQP_HOSTS"),
+        ("management_url", "AMQP_MANAGEMENT_URL"),
+    ):
         entry = given.get(name)
         if entry is not None and entry[0] == _RANK[click.core.ParameterSource.COMMANDLINE]:
-            if _has_password(entry[1]):
+            value = entry[1] if isinstance(entry[1], str) else ",".join(entry[1])
+            if _has_password(value):
                 click.echo(
                     "%s: note: --%s holds a password, which other users can see in the "
                     "process list and which stays in the shell history; set %s instead"

@@ -38,7 +38,7 @@ from .pipeline import send_all
 from .receiving import Receiver
 from .sending import Sender
 from .serialization import Message, Serializer
-from .urls import management_url_for, parse_urls, redact, vhost_of
+from .urls import management_url_for, parse_urls, redact, urls_from_hosts, vhost_of
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
@@ -152,7 +152,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             channel_capacity=channel_capacity,
         )
         if hosts is not None:
-            url = _urls_from_hosts(hosts, url)
+            url = urls_from_hosts(hosts, url)
         url = url or os.environ.get("AMQP_URL") or DEFAULT_URL
         self._urls = [url] if isinstance(url, str) else list(url)
         self._parameters = parse_urls(self._urls)
@@ -447,23 +447,6 @@ class AMQPChannelLayer(BaseChannelLayer):
         for name in names:
             check_channel_name(name, receive=receive)
         return True
-
-
-def _urls_from_hosts(hosts: Sequence[str], url: object) -> List[str]:
-    """``hosts`` (asgi_redis's name for the node list) as the ``url`` list."""
-    if url is not None:
-        raise TypeError("give the broker as 'url' or as 'hosts', not both")
-    if isinstance(hosts, (str, bytes)):
-        hosts = [hosts]
-    hosts = list(hosts)
-    if not hosts or not all(
-        isinstance(host, str) and host.startswith(("amqp://", "amqps://")) for host in hosts
-    ):
-        raise TypeError(
-            "hosts must be a list of AMQP URLs ('amqp://user:password@host:5672/vhost'); "
-            "(host, port) pairs are asgi_redis's form: give the broker as 'url'"
-        )
-    return hosts
 
 
 def _ordered_channels(channels: object) -> Tuple[str, ...]:

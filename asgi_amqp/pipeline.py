@@ -23,12 +23,17 @@ Memory is bounded by the window, whatever the input's size.
 
 import collections
 import time
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from . import engine, naming
 from .channel_names import is_process_local
 from .engine import ACKED
-from .errors import ACCESS_REFUSED, BrokerOperationError
+from .errors import (
+    ACCESS_REFUSED,
+    BrokerConnectionError,
+    BrokerOperationError,
+    MessageTooLarge,
+)
 
 if TYPE_CHECKING:
     from .layer import AMQPChannelLayer
@@ -39,6 +44,10 @@ CHUNK = 256  # messages per hand-off to the I/O thread
 WINDOW = 4096  # messages in flight at most
 
 Outcome = Optional[BaseException]  # None: sent
+# on_outcome(tag, error, in_doubt): ``in_doubt`` is True for an error of a
+# message that was written to the broker without a confirm coming back, so
+# the broker may have it; False means sent (error None) or certainly not.
+OnOutcome = Callable[[Any, Outcome, bool], None]
 
 
 class NotAttempted(Exception):
@@ -85,15 +94,18 @@ class SendPipeline(object):
     by the layer's own ``valid_channel_name`` and ``valid_group_name``.
 
     ``put`` takes one message and may block while the window is full;
-    ``flush`` waits for everything put so far. ``on_outcome(tag, error)``
-    is called for every message in the order they were put, from the
-    calling thread, with ``error`` None once the broker confirmed it.
+    ``flush`` waits for everything put so far. ``on_outcome(tag, error,
+    in_doubt)`` is called for every message in the order they were put,
+    from the calling thread, with ``error`` None once the broker confirmed
+    it (see ``OnOutcome``). Before each chunk goes, the outcomes that came
+    already are reported, so that a caller can ``stop`` before the next
+    chunk leaves.
     """
 
     def __init__(
         self,
         layer: "AMQPChannelLayer",
-        on_outcome: Callable[[Any, Outcome], None],
+        on_outcome: OnOutcome,
         chunk: int = CHUNK,
         window: int = WINDOW,
         keep_existing: bool = False,
@@ -127,9 +139,10 @@ class SendPipeline(object):
         if entry.error is None:
             self._waiting.append(entry)
             if len(self._waiting) >= self._chunk_size:
+                self._report_answered()  # may ``stop`` what waits for this chunk
                 self._launch()
         while len(self._in_flight) > self._window:
-            self._settle_oldest()
+            self._finish_oldest()
 
     def put_error(self, error: BaseException, tag: Any = None) -> None:
         """Keep ``error`` as the outcome of an item that was not even a message."""
@@ -137,13 +150,13 @@ class SendPipeline(object):
         entry.error = error
         self._in_flight.append(entry)
         while len(self._in_flight) > self._window:
-            self._settle_oldest()
+            self._finish_oldest()
 
     def flush(self) -> None:
         """Hand over what is left and wait for every outcome."""
         self._launch()
         while self._in_flight:
-            self._settle_oldest()
+            self._finish_oldest()
 
     def stop(self, why: str) -> None:
         """Hand nothing more over: what waits for its chunk is ``NotAttempted``.
@@ -286,30 +299,47 @@ class SendPipeline(object):
             if entry.error is None and which(entry):
                 entry.error = exc
 
-    def _settle_oldest(self) -> None:
+    def _report_answered(self) -> None:
+        """Report the oldest messages whose outcome came already, without waiting."""
+        while self._in_flight:
+            entry = self._in_flight[0]
+            if entry.error is None and (
+                entry.batch is None or not entry.batch.answered(entry.index)
+            ):
+                return
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
         entry = self._in_flight[0]
         if entry.batch is None and entry.error is None:
             self._launch()  # the oldest is still waiting for its chunk
-        outcome = self._outcome(entry)  # an interrupt here leaves it in flight
+        outcome, in_doubt = self._outcome(entry)  # an interrupt here leaves it in flight
         self._in_flight.popleft()
-        self._on_outcome(entry.tag, outcome)
+        self._on_outcome(entry.tag, outcome, in_doubt)
 
-    def _outcome(self, entry: _Entry) -> Outcome:
+    def _outcome(self, entry: _Entry) -> Tuple[Outcome, bool]:
+        """(error or None, in doubt) of one message: see ``OnOutcome``."""
         if entry.error is not None:
-            return entry.error
+            return entry.error, False
         if entry.batch is None:
-            return NotAttempted("not sent: never handed over")
+            return NotAttempted("not sent: never handed over"), False
         try:
             outcome = entry.batch.outcome(entry.index, entry.deadline)
-            if outcome == ACKED or entry.kind == "group":
-                return None  # a full group member drops the message: the spec
+        except Exception as exc:
+            # No confirm: in doubt if it was written, unless the broker named
+            # a refusal (a permission, its size limit).
+            refused = isinstance(exc, (BrokerOperationError, MessageTooLarge))
+            return exc, entry.batch.written(entry.index) and not refused
+        if outcome == ACKED or entry.kind == "group":
+            return None, False  # a full group member drops the message: the spec
+        try:
             # Refused or returned: send's own loop decides, as for one send.
             self._sender.finish_send(
                 entry.name, entry.queue or "", entry.body, entry.properties, outcome
             )
-            return None
-        except Exception as exc:
-            return exc
+        except Exception as exc:  # a connection error: its publish again may have gone
+            return exc, isinstance(exc, BrokerConnectionError)
+        return None, False
 
 
 def _for_queue(queue: str) -> Callable[[_Entry], bool]:
@@ -320,7 +350,7 @@ def send_all(layer: "AMQPChannelLayer", items: Any, kind: str) -> List[Outcome]:
     """The outcome of every ``(name, message)`` in ``items``, in order."""
     outcomes: List[Outcome] = []
 
-    def collect(tag: Any, error: Outcome) -> None:
+    def collect(tag: Any, error: Outcome, in_doubt: bool) -> None:
         outcomes.append(error)
 
     pipeline = SendPipeline(layer, collect)

@@ -2,7 +2,7 @@
 deriving the management API URL, and printing them without credentials."""
 
 import re
-from typing import Iterable, List, Optional, Union
+from typing import Iterable, List, Optional, Sequence, Union
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pika
@@ -106,3 +106,20 @@ def management_url_for(url: str) -> str:
         host = "[%s]" % host
     port = MANAGEMENT_TLS_PORT if scheme == "https" else MANAGEMENT_PORT
     return "%s://%s@%s:%d/" % (scheme, userinfo, host, port)
+
+
+def urls_from_hosts(hosts: Union[str, Sequence[str]], url: object = None) -> List[str]:
+    """``hosts`` (asgi_redis's name for the node list) as the ``url`` list."""
+    if url is not None:
+        raise TypeError("give the broker as 'url' or as 'hosts', not both")
+    if isinstance(hosts, (str, bytes)):
+        hosts = [hosts]
+    hosts = list(hosts)
+    if not hosts or not all(
+        isinstance(host, str) and host.startswith(("amqp://", "amqps://")) for host in hosts
+    ):
+        raise TypeError(
+            "hosts must be a list of AMQP URLs ('amqp://user:password@host:5672/vhost'); "
+            "(host, port) pairs are asgi_redis's form: give the broker as 'url'"
+        )
+    return hosts

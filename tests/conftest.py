@@ -51,8 +51,11 @@ def cli_prefix():
 
 
 @pytest.fixture
-def cli_env(broker, cli_prefix):
-    """The environment the command runs with: the broker and ``ASGI_AMQP_PREFIX``."""
+def cli_env(broker, cli_prefix, tmp_path, monkeypatch):
+    """The environment the command runs with: the broker and ``ASGI_AMQP_PREFIX``;
+    the current directory is the test's own (a send from stdin writes its
+    rejects file there)."""
+    monkeypatch.chdir(tmp_path)
     return {
         "AMQP_URL": broker.amqp_url,
         "AMQP_MANAGEMENT_URL": broker.management_url,

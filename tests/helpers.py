@@ -26,6 +26,7 @@ import collections
 import contextlib
 import http.server
 import json
+import re
 import select
 import socket
 import threading
@@ -674,6 +675,21 @@ class Traffic(object):
 
 
 # -- the command line -----------------------------------------------------------------------
+
+
+BULK_SUMMARY = re.compile(
+    r"^sent (\d+), refused (\d+), in doubt (\d+), not sent (\d+), of (\d+) lines in ", re.M
+)
+
+
+def bulk_summary(stderr):
+    """(sent, refused, in doubt, not sent) of ``send --from``'s one summary line,
+    checked to add up to the lines it read."""
+    found = BULK_SUMMARY.findall(stderr)
+    assert len(found) == 1, stderr
+    counts = tuple(int(n) for n in found[0])
+    assert sum(counts[:4]) == counts[4], stderr
+    return counts[:4]
 
 
 def run_cli(args, env=None, input=None):

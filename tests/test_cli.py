@@ -26,7 +26,7 @@ from helpers import at_moment, drain, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_RE = re.compile(
-    r"^sent (\d+), channel full (\d+), failed (\d+), not attempted (\d+) "
+    r"^sent (\d+), refused (\d+), in doubt (\d+), not sent (\d+), of (\d+) lines "
     r"in [\d.]+ s \(([\d.]+) msg/s\)$",
     re.M,
 )
@@ -42,6 +42,12 @@ def _runner():
 @pytest.fixture
 def prefix():
     return "cli-%s" % uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """The rejects file of a send from stdin goes to the current directory."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
@@ -74,9 +80,12 @@ def _jsonl(records):
 
 
 def _summary(result):
+    """(sent, refused, in doubt, not sent), which add up to the lines read."""
     found = SUMMARY_RE.findall(result.stderr)
     assert len(found) == 1, result.stderr
-    return tuple(int(x) for x in found[0][:3])
+    counts = tuple(int(x) for x in found[0][:4])
+    assert sum(counts) == int(found[0][4]), result.stderr
+    return counts
 
 
 # -- JSON with bytes ----------------------------------------------------------------
@@ -223,7 +232,7 @@ def test_bulk_send_reports_bad_lines_and_goes_on(run, layer, tmp_path):
 
     result = run("send", "--from", str(path))
     assert result.exit_code == 1
-    assert _summary(result) == (11, 0, 4)
+    assert _summary(result) == (11, 0, 0, 4)
     errors = [line for line in result.stderr.splitlines() if line.startswith("line ")]
     assert [e.split(":")[0] for e in errors] == ["line 4", "line 6", "line 8", "line 16"]
     assert "invalid JSON" in errors[0]
@@ -243,7 +252,7 @@ def test_bulk_send_from_stdin_all_good_exits_0(run, layer):
     ]
     result = run("send", "--from", "-", input=_jsonl(records))
     assert result.exit_code == 0, result.stderr
-    assert _summary(result) == (300, 0, 0)
+    assert _summary(result) == (300, 0, 0, 0)
     got = drain(layer, ["cli.in0", "cli.in1", "cli.in2"])
     assert sorted(m["i"] for _, m in got) == list(range(300))
     assert all(m["b"] == b"\x00" for _, m in got)
@@ -253,7 +262,7 @@ def test_bulk_send_with_jobs_delivers_each_message_once(run, layer):
     records = [{"channel": "cli.jobs", "message": {"i": i}} for i in range(400)]
     result = run("send", "--jobs", "4", "--from", "-", input=_jsonl(records))
     assert result.exit_code == 0, result.stderr
-    assert _summary(result) == (400, 0, 0)
+    assert _summary(result) == (400, 0, 0, 0)
     assert sorted(m["i"] for _, m in drain(layer, ["cli.jobs"])) == list(range(400))
 
 
@@ -266,7 +275,7 @@ def test_on_full_fail_stops_the_batch(run, layer):
     assert result.exit_code == 1
     # Sends are pipelined: the lines already in flight when the first full
     # channel is seen count as they turn out (here: full too).
-    assert _summary(result) == (3, 3, 0)
+    assert _summary(result) == (3, 3, 0, 0)
     assert "stopped at line 4: channel cli.full is full" in result.stderr
 
 
@@ -274,7 +283,7 @@ def test_on_full_skip_counts_and_goes_on(run, layer, broker, prefix, new_layer):
     records = _six() + _jsonl([{"channel": "cli.other", "message": {}}])
     result = run("send", "--on-full", "skip", "--from", "-", input=records, capacity=3)
     assert result.exit_code == 1
-    assert _summary(result) == (4, 3, 0)
+    assert _summary(result) == (4, 3, 0, 0)
     small = new_layer(broker, prefix=prefix, capacity=3)  # queue arguments must match
     assert [m["i"] for _, m in drain(small, ["cli.full"])] == [0, 1, 2]
     assert drain(small, ["cli.other"]) == [("cli.other", {})]
@@ -287,7 +296,7 @@ def test_on_full_retry_gives_up_after_bounded_backoff(run, layer):
     )
     elapsed = time.monotonic() - started
     assert result.exit_code == 1
-    assert _summary(result) == (4, 2, 0)
+    assert _summary(result) == (4, 2, 0, 0)
     assert 2 * (0.1 + 0.2) <= elapsed < 5
 
 
@@ -310,7 +319,7 @@ def test_on_full_retry_succeeds_when_a_reader_makes_room(run, broker, prefix, ne
             "send", "--on-full", "retry", "--from", "-", input=_six("cli.slow"), capacity=2
         )
         assert result.exit_code == 0, result.stderr
-        assert _summary(result) == (6, 0, 0)
+        assert _summary(result) == (6, 0, 0, 0)
         wait_until(lambda: len(got) >= 6, 10, raise_on_timeout=False)
     finally:
         stop.set()
@@ -411,7 +420,8 @@ def test_stats_json_and_table(run, layer):
         "full/s",
     ]
     assert lines[1].split()[0] == "cli.s1"
-    assert lines[-1].startswith("(all channels)")
+    assert len(lines) == 2  # no "(all channels)" row: the prefix's total, not cli.s1's
+    assert run("stats").stdout.splitlines()[-1].startswith("(all channels)")
 
     result = run("stats", "bad name")
     assert result.exit_code == 2
@@ -520,6 +530,8 @@ def test_bulk_subprocess_summary_without_progress_bar(broker, prefix):
         ("--url", "amqps://u:SECRETPW@127.0.0.1:1/"),
         ("--management-url", "http://u:SECRETPW@127.0.0.1:1/"),
         ("--management-url", "ftp://u:SECRETPW@127.0.0.1:1/"),
+        ("--hosts", "amqp://u:SECRETPW@127.0.0.1:1/%2F?heartbeat_interval=3"),
+        ("--hosts", "http://u:SECRETPW@127.0.0.1/"),
     ],
 )
 def test_bad_urls_never_print_the_password(env, option, url):

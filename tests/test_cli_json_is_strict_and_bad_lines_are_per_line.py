@@ -5,6 +5,7 @@ Floats JSON cannot carry are written ``{"__float__": "nan"}`` ("inf",
 "-inf"), as bytes are ``{"__bytes__": "<base64>"}``.
 """
 
+import base64
 import json
 import math
 import re
@@ -66,5 +67,16 @@ def test_a_line_that_is_not_utf8_fails_alone(cli_env, cli_layer, tmp_path):
     result = run_cli(["send", "--from", str(source)], env=cli_env)
     assert result.exit_code == 1
     assert re.search(r"^line 2: not UTF-8 text \(byte 0xe9 at column \d+\)$", result.stderr, re.M)
-    assert "sent 2, channel full 0, failed 1" in result.stderr
+    assert "sent 2, refused 0, in doubt 0, not sent 1," in result.stderr
     assert drain(cli_layer, ["u.a"]) == [("u.a", {"n": 1}), ("u.a", {"n": 3})]
+    # The rejects file keeps the line's bytes exactly; a resume reports it as line 2 again.
+    rejects = str(source) + ".rejects"
+    with open(rejects) as handle:
+        [record] = [json.loads(line) for line in handle]
+    assert (record["line"], record["kind"]) == (2, "not sent")
+    assert base64.b64decode(record["original_base64"]) == bad
+    again = run_cli(["send", "--from", rejects], env=cli_env)
+    assert again.exit_code == 1
+    assert re.search(r"^line 2: not UTF-8 text", again.stderr, re.M), again.stderr
+    with open(rejects) as handle:
+        assert [json.loads(line) for line in handle] == [record]

@@ -81,6 +81,35 @@ def test_amqp_url_holds_a_node_list(broker, cli_prefix, cli_layer):
     assert json.loads(result.stdout)["message"] == {"n": 1}
 
 
+def test_when_no_node_answers_the_error_names_every_node_tried(tmp_path, monkeypatch):
+    """It named only the last node tried, so a typo in the first was hidden."""
+    monkeypatch.chdir(tmp_path)
+    ports = [free_port(), free_port()]
+    urls = ",".join("amqp://guest:pw@127.0.0.1:%d/%%2F" % port for port in ports)
+    env = {"AMQP_URL": urls, "AMQP_MANAGEMENT_URL": "http://127.0.0.1:%d/" % free_port()}
+    for command in (["send", "h.none", "{}"], ["peek", "h.none"]):
+        result = run_cli(command, env=env)
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        for port in ports:
+            assert "127.0.0.1:%d" % port in result.stderr, (command, result.stderr)
+        assert "pw" not in result.stderr
+
+
+def test_a_commands_help_names_the_shared_options_without_repeating_them():
+    """Every command's --help repeated the group's 25 settings options."""
+    group = run_cli(["--help"])
+    assert group.exit_code == 0 and "--queue-type" in group.stdout
+    for command in (["send"], ["peek"], ["stats"]):
+        result = run_cli(command + ["--help"])
+        assert result.exit_code == 0, result.stderr
+        assert "--queue-type" not in result.stdout and "--max-consumers" not in result.stdout
+        assert "The settings options of 'asgi-amqp --help'" in result.stdout
+    assert "--on-full" in run_cli(["send", "--help"]).stdout
+    # Still accepted after the command, and completed there.
+    assert run_cli(["send", "--queue-type", "nonsense", "c", "{}"]).exit_code == 2
+
+
 def test_shell_completion_script_and_answers():
     result = _console(extra_env={"_ASGI_AMQP_COMPLETE": "bash_source"})
     assert result.returncode == 0

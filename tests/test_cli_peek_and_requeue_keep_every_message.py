@@ -28,7 +28,23 @@ def test_peek_at_a_channel_without_a_queue_creates_none(cli_env, broker, cli_pre
     result = run_cli(["peek", "pk.none"], env=cli_env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == ""
+    assert "note: channel pk.none has no queue" in result.stderr  # as stats says it
     assert Management(broker).queue("%s:q:pk.none" % cli_prefix) is None
+
+
+def test_purge_empties_the_named_channels_only(cli_env, cli_layer):
+    _sent(cli_layer, "pg.a", range(3))
+    _sent(cli_layer, "pg.b", range(2))
+    _sent(cli_layer, "pg.keep", range(4))
+    refused = run_cli(["purge", "pg.a"], env=cli_env, input="n\n")
+    assert refused.exit_code == 1 and "nothing was purged" in refused.stderr
+    result = run_cli(["purge", "pg.a", "pg.b", "pg.none", "--yes"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert "purged 3 message(s) from pg.a" in result.stderr
+    assert "purged 2 message(s) from pg.b" in result.stderr
+    assert "note: channel pg.none has no queue" in result.stderr
+    assert drain(cli_layer, ["pg.a", "pg.b"]) == []
+    assert drain(cli_layer, ["pg.keep"]) == [("pg.keep", {"n": n}) for n in range(4)]
 
 
 def test_requeue_moves_the_oldest_first(cli_env, cli_layer):

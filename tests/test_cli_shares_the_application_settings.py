@@ -188,7 +188,7 @@ def test_an_existing_queue_with_other_arguments_is_used_as_it_is(
         options + ["send", "--from", "-", "--on-full", "skip"], env=cli_env, input=lines
     )
     assert result.exit_code == 1, result.stderr  # the queue's own capacity, 3, holds
-    assert "sent 1, channel full 1, failed 0" in result.stderr
+    assert "sent 1, refused 1, in doubt 0, not sent 0," in result.stderr
 
     result = run_cli(options + ["receive", "x.chan", "-n", "1"], env=cli_env)
     assert result.exit_code == 0, result.stderr
@@ -200,7 +200,9 @@ def test_an_existing_queue_with_other_arguments_is_used_as_it_is(
 @pytest.mark.parametrize(
     "content, expected",
     [
-        ('{"hosts": ["amqp://a"]}', "unknown layer option 'hosts'; give the broker as 'url'"),
+        ('{"hosts": [["localhost", 6379]]}', "hosts must be a list of AMQP URLs"),
+        ('{"url": "amqp://a", "hosts": ["amqp://b"]}', "gives both 'url' and 'hosts'"),
+        ('{"capacity": 5, "hostz": 1}', "unknown layer option 'hostz'"),
         ('{"capacity": 5,', "is not valid JSON"),
         ("[1, 2]", "must be an object of layer options"),
     ],

@@ -17,7 +17,7 @@ import pytest
 
 from asgi_amqp import AMQPChannelLayer
 from asgi_amqp.tools import layerconfig
-from helpers import run_cli
+from helpers import drain, run_cli
 
 
 def _constructor_options():
@@ -94,3 +94,47 @@ def test_the_command_line_sends_persistent_messages_when_told(
     assert result.exit_code == 0, result.stderr
     queue = cli_layer.topology.channel_queue("kept.across")
     assert _delivery_mode(broker, queue) == expected
+
+
+def test_hosts_reaches_the_broker_through_every_tool(
+    broker, cli_prefix, cli_layer, tmp_path, monkeypatch
+):
+    """Issue 42: ``hosts`` worked in the application, but the command line
+    (Django settings, --config, --hosts) and ``from_django`` (which Spark
+    uses) refused it as an unknown layer option."""
+    config = {"hosts": [broker.amqp_url], "prefix": cli_prefix}
+    module = "hosts_settings_%s" % cli_prefix.replace("-", "_")
+    (tmp_path / (module + ".py")).write_text(
+        "CHANNEL_LAYERS = {'default': {'BACKEND': 'asgi_amqp.AMQPChannelLayer', "
+        "'CONFIG': %r}}\n" % (config,)
+    )
+    (tmp_path / "layer.json").write_text(json.dumps(config))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # No AMQP_URL: the broker is reachable through ``hosts`` alone.
+    env = {"AMQP_URL": None, "AMQP_MANAGEMENT_URL": broker.management_url}
+    env.update(ASGI_AMQP_PREFIX=None, DJANGO_SETTINGS_MODULE=None, ASGI_AMQP_HOSTS=None)
+    ways = {
+        "django": ["--django-settings", module],
+        "config": ["--config", str(tmp_path / "layer.json")],
+        "option": ["--prefix", cli_prefix, "--hosts", broker.amqp_url],
+    }
+    for n, (way, options) in enumerate(sorted(ways.items())):
+        result = run_cli(options + ["send", "hosts.a", json.dumps({"n": n})], env=env)
+        assert result.exit_code == 0, (way, result.stderr)
+    assert [m["n"] for _, m in drain(cli_layer, ["hosts.a"])] == [0, 1, 2]
+
+    # Spark's path: the Django reader's config, merged and resolved as send_dataframe does.
+    found = layerconfig.from_django(module)
+    assert found["hosts"] == [broker.amqp_url]
+    resolved = layerconfig.with_url(layerconfig.merge([found, {"capacity": 7}]))
+    assert resolved["url"] == [broker.amqp_url] and "hosts" not in resolved
+    layer = AMQPChannelLayer(**dict(resolved, capacity=100))
+    try:
+        layer.send("hosts.a", {"n": 3})
+    finally:
+        layer.close()
+    assert drain(cli_layer, ["hosts.a"]) == [("hosts.a", {"n": 3})]
+    # A later source's url replaces an earlier one's hosts, and the other way round.
+    del config["hosts"]
+    assert layerconfig.merge([found, {"url": "amqp://b"}]) == dict(config, url="amqp://b")
+    assert layerconfig.merge([{"url": "amqp://b"}, found]) == found

@@ -274,7 +274,7 @@ def test_sender_cannot_create_channels_receive_or_use_groups(users, layers):
     assert app.receive(["known"]) == ("known", {"n": 4})  # still there
 
 
-def test_sender_cli_names_the_refusal(users, layers):
+def test_sender_cli_names_the_refusal(users, layers, tmp_path):
     app = layers.add(users["app"].layer(expiry=30))
     app.receive(["cron"])
     user = users["sender"]
@@ -289,6 +289,7 @@ def test_sender_cli_names_the_refusal(users, layers):
             capture_output=True,
             text=True,
             timeout=60,
+            cwd=str(tmp_path),  # where a send from stdin writes its rejects
         )
 
     sent = cli("send", "cron", '{"n": 1}')
@@ -308,8 +309,13 @@ def test_sender_cli_names_the_refusal(users, layers):
     assert bulk.returncode == 1, bulk.stderr
     assert "line 2:" in bulk.stderr and "403 ACCESS_REFUSED" in bulk.stderr, bulk.stderr
     assert "cannot reach" not in bulk.stderr, bulk.stderr
-    assert "sent 2, channel full 0, failed 1" in bulk.stderr, bulk.stderr
+    assert "sent 2, refused 1, in doubt 0, not sent 0," in bulk.stderr, bulk.stderr
     assert [m["n"] for _, m in drain(app, ["cron"])] == [0, 2]
+    # A group send needs more than the role has: said in the role's terms.
+    group = cli("send-group", "room", '{"n": 3}')
+    assert group.returncode == 1, group.stderr
+    assert "this user may not send to groups" in group.stderr, group.stderr
+    assert "'sender' role" in group.stderr and group.stderr.count("\n") == 1
 
 
 # -- monitoring ---------------------------------------------------------------------------------

@@ -66,14 +66,16 @@ def test_a_queue_with_other_arguments_fails_only_its_own_items(broker, new_layer
 
 def test_the_input_is_read_no_further_ahead_than_the_window(broker, new_layer):
     layer = new_layer(broker, capacity=100000)
-    settled = []
-    pipeline = SendPipeline(layer, lambda tag, error: settled.append(error), chunk=50, window=200)
+    outcomes = []
+    pipeline = SendPipeline(
+        layer, lambda tag, error, in_doubt: outcomes.append(error), chunk=50, window=200
+    )
     furthest_ahead = 0
     for i in range(3000):
-        furthest_ahead = max(furthest_ahead, i - len(settled))
+        furthest_ahead = max(furthest_ahead, i - len(outcomes))
         pipeline.put("channel", "many.window", {"i": i}, i)
     pipeline.flush()
-    assert settled == [None] * 3000
+    assert outcomes == [None] * 3000
     assert furthest_ahead <= 200 + 1
     assert len(drain(layer, ["many.window"])) == 3000
 

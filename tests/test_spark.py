@@ -440,10 +440,31 @@ def test_an_existing_queue_keeps_its_arguments_and_its_capacity(spark, broker, p
 
 
 def test_unknown_layer_options_are_refused_on_the_driver(typed, broker):
-    with pytest.raises(TypeError, match="unknown layer option 'hosts'; give the broker as 'url'"):
+    with pytest.raises(TypeError, match="unknown layer option 'hostz'"):
         send_dataframe(
-            typed, channel_col="ch", message_col="m", layer_config={"hosts": [broker.amqp_url]}
+            typed, channel_col="ch", message_col="m", layer_config={"hostz": [broker.amqp_url]}
         )
+
+
+def test_hosts_in_the_applications_settings_reaches_the_broker(
+    spark, broker, prefix, layer, monkeypatch
+):
+    """Issue 42: ``hosts`` worked in the application but Spark refused it."""
+    monkeypatch.delenv("AMQP_URL", raising=False)  # the broker through hosts alone
+    settings = {"hosts": [broker.amqp_url], "prefix": prefix, "capacity": 5000}
+    df = _numbered(spark, 20)
+    result = send_dataframe(
+        df,
+        channel_col="ch",
+        message_col="json",
+        layer_config=settings,
+        management_url=broker.management_url,
+    )
+    from asgi_amqp.spark import SendResult
+
+    assert result == SendResult(20, 0, 0)
+    got = drain(layer, ["sp.c0", "sp.c1", "sp.c2", "sp.c3"])
+    assert sorted(m["id"] for _, m in got) == list(range(20))
 
 
 def test_notify_job_defaults_and_its_summary_is_the_last_line(broker, prefix, layer, tmp_path):

@@ -12,6 +12,8 @@ terminal (a pty), and point it at an HTTP server that is not RabbitMQ.
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 
@@ -264,6 +266,34 @@ def test_live_view_ends_cleanly_on_ctrl_c(traffic, env, prefix):
     assert status == 0, terminal.output
     assert "Traceback" not in terminal.output
     assert terminal.output.rstrip().endswith("\x1b[?25h")  # the cursor shown again
+
+
+def test_to_a_file_each_snapshot_is_ascii_and_kept_through_sigterm(traffic, env, prefix, tmp_path):
+    """Written to a file, the live view left it empty on SIGTERM (rich's Live
+    prints only when it stops), and its text used Unicode box lines."""
+    header = "asgi-amqp top: prefix %r" % prefix
+    output = tmp_path / "top.txt"
+    environ = dict(os.environ, **env)
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, environ.get("PYTHONPATH", "")] if p)
+    command = [sys.executable, "-m", "asgi_amqp", "--prefix", prefix, "top", "--interval", "0.3"]
+    with open(output, "wb") as out:
+        process = subprocess.Popen(command, env=environ, stdout=out, stderr=subprocess.PIPE)
+    try:
+        wait_until(
+            lambda: output.read_text().count(header) >= 2 or process.poll() is not None,
+            timeout=30,
+            message="two snapshots in the file",
+        )
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    text = output.read_bytes().decode("utf-8")
+    assert text.count(header) >= 2, text
+    assert text.isascii(), [c for c in text if not c.isascii()][:5]
+    assert "top.deep" in text and "\x1b[" not in text
 
 
 @pytest.mark.slow

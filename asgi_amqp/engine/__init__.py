@@ -562,6 +562,15 @@ class InFlight(object):
     def __len__(self) -> int:
         return len(self._publishes)
 
+    def answered(self, index: int) -> bool:
+        """True once publish ``index`` has its outcome (or its error): no wait."""
+        return self._publishes[index].pending.arrived(0)
+
+    def written(self, index: int) -> bool:
+        """False if publish ``index`` was never written to a channel, and never
+        will be once its ``outcome`` returned or raised: the broker cannot have it."""
+        return self._publishes[index].written
+
     def outcome(self, index: int, deadline: float) -> str:
         """``ACKED``, ``NACKED`` or ``RETURNED`` for publish ``index``.
 

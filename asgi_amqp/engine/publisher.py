@@ -74,7 +74,10 @@ class Publish(Work):
 
     It outlives a connection: ``maybe_delivered`` is set when a connection
     dropped while its confirm was outstanding, and the next connection then
-    sends it as a marked copy.
+    sends it as a marked copy. ``written`` is set just before the I/O thread
+    checks whether the caller still wants it and writes it to the channel:
+    a caller that gave up (or saw it failed) and then reads False knows the
+    broker never got it.
     """
 
     __slots__ = (
@@ -84,6 +87,7 @@ class Publish(Work):
         "properties",
         "mandatory",
         "maybe_delivered",
+        "written",
         "fans_out",
     )
 
@@ -104,6 +108,7 @@ class Publish(Work):
         self.properties = properties
         self.mandatory = mandatory
         self.maybe_delivered = False
+        self.written = False
         # A group send: the I/O thread holds it back for a while after a
         # restart (see ``io.restart_hold``).
         self.fans_out = fans_out
@@ -179,6 +184,7 @@ class Publisher(object):
             self._queue.append(request)
 
     def _send(self, request: Publish) -> None:
+        request.written = True  # before ``wanted``: see ``Publish.written``
         if not request.pending.wanted:
             return
         properties = request.properties

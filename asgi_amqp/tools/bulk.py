@@ -11,10 +11,16 @@ read their rows and say how a failure is reported.
 """
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from ..errors import AuthenticationError, BrokerBlocked, BrokerConnectionError, ChannelFull
-from ..pipeline import NotAttempted, SendPipeline
+from ..errors import (
+    AuthenticationError,
+    BrokerBlocked,
+    BrokerConnectionError,
+    BrokerOperationError,
+    ChannelFull,
+)
+from ..pipeline import NotAttempted, Outcome, SendPipeline
 
 if TYPE_CHECKING:
     from ..layer import AMQPChannelLayer
@@ -24,6 +30,16 @@ RETRY_FIRST_DELAY = 0.1
 RETRY_MAX_DELAY = 2.0
 CONSECUTIVE_CONNECTION_ERRORS = 3
 PROGRESS_EVERY = 5.0  # seconds between progress lines while retries wait
+
+# The four kinds of message: every one ends as exactly one of them.
+SENT = "sent"  # the broker confirmed it
+REFUSED = "refused"  # its channel was full, or the broker named another refusal
+IN_DOUBT = "in doubt"  # written to the broker, no confirm before the connection or run ended
+NOT_SENT = "not sent"  # invalid, or never written to the broker
+KINDS = (SENT, REFUSED, IN_DOUBT, NOT_SENT)
+
+# on_line(token, kind, error): what became of the message ``token`` stands for.
+OnLine = Callable[[Any, str, Optional[BaseException]], None]
 
 
 def send_one(
@@ -58,6 +74,10 @@ def send_one(
             attempt += 1
 
 
+class StillInDoubt(Exception):
+    """The outcome of a message an earlier run left in doubt, not sent again now."""
+
+
 class BulkSender(object):
     """Sends many messages through one layer and counts what became of each.
 
@@ -67,20 +87,24 @@ class BulkSender(object):
     may block while the window is full; ``close`` waits for the rest.
     Everything runs in the caller's thread.
 
-    Every message ends in exactly one count: ``sent`` (the broker confirmed
-    it), ``full`` (its channel stayed full under ``on_full``: "skip" counts
-    it, "retry" sends it again after 0.1 s, 0.2 s, ... up to ``retries``
-    times, "fail" also stops sending), ``failed``, or ``not_attempted``
-    (never handed to the broker). ``report(where, exc)`` hears of each
-    failure. Sending gives up, with ``fatal`` set to the error, on an
-    authentication error, or on a connection error before anything was
-    sent or after ``CONSECUTIVE_CONNECTION_ERRORS`` in a row; ``stop(why)``
-    stops it from outside (an interrupt). After a stop (``done``), a
-    message submitted, and one still waiting for its chunk, is not
-    attempted; messages already handed over count as they turn out.
+    Every message ends as exactly one of ``KINDS``, counted in ``counts``
+    and told to ``on_line(token, kind, error)`` in the order submitted:
+    ``sent``; ``refused`` (its channel stayed full under ``on_full``, or
+    the broker refused it, e.g. a permission); ``in doubt`` (written to the
+    broker, but no confirm came before the connection was lost or the wait
+    ended: the broker may have it); ``not sent`` (invalid, or never written).
+    ``on_full``: "skip" counts a full channel's message and goes on, "retry"
+    sends it again after 0.1 s, 0.2 s, ... up to ``retries`` times, "fail"
+    stops: nothing is written after the refusal is seen, and the messages
+    already in flight count as they turn out. ``report(where, exc)`` hears
+    of each error that is not a full channel. Sending gives up, with
+    ``fatal`` set to the error, on an authentication error, or on a
+    connection error before anything was sent or after
+    ``CONSECUTIVE_CONNECTION_ERRORS`` in a row; ``stop(why)`` stops it from
+    outside (an interrupt).
 
     ``first_unconfirmed`` is the smallest ``position`` (a line number) whose
-    message was not sent, or None: where a resumed run must start.
+    message was not sent, or None; ``last_sent`` the largest sent.
     """
 
     def __init__(
@@ -94,6 +118,7 @@ class BulkSender(object):
         keep_existing: bool = False,
         retry_for: Optional[float] = None,
         progress: Optional[Callable[[str], None]] = None,
+        on_line: Optional[OnLine] = None,
     ) -> None:
         # ``jobs`` is accepted for compatibility: pipelining made threads
         # unnecessary for speed.
@@ -102,19 +127,18 @@ class BulkSender(object):
         self.layer = layer
         self.on_full = on_full
         self.retries = retries
-        self.sent = 0
-        self.full = 0
-        self.failed = 0
-        self.not_attempted = 0
+        self.counts: Dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.full = 0  # the refused ones whose channel was full
         self.first_unconfirmed: Optional[int] = None
         self.last_sent: Optional[int] = None  # the largest position sent
-        self.stopped: Optional[str] = None  # where on_full="fail" stopped it
-        self.stopped_at: Any = None  # the ``where`` of the message it stopped at
+        self.stopped: Optional[str] = None  # why sending stopped early
+        self.stopped_at: Any = None  # the ``where`` of the message on_full="fail" stopped at
         self.fatal: Optional[BaseException] = None  # the error it gave up on
         self._report = report or (lambda where, exc: None)
+        self._on_line = on_line or (lambda token, kind, error: None)
         self._sleep = sleep
         self._connection_errors = 0
-        self._pipeline = SendPipeline(layer, self._settled, keep_existing=keep_existing)
+        self._pipeline = SendPipeline(layer, self._outcome, keep_existing=keep_existing)
         # on_full="retry": the time all retries together may take (None: no
         # bound), a line now and then while they wait, and what they cost.
         self.retry_for = retry_for
@@ -125,13 +149,29 @@ class BulkSender(object):
         self._progress_at = 0.0
 
     @property
+    def sent(self) -> int:
+        return self.counts[SENT]
+
+    @property
+    def refused(self) -> int:
+        return self.counts[REFUSED]
+
+    @property
+    def in_doubt(self) -> int:
+        return self.counts[IN_DOUBT]
+
+    @property
+    def not_sent(self) -> int:
+        return self.counts[NOT_SENT]
+
+    @property
     def done(self) -> bool:
         """True once sending stopped early or gave up."""
         return self.stopped is not None or self.fatal is not None
 
     @property
     def processed(self) -> int:
-        return self.sent + self.full + self.failed + self.not_attempted
+        return sum(self.counts.values())
 
     def submit(
         self,
@@ -140,27 +180,31 @@ class BulkSender(object):
         message: Dict[str, Any],
         where: Any,
         position: Optional[int] = None,
+        token: Any = None,
     ) -> None:
         """Send one message (``kind`` "channel" or "group")."""
+        tag = (kind, name, message, where, position, token)
         if self.done:
-            self.skipped(1, position)
+            self._pipeline.put_error(NotAttempted("not sent: sending stopped"), tag)
             return
-        self._pipeline.put(kind, name, message, (kind, name, message, where, position))
+        self._pipeline.put(kind, name, message, tag)
 
-    def invalid(self, where: Any, error: BaseException, position: Optional[int] = None) -> None:
-        """Count a message that could not even be read as failed, and report it."""
-        self.failed += 1
-        self._unconfirmed(position)
-        self._report(where, error)
+    def invalid(
+        self, where: Any, error: BaseException, position: Optional[int] = None, token: Any = None
+    ) -> None:
+        """A message that is not submitted, counted by ``error`` in its turn: one
+        that could not even be read is not sent and reported; ``NotAttempted``
+        is not sent, ``StillInDoubt`` in doubt, both without a report."""
+        self._pipeline.put_error(error, ("channel", "", None, where, position, token))
 
     def skipped(self, count: int, first_position: Optional[int] = None) -> None:
-        """Count ``count`` messages as not attempted (e.g. lines never read),
+        """Count ``count`` messages as not sent (e.g. lines never read),
         the first of them at ``first_position``."""
-        self.not_attempted += count
+        self.counts[NOT_SENT] += count
         self._unconfirmed(first_position)
 
     def stop(self, why: str) -> None:
-        """Send nothing more; what waits for its chunk is not attempted."""
+        """Write nothing more: what waits for its chunk is not sent."""
         self.stopped = self.stopped or why
         self._pipeline.stop(why)
 
@@ -176,38 +220,42 @@ class BulkSender(object):
         ):
             self.first_unconfirmed = position
 
-    def _settled(self, tag: Any, error: Optional[BaseException]) -> None:
-        kind, name, message, where, position = tag
-        if isinstance(error, ChannelFull) and not isinstance(error, BrokerBlocked):
-            if self.on_full == "retry":
-                error = self._retry(kind, name, message)
-        if error is not None:
-            self._unconfirmed(position)
-        if isinstance(error, NotAttempted):
-            self.not_attempted += 1
-            return
-        if isinstance(error, BrokerBlocked):  # the broker's alarm, not a full channel
-            self.failed += 1
-            self.fatal = self.fatal or error
-            return
+    def _outcome(self, tag: Any, error: Outcome, in_doubt: bool) -> None:
+        kind, name, message, where, position, token = tag
+        if _is_full(error) and self.on_full == "retry" and message is not None:
+            error, in_doubt = self._retry(kind, name, message)
+        line_kind = _kind_of(error, in_doubt)
+        self.counts[line_kind] += 1
         if error is None:
-            self.sent += 1
             self._connection_errors = 0
             if position is not None and (self.last_sent is None or position > self.last_sent):
                 self.last_sent = position
-        elif isinstance(error, ChannelFull):
+        else:
+            self._unconfirmed(position)
+            self._after_error(error, where, name)
+        self._on_line(token, line_kind, error)
+
+    def _after_error(self, error: BaseException, where: Any, name: str) -> None:
+        """Report an error, and stop or give up when it says so."""
+        if isinstance(error, (NotAttempted, StillInDoubt)):
+            return
+        if isinstance(error, BrokerBlocked):  # the broker's alarm, not a full channel
+            self._give_up(error)
+        elif _is_full(error):
             self.full += 1
             if self.on_full == "fail" and self.stopped is None:
-                self.stopped = "%s: channel %s is full (on_full=fail)" % (where, name)
+                self.stop("%s: channel %s is full (on_full=fail)" % (where, name))
                 self.stopped_at = where
         elif isinstance(error, BrokerConnectionError):
             self._connection_failed(where, error)
         else:  # invalid, too large, refused by the broker, ...
-            self.invalid(where, error)
+            self._report(where, error)
 
-    def _retry(self, kind: str, name: str, message: Dict[str, Any]) -> Optional[BaseException]:
+    def _retry(
+        self, kind: str, name: str, message: Dict[str, Any]
+    ) -> Tuple[Optional[BaseException], bool]:
         """Send a message whose channel was full again, with a growing pause,
-        within what is left of ``retry_for``."""
+        within what is left of ``retry_for``: (error or None, in doubt)."""
         self._retried += 1
         for attempt in range(self.retries):
             delay = min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2**attempt)
@@ -219,10 +267,12 @@ class BulkSender(object):
             self._tell_progress(name)
             try:
                 if send_one(self.layer, kind, name, message, "fail", 0):
-                    return None
+                    return None, False
+            except BrokerConnectionError as exc:  # the send may have been written
+                return exc, not isinstance(exc, AuthenticationError)
             except Exception as exc:
-                return exc
-        return ChannelFull("channel %s is full" % name)
+                return exc, False
+        return ChannelFull("channel %s is full" % name), False
 
     def _tell_progress(self, name: str) -> None:
         """A line every PROGRESS_EVERY s while retries wait: a pipe shows no bar."""
@@ -238,7 +288,6 @@ class BulkSender(object):
         )
 
     def _connection_failed(self, where: Any, exc: BrokerConnectionError) -> None:
-        self.failed += 1
         self._connection_errors += 1
         give_up = (
             isinstance(exc, AuthenticationError)
@@ -246,6 +295,27 @@ class BulkSender(object):
             or self._connection_errors >= CONSECUTIVE_CONNECTION_ERRORS
         )
         if give_up:
-            self.fatal = self.fatal or exc
+            self._give_up(exc)
         else:
             self._report(where, exc)
+
+    def _give_up(self, error: BaseException) -> None:
+        self.fatal = self.fatal or error
+        self._pipeline.stop("sending gave up")
+
+
+def _is_full(error: Optional[BaseException]) -> bool:
+    """A channel's own refusal: not the broker's alarm, not an unreachable broker."""
+    return isinstance(error, ChannelFull) and not isinstance(
+        error, (BrokerBlocked, BrokerConnectionError)
+    )
+
+
+def _kind_of(error: Optional[BaseException], in_doubt: bool) -> str:
+    if error is None:
+        return SENT
+    if in_doubt or isinstance(error, StillInDoubt):
+        return IN_DOUBT
+    if _is_full(error) or isinstance(error, BrokerOperationError):
+        return REFUSED
+    return NOT_SENT

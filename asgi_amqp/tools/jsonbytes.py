@@ -44,8 +44,15 @@ def _decode_special(obj: Dict[str, Any]) -> Any:
 
 
 def loads(text: Union[str, bytes]) -> Any:
-    """JSON text -> Python, with the ``__bytes__`` and ``__float__`` objects decoded."""
-    return json.loads(text, object_hook=_decode_special)
+    """JSON text -> Python, with the ``__bytes__`` and ``__float__`` objects decoded.
+
+    Nesting deeper than Python's parser can follow (about 1,000 levels) is a
+    ValueError like any other bad JSON, not a RecursionError.
+    """
+    try:
+        return json.loads(text, object_hook=_decode_special)
+    except RecursionError:
+        raise ValueError("nested too deeply to read") from None
 
 
 def _special_float(value: float) -> Dict[str, str]:

@@ -53,14 +53,18 @@ class UnknownOption(ConfigError, TypeError):
     unexpected keyword argument is."""
 
 
-# Keywords of AMQPChannelLayer that are no option of their own: ``hosts`` is
-# the legacy spelling of ``url`` (checked() says so).
-NOT_OPTIONS = ("self", "hosts")
+# Keywords of AMQPChannelLayer that are no option.
+NOT_OPTIONS = ("self",)
+
+# Two names of one setting (``hosts`` is asgi_redis's name for ``url``): a
+# source that gives one replaces what an earlier source gave as the other.
+SAME_SETTING = {"url": "hosts", "hosts": "url"}
 
 
 def _layer_parameters() -> Dict[str, Any]:
-    """Every option of ``AMQPChannelLayer``, keyword-only ones included (a
-    new option reaches every tool without a list to update)."""
+    """Every option of ``AMQPChannelLayer``, keyword-only ones included: the
+    one list of options that every tool (the command line, a config file,
+    the Django reader, Spark) accepts, so a new option reaches them all."""
     from ..layer import AMQPChannelLayer
 
     signature = inspect.signature(AMQPChannelLayer.__init__)
@@ -83,13 +87,19 @@ def checked(config: Mapping[str, Any], source: str) -> Dict[str, Any]:
         )
     for key in config:
         if key not in LAYER_OPTIONS:
-            hint = ""
-            if key == "hosts":
-                hint = "; give the broker as 'url' (one AMQP URL or a list of them)"
             raise UnknownOption(
-                "%s has the unknown layer option %r%s (known: %s)"
-                % (source, key, hint, ", ".join(sorted(LAYER_OPTIONS)))
+                "%s has the unknown layer option %r (known: %s)"
+                % (source, key, ", ".join(sorted(LAYER_OPTIONS)))
             )
+    if config.get("hosts") is not None:
+        from ..urls import urls_from_hosts
+
+        if config.get("url") is not None:
+            raise ConfigError("%s gives both 'url' and 'hosts': give the broker once" % source)
+        try:
+            urls_from_hosts(config["hosts"])
+        except TypeError as exc:
+            raise ConfigError("%s: %s" % (source, exc)) from None
     return dict(config)
 
 
@@ -207,7 +217,23 @@ def merge(sources: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
         for key, value in source.items():
             if key == "channel_capacity" and result.get(key):
                 value = _merge_capacities(value, result[key])
+            if key in SAME_SETTING and value is not None:
+                result.pop(SAME_SETTING[key], None)
             result[key] = value
+    return result
+
+
+def with_url(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """``config`` with ``hosts``, if given, as the ``url`` list it stands for."""
+    from ..urls import urls_from_hosts
+
+    result = dict(config)
+    hosts = result.pop("hosts", None)
+    if hosts is not None:
+        try:
+            result["url"] = urls_from_hosts(hosts, result.get("url"))
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
     return result
 
 
@@ -239,7 +265,7 @@ def layer_config(
         sources.append(from_file(config_file))
     if overrides:
         sources.append(checked(overrides, "the options"))
-    return merge(sources)
+    return with_url(merge(sources))
 
 
 # -- queues that exist -----------------------------------------------------------------------

@@ -191,6 +191,19 @@ class QueueReader(object):
                 return False
             raise BrokerOperationError(exc.reply_code, exc.reply_text) from None
 
+    def purge(self, queue: str) -> Optional[int]:
+        """Delete the messages ready in ``queue``: how many, or None if it does not exist.
+
+        Messages taken unacked by a consumer are not ready, and stay."""
+        try:
+            frame = self._control.queue_purge(queue)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            self._reopen()
+            if exc.reply_code == NOT_FOUND:
+                return None
+            raise BrokerOperationError(exc.reply_code, exc.reply_text) from None
+        return cast(int, frame.method.message_count)
+
     def publish(self, channel: str, fetched: Fetched) -> None:
         """Send ``fetched``'s body to ``channel`` and wait for the broker's confirm.
 

@@ -157,13 +157,16 @@ def send_dataframe(
     )
     from ..layer import DEFAULT_URL
 
-    config = layerconfig.merge(
-        [
-            layerconfig.checked(layer_config or {}, "layer_config"),
-            layerconfig.checked(options, "send_dataframe's options"),
-        ]
+    config = layerconfig.with_url(
+        layerconfig.merge(
+            [
+                layerconfig.checked(layer_config or {}, "layer_config"),
+                layerconfig.checked(options, "send_dataframe's options"),
+                {"url": url} if url else {},
+            ]
+        )
     )
-    config["url"] = url or config.get("url") or os.environ.get("AMQP_URL") or DEFAULT_URL
+    config["url"] = config.get("url") or os.environ.get("AMQP_URL") or DEFAULT_URL
     config.setdefault("dead_letter_worker", False)
     _check_layer_config(config)
     urls = [config["url"]] if isinstance(config["url"], str) else list(config["url"])

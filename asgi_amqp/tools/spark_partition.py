@@ -151,7 +151,8 @@ def _account(
     sent, full, failed, failures = accumulators
     sent.add(sender.sent)
     full.add(sender.full)
-    failed.add(sender.failed + sender.not_attempted)  # rows after a stop
+    # Spark's "failed": every row neither sent nor refused as full (rows after a stop too).
+    failed.add(sender.processed - sender.sent - sender.full)
     if sender.stopped_at is not None:  # on_full="fail"
         row = sender.stopped_at
         reason = "channel %s is full (on_full=fail): the partition stopped" % row.name

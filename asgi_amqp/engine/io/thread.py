@@ -49,7 +49,7 @@ import copy
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, Iterable, Optional, Sequence, Set, Union
+from typing import Any, Callable, Deque, Dict, Iterable, Optional, Sequence, Set, Union
 
 import pika
 import pika.connection
@@ -113,6 +113,9 @@ class IOThread(object):
         self._refused = False  # a connection attempt failed since the last loss
         self._attempt = 0
         self._ever_connected = False
+        # Each URL's last failed attempt since the last connection (its node
+        # -> the error), so that an error after all failed names every node.
+        self._attempt_failures: Dict[str, str] = {}
         # Why the last attempt failed or the pair was lost; None once connected.
         self._failure: Optional[Exception] = None
         self._liveness = Liveness()
@@ -319,6 +322,7 @@ class IOThread(object):
             logger.info("reconnected to %s", describe_parameters(connection.params))
         self._attempt = 0
         self._ever_connected = True
+        self._attempt_failures.clear()
         self._failure = None
         if self._refused:
             self._restart_hold.begin()
@@ -356,7 +360,15 @@ class IOThread(object):
             self._stop_when_closed()
             return
         self._refused = True
-        failure = self._failure = connection_error(error, _parameters_of(connection))
+        parameters = _parameters_of(connection)
+        failure = connection_error(error, parameters)
+        self._attempt_failures[describe_parameters(parameters)] = str(failure)
+        if len(self._attempt_failures) > 1 and not isinstance(failure, AuthenticationError):
+            failure = BrokerConnectionError(
+                "no node answered (%d tried): %s"
+                % (len(self._attempt_failures), "; ".join(self._attempt_failures.values()))
+            )
+        self._failure = failure
         self.last_error_text = str(failure)
         logger.warning("%s", failure)
         # A layer that never connected fails its callers once every URL of

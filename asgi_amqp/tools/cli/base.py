@@ -34,7 +34,7 @@ MAX_REPORTED_ERRORS = 20
 EPILOG = """\b
 Exit status:
   0  everything was sent (received, done)
-  1  some messages were skipped because a channel was full, or failed;
+  1  some lines were not sent (refused, in doubt, or not sent);
      receive: fewer than --count messages arrived; flush: not confirmed;
      requeue: a destination channel was full
   2  usage or configuration error, invalid name, a message that cannot
@@ -51,6 +51,26 @@ ASGI_AMQP_* environment variables, --config FILE, the Django settings'
 CHANNEL_LAYERS, the layer's defaults. Give the password in AMQP_URL rather
 than --url: a command line is visible to other users of the machine.
 """
+
+
+def no_queue_note(channel: str) -> None:
+    """Say on stderr that ``channel`` has no queue: a mistyped name or prefix, often."""
+    click.echo(
+        "note: channel %s has no queue (never sent to, expired when unused, or "
+        "flushed): check the name and --prefix" % channel,
+        err=True,
+    )
+
+
+def confirm_or_stop(question: str, refused: str) -> None:
+    """Ask ``question``; unless answered yes, say ``refused`` and exit 1."""
+    try:
+        confirmed = click.confirm(question, default=False, err=True)
+    except click.Abort:  # end of input or Ctrl-C
+        confirmed = False
+    if not confirmed:
+        click.echo("%s: %s" % (PROG, refused), err=True)
+        sys.exit(EXIT_PARTIAL)
 
 
 def _message_argument(text: str) -> Dict[str, Any]:
@@ -71,7 +91,10 @@ class _Group(click.Group):
 
     click prints a usage error as the usage, a hint and the error on
     separate lines; here it is one line that ends with the hint to --help.
+    Its commands' --help leave out the shared options (``options.SharedHelp``).
     """
+
+    command_class = options.SharedHelp
 
     def main(
         self,

@@ -1,15 +1,13 @@
 """``asgi-amqp new-channel``, ``group-add``, ``group-discard``, ``group-members``, ``flush``."""
 
 import json
-import sys
 
 from .base import (
     EPILOG,
-    EXIT_PARTIAL,
-    PROG,
     _LayerErrors,
     cli,
     click,
+    confirm_or_stop,
 )
 from .settings import Settings
 
@@ -74,13 +72,7 @@ def flush(settings: Settings, yes: bool) -> None:
             layer.topology.prefix,
             settings.where(),
         )
-        try:
-            confirmed = click.confirm(question, default=False, err=True)
-        except click.Abort:  # end of input or Ctrl-C
-            confirmed = False
-        if not confirmed:
-            click.echo("%s: nothing was flushed" % PROG, err=True)
-            sys.exit(EXIT_PARTIAL)
+        confirm_or_stop(question, "nothing was flushed")
     with _LayerErrors():
         layer.flush()
     settings.note("flushed prefix %r" % layer.topology.prefix)

@@ -84,6 +84,17 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         ),
     ),
     (
+        ("--hosts",),
+        dict(
+            type=_ListOf("URL"),
+            multiple=True,
+            metavar="URL",
+            help="The broker's nodes as the layer's 'hosts' (asgi_redis's name for a list "
+            "of URLs); repeatable, the environment variable comma-separated. The same as "
+            "--url with a list: give one of the two.",
+        ),
+    ),
+    (
         ("--management-url",),
         dict(
             envvar="AMQP_MANAGEMENT_URL",
@@ -230,7 +241,12 @@ _NOT_LAYER = {"django_settings", "django_setup", "layer_alias", "config_file", "
 
 class _Option(click.Option):
     """An option whose error names its environment variable only when the bad
-    value came from it (click names it whenever the help shows it)."""
+    value came from it (click names it whenever the help shows it).
+
+    ``shared`` marks the copy a command carries of the group's option: the
+    command's --help leaves it out (``SharedHelp``), the group's shows it."""
+
+    shared = False
 
     def get_error_hint(self, ctx: Optional[click.Context]) -> str:
         hint = click.Parameter.get_error_hint(self, ctx)
@@ -240,7 +256,7 @@ class _Option(click.Option):
         return hint
 
 
-def _option(flags: Tuple[str, ...], kwargs: Dict[str, Any]) -> click.Option:
+def _option(flags: Tuple[str, ...], kwargs: Dict[str, Any]) -> _Option:
     names = [f for f in flags if f.startswith("-")]
     dest = [f for f in flags if not f.startswith("-")]
     name = dest[0] if dest else names[-1].lstrip("-").replace("-", "_")
@@ -253,7 +269,7 @@ def _option(flags: Tuple[str, ...], kwargs: Dict[str, Any]) -> click.Option:
     return _Option(names + [name], expose_value=False, callback=_remember, **kwargs)
 
 
-def shared() -> List[click.Option]:
+def shared() -> List[_Option]:
     """New instances of every shared option, for the group or one command."""
     return [_option(flags, kwargs) for flags, kwargs in _OPTIONS]
 
@@ -261,4 +277,33 @@ def shared() -> List[click.Option]:
 def add_shared(command: click.Command) -> None:
     """Give ``command`` the shared options it does not have (after its own)."""
     own = {param.name for param in command.params}
-    command.params.extend(option for option in shared() if option.name not in own)
+    for option in shared():
+        if option.name not in own:
+            option.shared = True
+            command.params.append(option)
+
+
+SHARED_NOTE = (
+    "The settings options of '%s --help' (--url, --prefix, --capacity, --config, "
+    "-v, -q, ...) are accepted here too, before or after the command."
+)
+
+
+class SharedHelp(click.Command):
+    """A command whose --help lists its own options, and names the shared ones
+    in a line instead of repeating them."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = [
+            record
+            for param in self.get_params(ctx)
+            if not getattr(param, "shared", False)
+            for record in [param.get_help_record(ctx)]
+            if record is not None
+        ]
+        if records:
+            with formatter.section("Options"):
+                formatter.write_dl(records)
+        formatter.write_paragraph()
+        root = ctx.find_root().info_name or "asgi-amqp"
+        formatter.write_text(SHARED_NOTE % root)

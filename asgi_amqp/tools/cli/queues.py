@@ -1,4 +1,5 @@
-"""``asgi-amqp peek`` and ``requeue``: look at a channel's messages, move them.
+"""``asgi-amqp peek``, ``requeue`` and ``purge``: look at a channel's messages,
+move them, delete them.
 
 Both read with ``tools.reader.QueueReader``: messages are taken unacked.
 ``peek`` puts every one back, in order; ``requeue`` acks a message only
@@ -8,7 +9,7 @@ an interrupted move loses nothing but may leave a message in both channels
 """
 
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ...channel_names import check_channel_name
 from ...errors import ChannelFull
@@ -23,6 +24,8 @@ from .base import (
     _one_line,
     cli,
     click,
+    confirm_or_stop,
+    no_queue_note,
 )
 from .receive import report_unreadable
 from .settings import Settings
@@ -51,6 +54,8 @@ def peek(settings: Settings, channel: str, count: int) -> None:
     with _LayerErrors():
         with settings.reader() as reader:
             queue = reader.queue_of(channel)
+            if not reader.exists(queue):
+                no_queue_note(channel)
             taken: List[Fetched] = []
             try:
                 while len(taken) < count:
@@ -114,3 +119,32 @@ def requeue(settings: Settings, source: str, destination: str, count: Optional[i
             except KeyboardInterrupt:
                 pass
     settings.note("moved %d message(s) from %s to %s" % (moved, source, destination))
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("channels", nargs=-1, required=True, metavar="CHANNEL...")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def purge(settings: Settings, channels: Tuple[str, ...], yes: bool) -> None:
+    """Delete the messages waiting in each CHANNEL; the channels stay.
+
+    Asks for confirmation unless --yes is given. A process-local queue is
+    given as "name!" (every "name!..." channel's messages). Messages a
+    process took but has not acknowledged yet are not waiting, and stay.
+    """
+    with _LayerErrors():
+        with settings.reader() as reader:
+            queues = [reader.queue_of(channel) for channel in channels]
+            if not yes:
+                question = "Delete the messages waiting in %s (prefix %r) on %s?" % (
+                    ", ".join(channels),
+                    reader.topology.prefix,
+                    settings.where(),
+                )
+                confirm_or_stop(question, "nothing was purged")
+            for channel, queue in zip(channels, queues):
+                purged = reader.purge(queue)
+                if purged is None:
+                    no_queue_note(channel)
+                else:
+                    settings.note("purged %d message(s) from %s" % (purged, channel))

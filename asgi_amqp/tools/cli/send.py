@@ -3,19 +3,40 @@
 Bulk mode reads JSON Lines and hands each to ``tools.bulk.BulkSender``.
 """
 
+import codecs
 import itertools
+import json
 import os
+import shlex
 import signal
 import stat
 import sys
+import tempfile
 import threading
 import time
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Tuple,
+)
 
-from ...errors import AuthenticationError, BrokerConnectionError, MessageTooLarge
+from ...errors import (
+    ACCESS_REFUSED,
+    AuthenticationError,
+    BrokerConnectionError,
+    MessageTooLarge,
+)
+from ...pipeline import NotAttempted
 from ...serialization import validate_message
-from .. import bulk
+from .. import bulk, rejects
 from ..jsonbytes import loads
 from .base import (
     EPILOG,
@@ -69,29 +90,39 @@ def _describe(exc: BaseException) -> str:
     return _one_line(exc) + _mismatch_hint(exc)
 
 
-def _summary(sender: bulk.BulkSender, elapsed: float) -> str:
+def _summary(sender: bulk.BulkSender, lines: int, elapsed: float) -> str:
     rate = sender.sent / elapsed if elapsed > 0 else 0.0
-    return "sent %d, channel full %d, failed %d, not attempted %d in %.2f s (%s msg/s)" % (
+    return "sent %d, refused %d, in doubt %d, not sent %d, of %d lines in %.2f s (%s msg/s)" % (
         sender.sent,
-        sender.full,
-        sender.failed,
-        sender.not_attempted,
+        sender.refused,
+        sender.in_doubt,
+        sender.not_sent,
+        lines,
         elapsed,
         ("%.1f" if rate < 10 else "%.0f") % rate,
     )
 
 
-def _resume_line(sender: bulk.BulkSender) -> Optional[str]:
-    """Where a run that did not send every line can start again, or None."""
+def _skip_line(sender: bulk.BulkSender) -> Optional[str]:
+    """The --skip that resumes a run, when it is exact: nothing in doubt, and
+    nothing sent after the first line that was not."""
     first = sender.first_unconfirmed
-    if first is None:
+    if first is None or sender.in_doubt:
         return None
-    text = "first line not confirmed: %d (resume with --skip %d)" % (first, first - 1)
     if sender.last_sent is not None and sender.last_sent > first:
-        text += "; lines after it up to %d were sent, and a resume sends those again" % (
-            sender.last_sent
-        )
-    return text
+        return None
+    return "first line not sent: %d (--skip %d resumes there too)" % (first, first - 1)
+
+
+RESENT_RISK = (
+    "--resend-in-doubt: %d lines that were in doubt were sent again; each one the "
+    "broker already had is now there twice"
+)
+IN_DOUBT_RISK = (
+    "in doubt: %d lines were written to the broker but not confirmed; it may hold "
+    "some or all of them. A resume leaves them out; --resend-in-doubt sends them "
+    "again, and each one the broker had is then delivered twice"
+)
 
 
 class _StopSignals(object):
@@ -138,7 +169,7 @@ def _exit_code(sender: bulk.BulkSender, signals: Optional[_StopSignals] = None) 
         return 128 + signals.received  # 130 for an interrupt, 143 for SIGTERM
     if sender.fatal is not None:
         return EXIT_ERROR
-    if sender.full or sender.failed or sender.not_attempted or sender.stopped is not None:
+    if sender.processed > sender.sent or sender.stopped is not None:
         return EXIT_PARTIAL
     return EXIT_OK
 
@@ -147,12 +178,15 @@ def _fatal_error(fatal: BaseException) -> CLIError:
     return _error_for(fatal) or CLIError(_one_line(fatal))
 
 
-def _parse_line(text: str, layer: "AMQPChannelLayer") -> Tuple[str, str, Dict[str, Any]]:
-    """(kind, name, message) of one JSON Lines record, or raise ValueError."""
+def _json(text: str) -> Any:
     try:
-        record = loads(text)
+        return loads(text)
     except ValueError as exc:
-        raise ValueError("invalid JSON: %s" % exc)
+        raise ValueError("invalid JSON: %s" % exc) from None
+
+
+def _message_of(record: Any, layer: "AMQPChannelLayer") -> Tuple[str, str, Dict[str, Any]]:
+    """(kind, name, message) of one JSON Lines record, or raise ValueError."""
     if not isinstance(record, dict):
         raise ValueError('expected a JSON object with "channel" or "group" and "message"')
     unknown = set(record) - {"channel", "group", "message"}
@@ -176,9 +210,36 @@ def _parse_line(text: str, layer: "AMQPChannelLayer") -> Tuple[str, str, Dict[st
         raise ValueError('"message" must be a JSON object')
     try:
         validate_message(message)
-    except TypeError as exc:
+    except (TypeError, RecursionError) as exc:
         raise ValueError(_one_line(exc))
     return kind, name, message
+
+
+class _Line(NamedTuple):
+    """An input line as the first run read it: a rejects record gives its own."""
+
+    number: int
+    raw: bytes
+    in_doubt: bool  # a rejects record of a line an earlier run left in doubt
+
+
+def _read(number: int, raw: bytes) -> Tuple[_Line, Any]:
+    """The line and its JSON value, or the ValueError that says why it has none.
+
+    A rejects record (``tools.rejects``) stands for its original line."""
+    line = _Line(number, raw, False)
+    try:
+        value = _json(_text(raw))
+        if not rejects.is_record(value):
+            return line, value
+        original, kind, raw = rejects.unwrap(value)
+    except ValueError as exc:
+        return line, exc
+    line = _Line(original, raw, kind == bulk.IN_DOUBT)
+    try:
+        return line, _json(_text(raw))
+    except ValueError as exc:
+        return line, exc
 
 
 def _text(line: bytes) -> str:
@@ -220,6 +281,90 @@ def _progress(total: Optional[int], stream: Optional[IO[str]] = None) -> Any:
     return tqdm(total=total, unit="msg", file=stream, dynamic_ncols=True, leave=False)
 
 
+def _rejects_path(stream: IO[bytes], given: Optional[str]) -> Tuple[str, bool]:
+    """Where the rejects go, and whether that file is written even when empty.
+
+    By default beside the input (``FILE.rejects``; a resume from a rejects
+    file rewrites that file), else (a pipe, or a folder the command may not
+    write to) in the current directory, else in the temporary one. A rejects
+    file that was given, or that is the input itself, must be writable, and
+    is always written: left as it was, it would list lines this run sent.
+    """
+    name = getattr(stream, "name", None)
+    is_file = isinstance(name, str) and name not in ("-", "<stdin>") and os.path.isfile(name)
+    if given is not None:
+        _check_writable(given)
+        return given, True
+    if is_file:
+        path = str(name)
+        if path.endswith(".rejects"):
+            _check_writable(path)
+            return path, True
+        if _writable(path + ".rejects"):
+            return path + ".rejects", os.path.exists(path + ".rejects")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = "asgi-amqp-send-%s.rejects" % stamp
+    if not _writable(path):
+        path = os.path.join(tempfile.gettempdir(), path)
+    return path, False
+
+
+def _writable(path: str) -> bool:
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.access(folder, os.W_OK) and (not os.path.exists(path) or os.access(path, os.W_OK))
+
+
+def _check_writable(path: str) -> None:
+    if not _writable(path):
+        raise CLIError(
+            "cannot write the rejects file %s (every line not sent goes there): give "
+            "--rejects FILE in a directory you can write to" % path
+        )
+
+
+def _lines(stream: IO[bytes], skip: int) -> Iterator[Tuple[int, bytes]]:
+    """(number, line) of every non-blank line after the first ``skip``; a UTF-8
+    byte-order mark at the start is dropped (a file saved as "utf-8-sig")."""
+    for number, raw in enumerate(stream, 1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        if raw.strip() and number > skip:
+            yield number, raw
+
+
+def _check_bulk(settings: Settings, stream: IO[bytes], skip: int, as_json: bool) -> int:
+    """--dry-run: check every line as a send would, send nothing, connect nowhere."""
+    layer = settings.layer()  # made, not connected: it connects on first use
+    report = _reporter((lambda text: None) if settings.silent else None)
+    read = bad = 0
+    for number, raw in _lines(stream, skip):
+        read += 1
+        line, value = _read(number, raw)
+        try:
+            if isinstance(value, ValueError):
+                raise value
+            _kind, _name, message = _message_of(value, layer)
+            layer.sender.encode(message)  # the size limit, and the keys' encryption
+        except (TypeError, ValueError, MessageTooLarge) as exc:
+            bad += 1
+            report("line %d" % line.number, exc)
+    code = EXIT_PARTIAL if bad else EXIT_OK
+    if as_json:
+        click.echo(
+            json.dumps({"lines": read, "valid": read - bad, "bad": bad, "exit_status": code})
+        )
+    elif not settings.quiet:
+        click.echo(
+            "dry run: %d lines, %d valid, %d bad; nothing was sent" % (read, read - bad, bad),
+            err=True,
+        )
+    return code
+
+
+def _reason(error: Optional[BaseException]) -> str:
+    return "" if error is None else _describe(error)
+
+
 def _send_bulk(
     settings: Settings,
     stream: IO[bytes],
@@ -228,7 +373,11 @@ def _send_bulk(
     jobs: int,
     skip: int = 0,
     retry_for: Optional[float] = None,
+    rejects_to: Optional[str] = None,
+    resend_in_doubt: bool = False,
+    as_json: bool = False,
 ) -> int:
+    path, keep_empty = _rejects_path(stream, rejects_to)
     layer = settings.layer(existing_capacities=True)
     total = _count_lines(stream)
     bar = _progress(total)
@@ -237,6 +386,12 @@ def _send_bulk(
         write = lambda text: bar.write(text, file=sys.stderr)  # noqa: E731
     if settings.silent:
         write = lambda text: None  # noqa: E731
+    out = rejects.RejectsFile(path)
+
+    def on_line(line: _Line, kind: str, error: Optional[BaseException]) -> None:
+        if kind != bulk.SENT:
+            out.write(line.number, kind, _reason(error), line.raw)
+
     sender = bulk.BulkSender(
         layer,
         on_full=on_full,
@@ -246,67 +401,117 @@ def _send_bulk(
         keep_existing=True,
         retry_for=retry_for,
         progress=None if settings.quiet else (lambda text: click.echo(text, err=True)),
+        on_line=on_line,
     )
     started = time.monotonic()
-    counted = 0  # non-blank lines taken from the input (skipped ones included)
-    stopped_before = None  # the line reading stopped at, unread, or None
+    read = 0  # non-blank lines read, after --skip
+    unread_from = None  # the line a pipe's reading stopped at, or None
+    resuming = False  # a line was a rejects record: its number is not this file's
+    resent = 0  # lines in doubt sent again (--resend-in-doubt)
     with _StopSignals() as signals:
         try:
-            for number, line in enumerate(stream, 1):
-                if not line.strip():
-                    continue
-                if sender.done or signals.received is not None:
-                    stopped_before = number
+            for number, raw in _lines(stream, skip):
+                if signals.received is not None and sender.stopped is None:
+                    sender.stop(signals.reason or "a signal")
+                if sender.done and total is None:
+                    unread_from = number  # a pipe may never end: stop reading it
                     break
-                counted += 1
-                if number <= skip:
-                    continue
-                where = "line %d" % number
-                try:
-                    kind, name, message = _parse_line(_text(line), layer)
-                except ValueError as exc:
-                    sender.invalid(where, exc, number)
+                read += 1
+                line, value = _read(number, raw)
+                resuming = resuming or line.raw is not raw
+                where = "line %d" % line.number
+                if sender.done:  # the rest of a file goes to the rejects
+                    error: BaseException = NotAttempted("not sent: the run stopped first")
+                    if line.in_doubt:
+                        error = bulk.StillInDoubt("in doubt since an earlier run")
+                    sender.invalid(where, error, line.number, line)
+                elif line.in_doubt and not resend_in_doubt:
+                    error = bulk.StillInDoubt(
+                        "in doubt since an earlier run (see --resend-in-doubt)"
+                    )
+                    sender.invalid(where, error, line.number, line)
+                elif isinstance(value, ValueError):
+                    sender.invalid(where, value, line.number, line)
                 else:
-                    sender.submit(kind, name, message, where, number)
+                    resent += line.in_doubt
+                    try:
+                        kind, name, message = _message_of(value, layer)
+                    except ValueError as exc:
+                        sender.invalid(where, exc, line.number, line)
+                    else:
+                        sender.submit(kind, name, message, where, line.number, line)
                 if bar is not None:
                     bar.update(1)
             if signals.received is not None:
                 sender.stop(signals.reason or "a signal")
+            sender.close()
+        except BaseException:
+            out.discard()  # a second signal, or a bug: no rejects file half written
+            raise
         finally:
             sender.close()
             if bar is not None:
                 bar.close()
-    if stopped_before is not None:
-        # Lines never read: counted where the file's size is known (a pipe's is not).
-        sender.skipped(total - counted if total is not None else 0, stopped_before)
     elapsed = time.monotonic() - started
-    if sender.fatal is not None and sender.processed - sender.not_attempted <= 1:
+    code = _exit_code(sender, signals)
+    nothing_reached = sender.fatal is not None and sender.sent == 0 and sender.in_doubt == 0
+    if nothing_reached:
+        out.discard()  # the input itself is the resume
+    replaced = not nothing_reached and out.finish(keep_empty)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "lines": read,
+                    "sent": sender.sent,
+                    "refused": sender.refused,
+                    "in_doubt": sender.in_doubt,
+                    "not_sent": sender.not_sent,
+                    "resent_in_doubt": resent,
+                    "rejects": path if out.count and not nothing_reached else None,
+                    "unread_from": unread_from,
+                    "seconds": round(elapsed, 3),
+                    "error": _fatal_error(sender.fatal).format_message() if sender.fatal else None,
+                    "exit_status": code,
+                }
+            )
+        )
+    if nothing_reached and sender.fatal is not None:
         raise _fatal_error(sender.fatal)
     if sender.fatal is not None:
         click.echo("%s: error: %s" % (PROG, _fatal_error(sender.fatal).format_message()), err=True)
-    if sender.stopped:
+    if sender.stopped and signals.received is None:
         click.echo(
             "%s: stopped at %s"
             % (PROG, sender.stopped.replace("(on_full=fail)", "(--on-full=fail)")),
             err=True,
         )
-    if not settings.quiet:
+    if not settings.quiet and not as_json:
         if sender.retry_given_up:
             click.echo(
                 "%s: gave up retrying after %.0f s (--retry-for): %d messages counted as "
-                "channel full without a retry"
-                % (PROG, sender.retry_seconds, sender.retry_given_up),
+                "refused without a retry" % (PROG, sender.retry_seconds, sender.retry_given_up),
                 err=True,
             )
-        click.echo(_summary(sender, elapsed), err=True)
-        if stopped_before is not None and total is None:
-            click.echo(
-                "the rest of the input, from line %d, was not read" % stopped_before, err=True
-            )
-        resume = _resume_line(sender)
-        if resume is not None:
-            click.echo(resume, err=True)
-    return _exit_code(sender, signals)
+        click.echo(_summary(sender, read, elapsed), err=True)
+        if unread_from is not None:
+            click.echo("the rest of the input, from line %d, was not read" % unread_from, err=True)
+        if sender.in_doubt:
+            click.echo(IN_DOUBT_RISK % sender.in_doubt, err=True)
+        if resent:
+            click.echo(RESENT_RISK % resent, err=True)
+        skip_line = None if resuming else _skip_line(sender)
+        if skip_line is not None:
+            click.echo(skip_line, err=True)
+    if out.count and not settings.silent and not as_json:
+        click.echo(
+            "rejects: %s (%d lines); resume with: %s send --from %s"
+            % (path, out.count, PROG, shlex.quote(path)),
+            err=True,
+        )
+    elif replaced and not settings.quiet and not as_json:
+        click.echo("rejects: %s is empty now: every line was sent" % path, err=True)
+    return code
 
 
 @cli.command(epilog=EPILOG)
@@ -357,8 +562,35 @@ def _send_bulk(
     type=click.IntRange(min=0),
     default=0,
     metavar="N",
-    help="With --from: leave out the first N lines, to resume a run at the line its "
-    "summary names as the first not confirmed.",
+    help="With --from: leave out the first N lines (exact when nothing was in doubt "
+    "and no line after the first not sent was sent; the rejects file always is).",
+)
+@click.option(
+    "--rejects",
+    "rejects_to",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="With --from: write every line not sent here, with its line number and kind; "
+    "'send --from FILE' resumes [default: the input's name + .rejects, or "
+    "asgi-amqp-send-TIME.rejects for stdin].",
+)
+@click.option(
+    "--resend-in-doubt",
+    is_flag=True,
+    help="With --from a rejects file: send its lines in doubt again too (each one the "
+    "broker had arrives twice).",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="With --from: print the summary on stdout as one JSON object.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="With --from: check every line (JSON, names, size, encryption) and send "
+    "nothing; exit status 1 if any line is bad.",
 )
 @click.pass_obj
 def send(
@@ -371,17 +603,41 @@ def send(
     jobs: int,
     skip: int,
     retry_for: Optional[float],
+    rejects_to: Optional[str],
+    resend_in_doubt: bool,
+    as_json: bool,
+    dry_run: bool,
 ) -> None:
     """Send MESSAGE_JSON (a JSON object) to CHANNEL, or every line of --from FILE.
 
     Bulk mode shows a progress bar on a terminal, reports bad lines with
-    their line number and goes on, and ends with a summary line: sent,
-    channel full, failed, and the rate.
+    their line number and goes on, and ends with a summary: sent, refused,
+    in doubt and not sent, adding up to the lines read. Every line not sent
+    goes to the rejects file, which 'send --from' resumes from.
     """
     if source is not None:
         if channel is not None or message_json is not None:
             raise click.UsageError("give either CHANNEL MESSAGE_JSON or --from FILE, not both")
-        sys.exit(_send_bulk(settings, source, on_full, retries, jobs, skip, retry_for))
+        if dry_run:
+            sys.exit(_check_bulk(settings, source, skip, as_json))
+        sys.exit(
+            _send_bulk(
+                settings,
+                source,
+                on_full,
+                retries,
+                jobs,
+                skip,
+                retry_for,
+                rejects_to,
+                resend_in_doubt,
+                as_json,
+            )
+        )
+    if rejects_to is not None or resend_in_doubt or as_json or dry_run:
+        raise click.UsageError(
+            "--rejects, --resend-in-doubt, --json and --dry-run go with --from FILE"
+        )
     if channel is None or message_json is None:
         raise click.UsageError("give CHANNEL and MESSAGE_JSON, or --from FILE")
     message = _message_argument(message_json)
@@ -417,7 +673,7 @@ def _send_one(
             layer.valid_group_name(name)
     try:
         validate_message(message)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise click.BadParameter(_one_line(exc), param_hint="MESSAGE_JSON")
     reported: List[BaseException] = []
     sender = bulk.BulkSender(
@@ -429,12 +685,28 @@ def _send_one(
     )
     sender.submit(kind, name, message, "%s %s" % (kind, name))
     sender.close()
+    if sender.in_doubt:  # after a connection error: the first one says which
+        why = sender.fatal or next(iter(reported), None)
+        raise CLIError(
+            "%s %s: in doubt: it was written to the broker but no confirm came (%s); "
+            "the broker may or may not have it"
+            % (kind, name, _describe(why) if why is not None else "no answer"),
+            EXIT_PARTIAL,
+        )
     if sender.fatal is not None:
         raise _fatal_error(sender.fatal)
     for problem in reported:
         # The message itself (too large, say): an invalid message, exit 2.
         if isinstance(problem, (MessageTooLarge, TypeError, ValueError)):
             raise CLIError("%s %s: %s" % (kind, name, _one_line(problem)))
+        if kind == "group" and getattr(problem, "reply_code", None) == ACCESS_REFUSED:
+            raise CLIError(
+                "group %s: this user may not send to groups (the broker refused it: %s). "
+                "The 'sender' role (asgi-amqp permissions sender) sends to channels "
+                "only; send-group needs the 'application' role's permissions"
+                % (name, _one_line(problem)),
+                EXIT_PARTIAL,
+            )
         raise _error_for(problem) or CLIError(
             "%s %s: %s" % (kind, name, _describe(problem)), EXIT_PARTIAL
         )
@@ -442,5 +714,5 @@ def _send_one(
         raise CLIError(
             "channel %s is full (capacity %d)" % (name, layer.get_capacity(name)), EXIT_PARTIAL
         )
-    if sender.failed:
+    if sender.sent != 1:
         sys.exit(EXIT_PARTIAL)

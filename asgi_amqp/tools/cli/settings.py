@@ -47,6 +47,11 @@ class Settings(object):
                 for name, entry in self._given.items()
                 if name not in _NOT_LAYER
             }
+            # --url and --hosts name one setting: the one given the higher way
+            # wins (--hosts over AMQP_URL); given alike, both are an error.
+            url, hosts = self._given.get("url"), self._given.get("hosts")
+            if url is not None and hosts is not None and url[0] != hosts[0]:
+                del overrides["url" if url[0] < hosts[0] else "hosts"]
             try:
                 config = layerconfig.layer_config(
                     django_settings=self.given("django_settings"),
@@ -76,10 +81,18 @@ class Settings(object):
             from ...layer import AMQPChannelLayer
 
             config = self.config()
-            if existing_capacities:
-                config = layerconfig.with_existing_capacities(config, self.urls())
+            # The layer checks every setting and connects on first use only:
+            # nothing (the management API included) is contacted before the
+            # settings are known to be valid.
             with _LayerErrors():
-                self._layer = AMQPChannelLayer(**config)
+                layer = AMQPChannelLayer(**config)
+            if existing_capacities:
+                found = layerconfig.with_existing_capacities(config, self.urls())
+                if found != config:
+                    layer.close()
+                    with _LayerErrors():
+                        layer = AMQPChannelLayer(**found)
+            self._layer = layer
         return self._layer
 
     def reader(self) -> "QueueReader":
@@ -142,8 +155,8 @@ def _layer_value(name: str, value: Any) -> Any:
         return [part.strip() for part in value.split(",") if part.strip()]
     if name == "channel_capacity":
         return dict(value)
-    if name == "symmetric_encryption_keys":
-        return list(value)
+    if name in ("symmetric_encryption_keys", "hosts"):
+        return list(value) or None  # an empty list: not given
     return value
 
 
@@ -186,10 +199,15 @@ def _has_password(url: str) -> bool:
 
 
 def _note_passwords(given: Dict[str, Tuple[int, Any]]) -> None:
-    for name, variable in (("url", "AMQP_URL"), ("management_url", "AMQP_MANAGEMENT_URL")):
+    for name, variable in (
+        ("url", "AMQP_URL"),
+        ("hosts", "ASGI_AMQP_HOSTS"),
+        ("management_url", "AMQP_MANAGEMENT_URL"),
+    ):
         entry = given.get(name)
         if entry is not None and entry[0] == _RANK[click.core.ParameterSource.COMMANDLINE]:
-            if _has_password(entry[1]):
+            value = entry[1] if isinstance(entry[1], str) else ",".join(entry[1])
+            if _has_password(value):
                 click.echo(
                     "%s: note: --%s holds a password, which other users can see in the "
                     "process list and which stays in the shell history; set %s instead"

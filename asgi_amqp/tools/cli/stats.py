@@ -9,6 +9,7 @@ from .base import (
     _LayerErrors,
     cli,
     click,
+    no_queue_note,
 )
 from .settings import Settings
 
@@ -52,11 +53,7 @@ def stats(settings: Settings, channels: Tuple[str, ...], as_json: bool) -> None:
         if channels:
             per_channel = {c: statistics.channel_statistics(layer, c) for c in channels}
             for channel in statistics.missing_channels(layer, channels):
-                click.echo(
-                    "note: channel %s has no queue (never sent to, expired when unused, or "
-                    "flushed): its figures are 0; check the name and --prefix" % channel,
-                    err=True,
-                )
+                no_queue_note(channel)
         else:
             per_channel = statistics.all_channel_statistics(layer)
         total = statistics.global_statistics(layer)
@@ -67,7 +64,8 @@ def stats(settings: Settings, channels: Tuple[str, ...], as_json: bool) -> None:
         [name] + [_cell(per_channel[name][key]) for _, key in _COLUMNS[1:]]
         for name in sorted(per_channel)
     ]
-    rows.append(["(all channels)"] + [_cell(total[key]) for _, key in _COLUMNS[1:]])
+    if not channels:  # the prefix's total: a row of the channels asked for would mislead
+        rows.append(["(all channels)"] + [_cell(total[key]) for _, key in _COLUMNS[1:]])
     header = [title for title, _ in _COLUMNS]
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header))]
 

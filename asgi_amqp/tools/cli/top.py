@@ -21,7 +21,7 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from rich import box
 from rich.cells import cell_len
@@ -354,11 +354,18 @@ def print_once(snapshot: Snapshot, sort: str) -> None:
         console = Console()
         console.print(render(snapshot, sort, width=console.width))
         return
+    print_plain(snapshot, sort)
+
+
+def print_plain(snapshot: Snapshot, sort: str, note: str = "") -> None:
+    """The view as ASCII text without trailing blanks, flushed at once: a file
+    or a pipe has every snapshot printed so far, whenever the command ends."""
     console = Console(width=PLAIN_WIDTH, color_system=None)
     with console.capture() as capture:
-        console.print(render(snapshot, sort, plain=True))
+        console.print(render(snapshot, sort, note, plain=True))
     for line in capture.get().splitlines():
         click.echo(line.rstrip())
+    sys.stdout.flush()
 
 
 # -- the full screen ------------------------------------------------------------------------
@@ -587,6 +594,9 @@ class LiveView(object):
         return Group(*(parts + overview(snapshot, sort, console, lines, keys=False)))
 
     def run(self, first: Snapshot) -> None:
+        if self._keys is None and not self._console.is_terminal:
+            self._print_each(first)  # a file or a pipe: no redrawing, text as --once
+            return
         screen = self._keys is not None
         try:
             with Live(
@@ -596,6 +606,26 @@ class LiveView(object):
         finally:
             if screen:
                 self._console.show_cursor(True)  # once more, after the alternate screen
+
+    def _print_each(self, snapshot: Snapshot) -> None:
+        """Every snapshot one after the other, a blank line between them."""
+        print_plain(snapshot, self._screen.sort)
+        for _ in self._refreshes():
+            click.echo("")
+            note = ""
+            try:
+                snapshot = self._collect()
+            except ManagementAPIError as exc:
+                note = "refresh failed, showing the last snapshot: %s" % exc
+            print_plain(snapshot, self._screen.sort, note)
+
+    def _refreshes(self) -> Iterator[int]:
+        """Waits ``interval`` s before each refresh after the first, as many as allowed."""
+        done = 1
+        while not self._iterations or done < self._iterations:
+            time.sleep(self._interval)
+            done += 1
+            yield done
 
     def _refresh(self, live: Live, snapshot: Snapshot) -> None:
         """Until the last refresh or ``q``: a new snapshot every interval, keys at once."""

@@ -130,16 +130,20 @@ bench-echo: venv broker-deps redis-deps redis-venv $(VENV)/.bench-installed ## =
 faults-stack: venv broker-deps ## the Channels stack through broker faults (FAULTS_ARGS)
 	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
 
-# Every fault kind for 180 s each: kills, restart and alarm for both queue
-# types, and the loss of a cluster node with quorum queues. FAULTS_ARGS,
+# Every fault kind for 180 s each, at the layer's default settings with two
+# runworkers on every channel: kills, restart and alarm for both queue
+# types, and the loss of a cluster node with quorum queues; the restart
+# again with four runworkers and the management plugin. FAULTS_ARGS,
 # when given, comes last and overrides (e.g. FAULTS_ARGS='--duration 60').
-# Then a restart whose 15 s pause outlasts the processes' operation_timeout
+# Then a restart whose 30 s pause outlasts the processes' operation_timeout
 # (5 s), and a connect storm of 800 WebSockets, for both queue types.
 faults: venv broker-deps ## every fault kind, 3 minutes each (about 36 min in all; FAULTS_ARGS overrides)
 	$(VPY) tests/project/stackfaults.py --scenario all --duration 180 \
 	    $(if $(filter command line environment,$(origin FAULTS_ARGS)),$(FAULTS_ARGS))
-	$(VPY) tests/project/stackfaults.py --scenario restart --duration 90 --rate 3 \
-	    --restart-pause 15 --operation-timeout 5 --websocket-worker always
+	$(VPY) tests/project/stackfaults.py --scenario restart --duration 180 --workers 4 \
+	    --management-plugin
+	$(VPY) tests/project/stackfaults.py --scenario restart --duration 90 --rate 5 \
+	    --restart-pause 30 --operation-timeout 5 --management-plugin
 	ASGI_AMQP_STORM_SOCKETS=800 $(VPY) -m pytest -s tests/e2e/test_connect_storm.py
 
 leaks: venv broker-deps ## the no-leak test at full size: 10k channels, 1k groups, 1k local (minutes)

@@ -234,7 +234,7 @@ def test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them(
 def _two_workers(broker, sender, queue_type, log, **options):
     """Two workers, the second started once the first consumes every shard.
 
-    One after the other: RabbitMQ 3.10 closes with 541 INTERNAL_ERROR a
+    One after the other: RabbitMQ (3.10 and 4.0) closes with 541 INTERNAL_ERROR a
     connection that consumes a quorum queue another connection is creating
     (docs/topology.rst); the layer reconnects, but these tests count copies."""
     prefix = sender.topology.prefix

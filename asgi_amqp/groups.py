@@ -287,10 +287,10 @@ class Groups(object):
         requests: List[PublishRequest] = []
         if lease is not None:
             what = "lease of %s in %s" % (channel, group)
-            requests.append(("", self._topology.lease_queue, b"", lease, True, what, False))
+            requests.append(("", self._topology.lease_queue, b"", lease, True, what))
         if local:
             notice = self._notice_message(naming.JOIN_KIND, group, channel, stamp)
-            requests.append(notice + (False,))
+            requests.append(notice)
         in_flight = self._engine.start_publishes(requests) if requests else None
         if declare_queue:
             self._engine.declare(
@@ -374,8 +374,8 @@ class Groups(object):
 
     def _notice_message(
         self, kind: str, group: str, channel: str, stamp: Optional[int] = None
-    ) -> Tuple[str, str, bytes, pika.BasicProperties, bool, str]:
-        """A notice as a publish request, less its ``fans_out`` flag."""
+    ) -> PublishRequest:
+        """A notice as a publish request."""
         headers: Dict[str, Any] = {
             naming.KIND_HEADER: kind,
             naming.GROUP_HEADER: group,
@@ -434,7 +434,7 @@ class Groups(object):
         in_flight = None
         if local:
             notice = self._notice_message(naming.LEAVE_KIND, group, channel)
-            in_flight = self._engine.start_publishes([notice + (False,)])
+            in_flight = self._engine.start_publishes([notice])
         self._engine.declare(steps, "group_discard %s %s" % (group, channel))
         self._leases_sent.pop((group, channel), None)
         self._bound.pop((group, channel), None)
@@ -483,7 +483,6 @@ class Groups(object):
                 self._sender.properties({naming.GROUP_HEADER: group}),
                 False,
                 "send to group %s" % group,
-                fans_out=True,  # held back a moment after a restart (``io.restart_hold``)
                 alarm_wait=self._sender.operation_timeout,
             )
         except BrokerBlocked as exc:

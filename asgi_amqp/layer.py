@@ -45,11 +45,6 @@ DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
 _NAME_ALPHABET = string.ascii_letters + string.digits
 
 
-# How long group sends wait after the broker refused connections (a restart)
-# with quorum queues; ``engine.io.restart_hold`` says why.
-RESTART_HOLD_SECONDS = 2.0
-
-
 class AMQPChannelLayer(BaseChannelLayer):
     """An ASGI 1.0 channel layer on RabbitMQ.
 
@@ -210,7 +205,6 @@ class AMQPChannelLayer(BaseChannelLayer):
             consumers=engine.ConsumerSettings(
                 linger, consumer_idle_timeout, consumer_prefetch, max_consumers
             ),
-            restart_hold=RESTART_HOLD_SECONDS if queue_type == "quorum" else 0.0,
             dead_letter_worker=dead_letter_worker,
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
             # daphne's reactor thread never waits for a resource alarm to clear.

@@ -221,7 +221,6 @@ class SendPipeline(object):
                         entry.properties,
                         False,
                         "send to group %s" % entry.name,
-                        True,
                     )
                 )
             else:
@@ -233,7 +232,6 @@ class SendPipeline(object):
                         entry.properties,
                         True,
                         "send to %s" % entry.name,
-                        False,
                     )
                 )
         try:

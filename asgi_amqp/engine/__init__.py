@@ -11,7 +11,7 @@ Inside, by module:
 ``io``
     the I/O thread (``io.thread``): connect, reconnect, hand unfinished
     work on, close; and the objects it owns (inbox, carry-over, alarm
-    gate, restart hold);
+    gate);
 ``session``
     the parts of one connection pair: a channel for each kind of work;
 ``work``
@@ -114,8 +114,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fork_guard.renew)
 
 
-# exchange, routing key, body, properties, mandatory, what (for errors), fans out
-PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str, bool]
+# exchange, routing key, body, properties, mandatory, what (for errors)
+PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str]
 
 
 class Engine(object):
@@ -134,7 +134,6 @@ class Engine(object):
         *,
         operation_timeout: float,
         consumers: ConsumerSettings,
-        restart_hold: float = 0.0,
         dead_letter_worker: bool = True,
         bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
         never_waits: Callable[[], bool] = lambda: False,
@@ -153,7 +152,6 @@ class Engine(object):
         self._never_waits = never_waits
         self.operation_timeout = operation_timeout
         self._consumers = consumers
-        self._restart_hold = restart_hold  # seconds group fan-out waits after a refused outage
         self._run_worker = dead_letter_worker
         self._start_lock = threading.Lock()
         self._lock_pid = os.getpid()  # the process whose threads can hold _start_lock
@@ -223,7 +221,6 @@ class Engine(object):
             self._parameters,
             consumer_settings=self._consumers,
             handed_off=self._handed_off,
-            restart_hold=self._restart_hold,
         )
         io.start()
         return io
@@ -274,7 +271,6 @@ class Engine(object):
         mandatory: bool,
         what: str,
         marked: bool = False,
-        fans_out: bool = False,
         *,
         alarm_wait: float,
         parks: bool = False,
@@ -291,7 +287,7 @@ class Engine(object):
         (``never_waits``) ``BrokerBlocked`` is raised at once, and daphne
         answers 503 or closes the socket with 1013, "try again later".
         ``marked``: sent as a possible copy (its reader drops it if it has
-        the original); ``fans_out``: a group send (``io.restart_hold``).
+        the original).
 
         ``parks``, for a send on daphne's reactor thread: when the broker
         goes away during the wait, the publish is given up and ``PARKED``
@@ -300,9 +296,7 @@ class Engine(object):
         """
         deadline = None  # set at the first block: nothing extra on the usual path
         while True:
-            publish = Publish(
-                Pending(what), exchange, routing_key, body, properties, mandatory, fans_out=fans_out
-            )
+            publish = Publish(Pending(what), exchange, routing_key, body, properties, mandatory)
             publish.maybe_delivered = marked
             try:
                 if parks:
@@ -369,10 +363,8 @@ class Engine(object):
         instead of once per message. ``InFlight.outcome`` gives each answer.
         """
         publishes = [
-            Publish(
-                Pending(what), exchange, routing_key, body, properties, mandatory, fans_out=fans_out
-            )
-            for exchange, routing_key, body, properties, mandatory, what, fans_out in requests
+            Publish(Pending(what), exchange, routing_key, body, properties, mandatory)
+            for exchange, routing_key, body, properties, mandatory, what in requests
         ]
         io = self._running_io()
         io.submit_many(publishes)

@@ -88,7 +88,6 @@ class Publish(Work):
         "mandatory",
         "maybe_delivered",
         "written",
-        "fans_out",
     )
 
     def __init__(
@@ -99,7 +98,6 @@ class Publish(Work):
         body: bytes,
         properties: pika.BasicProperties,
         mandatory: bool,
-        fans_out: bool = False,
     ) -> None:
         super().__init__(pending)
         self.exchange = exchange
@@ -109,9 +107,6 @@ class Publish(Work):
         self.mandatory = mandatory
         self.maybe_delivered = False
         self.written = False
-        # A group send: the I/O thread holds it back for a while after a
-        # restart (see ``io.restart_hold``).
-        self.fans_out = fans_out
 
     def __call__(self, session: "Session") -> None:
         session.publisher.publish(self)

@@ -11,7 +11,7 @@ I/O thread's call of a piece of work lands in that part's module at once:
 
 ``publisher.Publish``
     a confirmed publish, with what a hand-on must know about it
-    (``maybe_delivered``, ``fans_out``);
+    (``maybe_delivered``);
 ``declares.Declare``
     a run of topology steps on an admin channel;
 ``consumers.pool.BlockingReceive``
@@ -46,7 +46,6 @@ class Work(object):
 
     __slots__ = ("pending",)
     retry = True  # run again on the next connection if this one drops first
-    fans_out = False  # held back after a refused outage (``io.restart_hold``)
     maybe_delivered = False  # a publish whose confirm was lost (``publisher``)
 
     def __init__(self, pending: Pending) -> None:

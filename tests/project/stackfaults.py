@@ -1249,7 +1249,7 @@ def targets(report, restart_pause=5.0):
 # The restart's bound grows with the broker's outage; here the other two
 # nodes serve throughout, so it does not: the connections move to another
 # node (about 1 s), the quorum queues led on the stopped node elect new
-# leaders there, and send_group is held 2 s after a refused connection.
+# leaders there.
 # Measured at 1 message/s per client: 1.9 s in a 180 s run, 2.8-3.9 s in
 # 24-40 s runs. 10 s leaves room for a loaded 2-core machine.
 NODE_LOSS_SILENCE = 10.0

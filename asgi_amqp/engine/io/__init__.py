@@ -10,9 +10,6 @@
 ``alarms.AlarmGate``
     whether a resource alarm blocks publishing (set by the I/O thread,
     read and waited on by callers);
-``restart_hold.RestartHold``
-    group fan-out held back after an outage that refused connections
-    (I/O thread);
 ``connection_errors``
     why a connection failed, named for the caller.
 """

@@ -35,11 +35,8 @@ A lost connection fails nobody: the work in flight on it runs again on the
 next one (``io/carry_over.py`` says why and how), and work submitted while
 there is no connection waits for the next one.
 
-After an outage in which the broker refused new connections, group
-fan-out waits a moment before it goes out (``io/restart_hold.py`` says why).
-
-``IOThread`` owns an ``Inbox``, a ``Dispatched`` (the carry-over), an
-``AlarmGate`` and a ``RestartHold``; each says on which threads it is
+``IOThread`` owns an ``Inbox``, a ``Dispatched`` (the carry-over) and an
+``AlarmGate``; each says on which threads it is
 used. Everything else of the thread's state is the I/O thread's alone,
 except the figures callers read, marked where they are declared.
 """
@@ -69,7 +66,6 @@ from .alarms import AlarmGate
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason
 from .inbox import Inbox
-from .restart_hold import RestartHold
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +83,6 @@ class IOThread(object):
         consumer_settings: Optional[ConsumerSettings] = None,
         reconnect_max_delay: float = 0.5,
         handed_off: Optional[HandedOff] = None,
-        restart_hold: float = 0.0,
     ) -> None:
         self._parameters = list(parameters)
         self._name = name
@@ -108,9 +103,6 @@ class IOThread(object):
         self._session: Optional[Session] = None
         self._waiting: Deque[Work] = collections.deque()  # work that needs a session
         self._dispatched = Dispatched()  # what a loss hands to the next connection
-        # Group fan-out held back after a refused outage (I/O thread only).
-        self._restart_hold = RestartHold(restart_hold, self._call_later, self._run_or_wait)
-        self._refused = False  # a connection attempt failed since the last loss
         self._attempt = 0
         self._ever_connected = False
         # Each URL's last failed attempt since the last connection (its node
@@ -259,8 +251,6 @@ class IOThread(object):
                 self._waiting.append(work)
 
     def _dispatch(self, work: Work) -> None:
-        if self._restart_hold.holds_back(work):
-            return
         if work.retry:
             self._dispatched.add(work)
         session = self._session
@@ -324,9 +314,6 @@ class IOThread(object):
         self._ever_connected = True
         self._attempt_failures.clear()
         self._failure = None
-        if self._refused:
-            self._restart_hold.begin()
-        self._refused = False
         self.disconnected_since = None
         self.connected = True
         self._liveness.forget()
@@ -359,7 +346,6 @@ class IOThread(object):
         if self._stopping:
             self._stop_when_closed()
             return
-        self._refused = True
         parameters = _parameters_of(connection)
         failure = connection_error(error, parameters)
         self._attempt_failures[describe_parameters(parameters)] = str(failure)
@@ -395,7 +381,6 @@ class IOThread(object):
         session, self._session = self._session, None
         self.connected = False
         dispatched = self._dispatched.take()
-        dispatched.extend(self._restart_hold.take_all())  # never sent: after the carried work
         if self._stopping:
             closed = LayerClosed("the layer is closed")
             if session is not None:
@@ -439,16 +424,6 @@ class IOThread(object):
         """The session's publisher, which an alarm blocks; None without a session."""
         return self._session.publisher if self._session is not None else None
 
-    def _call_later(self, delay: float, callback: Callable[[], None]) -> object:
-        return self._loop_started.call_later(delay, callback)
-
-    def _run_or_wait(self, work: Work) -> None:
-        """Run ``work`` on the session, or keep it for the next one."""
-        if self._session is not None:
-            self._dispatch(work)
-        else:
-            self._waiting.append(work)
-
     def _drop(self, connection: Optional[pika.connection.Connection]) -> None:
         """Close the other half of a pair that is going; its close is then ignored."""
         if connection is None or connection.is_closing or connection.is_closed:
@@ -480,7 +455,6 @@ class IOThread(object):
 
     def _fail_waiting(self, error: BaseException) -> None:
         waiting, self._waiting = self._waiting, collections.deque()
-        waiting.extend(self._restart_hold.take_all())
         for work in waiting:
             work.pending.fail(error)
 

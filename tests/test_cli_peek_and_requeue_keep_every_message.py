@@ -84,3 +84,43 @@ def test_requeue_moves_bodies_it_cannot_decrypt(cli_env, broker, cli_prefix, new
     result = run_cli(["requeue", "rq.enc", "rq.enc2"], env=cli_env)  # no key given
     assert result.exit_code == 0, result.stderr
     assert drain(app, ["rq.enc2"]) == [("rq.enc2", {"n": 7})]
+
+
+def _frame(socket, order):
+    return {"reply_channel": "daphne.response.%s!c" % socket, "order": order, "n": order}
+
+
+def test_peek_requeue_and_purge_take_an_ordered_channels_shards_for_it(cli_env, cli_layer):
+    """websocket.receive's frames live in shards (docs/topology.rst): peek
+    shows them after the channel's own queue, requeue into it puts each
+    frame in its socket's shard, and purge empties them all."""
+    cli_layer.send("websocket.receive", {"n": 100})  # no order: the channel's own queue
+    for order in range(3):
+        cli_layer.send("websocket.receive", _frame("a", order))
+    result = run_cli(["peek", "websocket.receive", "-n", "10"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert _numbers(result) == [100, 0, 1, 2]
+    # Frames moved into the ordered channel reach their socket's shard, in order.
+    for order in range(3, 6):
+        cli_layer.send("ws.parked", _frame("a", order))
+    assert run_cli(["requeue", "ws.parked", "websocket.receive"], env=cli_env).exit_code == 0
+    got = drain(cli_layer, ["websocket.receive"])
+    assert sorted(m["n"] for _, m in got) == [0, 1, 2, 3, 4, 5, 100]
+    assert [m["n"] for _, m in got if "order" in m] == [0, 1, 2, 3, 4, 5]
+    # A channel no layer here consumed: nothing is held back from the purge.
+    for order in range(2):
+        cli_layer.send("websocket.disconnect", _frame("b", order))
+    cli_layer.send("websocket.disconnect", {"n": 100})
+    result = run_cli(["purge", "websocket.disconnect", "--yes"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert "purged 3 message(s)" in result.stderr
+    assert cli_layer.receive(["websocket.disconnect"]) == (None, None)
+
+
+def test_peek_says_a_quorum_queues_shard_cannot_be_read(cli_env, broker, cli_prefix, new_layer):
+    layer = new_layer(broker, flush=True, prefix=cli_prefix, queue_type="quorum")
+    layer.send("websocket.connect", _frame("q", 0))
+    result = run_cli(["peek", "websocket.connect", "--queue-type", "quorum"], env=cli_env)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "" and "refuses basic.get" in result.stderr
+    assert layer.receive(["websocket.connect"])[1]["n"] == 0  # still there

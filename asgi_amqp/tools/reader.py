@@ -132,6 +132,11 @@ class QueueReader(object):
         channel_names.check_channel_name(channel, receive=True)
         return self.topology.channel_queue(channel)
 
+    def queues_of(self, channel: str) -> List[str]:
+        """The queue behind a receive name, and an ordered channel's shards that exist."""
+        queue = self.queue_of(channel)
+        return [queue] + [q for q in self.topology.shard_queues(channel) if self.exists(q)]
+
     def get(self, queue: str) -> Optional[Fetched]:
         """The next message of ``queue``, unacked; None when it is empty or does not exist."""
         if queue not in self._known and not self.exists(queue):
@@ -212,10 +217,12 @@ class QueueReader(object):
         configured arguments, as the layer's ``send`` does. Raises
         ChannelFull when the broker refuses the message.
         """
-        queue = self.topology.channel_queue(channel)
+        queue = self._send_queue(channel, fetched)
         if queue not in self._known and not self.exists(queue):
             self._declare(channel, queue)
         properties = self._properties_for(channel, fetched.properties)
+        if naming.is_shard_queue(queue):
+            properties.delivery_mode = 2  # a socket's frames are persistent (naming)
         for attempt in range(2):
             try:
                 self._channel.basic_publish(
@@ -230,10 +237,22 @@ class QueueReader(object):
                 raise ChannelFull("channel %s is full" % channel) from None
         raise BrokerOperationError(NOT_FOUND, "%s vanished while sending to it" % queue)
 
+    def _send_queue(self, channel: str, fetched: Fetched) -> str:
+        """Where the layer's ``send`` puts ``fetched`` for ``channel``: an ordered
+        channel's frame goes to its socket's shard (a body that cannot be read
+        to the channel's own queue)."""
+        if not self.topology.shard_queues(channel):
+            return self.topology.channel_queue(channel)
+        try:
+            _, message = self.decode(fetched)
+        except UndecodableMessage:
+            return self.topology.channel_queue(channel)
+        return self.topology.send_queue(channel, message)
+
     def _declare(self, channel: str, queue: str) -> None:
         try:
             self._control.queue_declare(
-                queue, durable=True, arguments=self.topology.channel_queue_arguments(channel)
+                queue, durable=True, arguments=self.topology.queue_arguments(channel, queue)
             )
             self._known.add(queue)
         except pika.exceptions.ChannelClosedByBroker as exc:

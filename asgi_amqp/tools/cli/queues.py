@@ -9,12 +9,12 @@ an interrupted move loses nothing but may leave a message in both channels
 """
 
 import sys
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from ...channel_names import check_channel_name
-from ...errors import ChannelFull
+from ...errors import BrokerOperationError, ChannelFull
 from ..jsonbytes import dumps
-from ..reader import Fetched, UndecodableMessage
+from ..reader import Fetched, QueueReader, UndecodableMessage
 from .base import (
     EPILOG,
     EXIT_ERROR,
@@ -29,6 +29,8 @@ from .base import (
 )
 from .receive import report_unreadable
 from .settings import Settings
+
+RESOURCE_LOCKED = 405  # AMQP reply code: a quorum queue's shard refuses basic.get
 
 
 @cli.command(epilog=EPILOG)
@@ -47,21 +49,19 @@ def peek(settings: Settings, channel: str, count: int) -> None:
     """Print the next N messages of CHANNEL as JSON Lines, without consuming them.
 
     The messages stay in the channel, in their order. A process-local
-    channel is given as "name!". A message that cannot be decrypted or
-    decoded is reported on stderr (exit status 2) and stays too.
+    channel is given as "name!". An ordered channel's shards follow its own
+    queue, each in its order. A message that cannot be decrypted or decoded
+    is reported on stderr (exit status 2) and stays too.
     """
     unreadable = 0
     with _LayerErrors():
         with settings.reader() as reader:
-            queue = reader.queue_of(channel)
-            if not reader.exists(queue):
+            queues = reader.queues_of(channel)
+            if not reader.exists(queues[0]) and len(queues) == 1:
                 no_queue_note(channel)
             taken: List[Fetched] = []
             try:
-                while len(taken) < count:
-                    fetched = reader.get(queue)
-                    if fetched is None:
-                        break
+                for fetched in _waiting(reader, queues, count):
                     taken.append(fetched)
                     try:
                         name, message = reader.decode(fetched)
@@ -75,6 +75,31 @@ def peek(settings: Settings, channel: str, count: int) -> None:
                     reader.requeue_all()
     if unreadable:
         sys.exit(EXIT_ERROR)
+
+
+def _waiting(reader: QueueReader, queues: List[str], count: Optional[int]) -> Iterator[Fetched]:
+    """Up to ``count`` messages waiting in ``queues``, one queue after the other.
+
+    A quorum queue refuses ``basic.get`` on an ordered channel's shard (a
+    single-active-consumer queue): that shard is skipped, and said so."""
+    taken = 0
+    for queue in queues:
+        while count is None or taken < count:
+            try:
+                fetched = reader.get(queue)
+            except BrokerOperationError as exc:
+                if exc.reply_code != RESOURCE_LOCKED:
+                    raise
+                click.echo(
+                    "%s: note: %s cannot be read here (a quorum queue's shard refuses "
+                    "basic.get); a receive of the channel takes its messages" % (PROG, queue),
+                    err=True,
+                )
+                break
+            if fetched is None:
+                break
+            taken += 1
+            yield fetched
 
 
 @cli.command(epilog=EPILOG)
@@ -101,13 +126,10 @@ def requeue(settings: Settings, source: str, destination: str, count: Optional[i
     with _LayerErrors():
         check_channel_name(destination)
         with settings.reader() as reader:
-            queue = reader.queue_of(source)
+            queues = reader.queues_of(source)
             moved = 0
             try:
-                while count is None or moved < count:
-                    fetched = reader.get(queue)
-                    if fetched is None:
-                        break
+                for fetched in _waiting(reader, queues, count):
                     try:
                         reader.publish(destination, fetched)
                     except ChannelFull as exc:
@@ -134,7 +156,7 @@ def purge(settings: Settings, channels: Tuple[str, ...], yes: bool) -> None:
     """
     with _LayerErrors():
         with settings.reader() as reader:
-            queues = [reader.queue_of(channel) for channel in channels]
+            queues = [reader.queues_of(channel) for channel in channels]
             if not yes:
                 question = "Delete the messages waiting in %s (prefix %r) on %s?" % (
                     ", ".join(channels),
@@ -142,9 +164,10 @@ def purge(settings: Settings, channels: Tuple[str, ...], yes: bool) -> None:
                     settings.where(),
                 )
                 confirm_or_stop(question, "nothing was purged")
-            for channel, queue in zip(channels, queues):
-                purged = reader.purge(queue)
-                if purged is None:
+            for channel, of_channel in zip(channels, queues):
+                counts = [reader.purge(queue) for queue in of_channel]
+                if counts[0] is None and len(counts) == 1:
                     no_queue_note(channel)
                 else:
+                    purged = sum(n or 0 for n in counts)
                     settings.note("purged %d message(s) from %s" % (purged, channel))

@@ -87,24 +87,6 @@ class Pending(object):
             self._on_done(None, error)
         return True
 
-    def hand_over(self, on_done: OnDone) -> None:
-        """Stop waiting, and leave the result to ``on_done(value, error)``.
-
-        For a caller that may not wait any longer but must not lose the
-        work either (daphne's reactor thread while the broker is away):
-        ``on_done`` runs on the thread that resolves or fails the Pending,
-        or here at once if the result arrived already. Never both: the
-        state is read and ``on_done`` set under the lock that ``resolve``
-        and ``fail`` decide under.
-        """
-        with self._lock:
-            if self._state == _PENDING:
-                self._on_done = on_done
-                return
-            if self._state == _ABANDONED:  # an invariant, checked under -O too
-                raise RuntimeError("hand_over of an abandoned %s" % self.description)
-        on_done(self._value, self._error)
-
     def abandon(self) -> bool:
         """Give up waiting. Returns False if a result arrived first."""
         with self._lock:

@@ -136,20 +136,12 @@ class Sender(object):
             return  # the usual case: nothing to build, no thread to ask about
         what = "send to %s" % channel
         attempts = SendAttempts(
-            channel,
-            queue,
-            self.operation_timeout,
-            patient=not on_reactor_thread(),
-            full_at=self._topology.refusing_depth(channel),
+            channel, queue, self.operation_timeout, patient=not on_reactor_thread()
         )
         marked = False
-        # A socket's frame waits for room in its full shard: a worker sending
-        # one there is enforce_ordering's requeue, which Channels does not
-        # retry, and the socket would stall without that frame.
-        waits_for_room = attempts.patient and naming.is_shard_queue(queue)
         while outcome != ACKED:
             if outcome == NACKED:
-                attempts.refused(self._depth_unless_full(channel, queue, waits_for_room))
+                attempts.refused(self._depth_unless_full(channel, queue))
                 marked = True  # in case a refusal ever lied: the receiver drops a copy
             else:
                 # Returned: the queue does not exist (new, expired or flushed).
@@ -159,12 +151,8 @@ class Sender(object):
                 "", queue, body, properties, True, what, marked, alarm_wait=self.operation_timeout
             )
 
-    def _depth_unless_full(self, channel: str, queue: str, waits_for_room: bool = False) -> int:
+    def _depth_unless_full(self, channel: str, queue: str) -> int:
         """After a refusal: ``ChannelFull`` if the queue is full, else its depth.
-
-        With ``waits_for_room`` a full queue's depth is returned too, so
-        that the send is tried again until ``operation_timeout``, then
-        raises ``ChannelFull``.
 
         Full means at or past ``Topology.refusing_depth``: the capacity of a
         classic queue, and for a quorum queue the mark down to which a full
@@ -182,8 +170,6 @@ class Sender(object):
             [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
         ).message_count
         if depth >= self._topology.refusing_depth(channel):
-            if waits_for_room:
-                return depth
             self._stats.count_full(channel)
             raise ChannelFull(
                 "channel %s is full (%d of %d)" % (channel, depth, self._get_capacity(channel))
@@ -237,18 +223,8 @@ class SendAttempts(object):
     again, three times at most.
     """
 
-    def __init__(
-        self,
-        channel: str,
-        queue: str,
-        timeout: float,
-        patient: bool = True,
-        full_at: Optional[int] = None,
-    ) -> None:
+    def __init__(self, channel: str, queue: str, timeout: float, patient: bool = True) -> None:
         self.channel = channel
-        # The depth from which a refusal is the queue being full (a shard's
-        # send waits for room, then raises ChannelFull); None: never here.
-        self.full_at = full_at if full_at is not None else 2**62
         self.queue = queue
         self.timeout = timeout
         self.patient = patient
@@ -257,19 +233,13 @@ class SendAttempts(object):
         self.refused_until: Optional[float] = None
 
     def refused(self, depth: int) -> None:
-        """One more refusal of a queue that held ``depth`` messages: not full,
-        or full and waited for (an ordered channel's shard)."""
+        """One more refusal of a queue that held ``depth`` messages, not full."""
         self.refusals += 1
         if self.refusals == 1:
             return  # again at once
         now = time.monotonic()
         if self.refused_until is None:
             self.refused_until = now + (self.timeout if self.patient else 0.0)
-        if now >= self.refused_until and depth >= self.full_at:
-            raise ChannelFull(
-                "channel %s is full (%d messages) and stayed full for %.1f s"
-                % (self.channel, depth, self.timeout)
-            )
         if now >= self.refused_until:
             raise MessageRefused(
                 "the broker refused the message for %s %d times although its queue "

@@ -83,6 +83,14 @@ class Sender(object):
         if on_reactor_thread():
             self._send_without_waiting(channel, queue, body, properties)
             return
+        # A frame for a socket's shard that is full, or behind one that was, is
+        # parked rather than refused: a worker sending one is enforce_ordering's
+        # requeue, which Channels does not retry, and that worker may be the
+        # shard's only reader, so it must not wait for room either.
+        shard = naming.is_shard_queue(queue)
+        if shard and self.parked_sends.waiting(queue):
+            self.parked_sends.park(channel, queue, body, properties)
+            return
         outcome = self.engine.publish(
             "",
             queue,
@@ -92,6 +100,9 @@ class Sender(object):
             "send to %s" % channel,
             alarm_wait=self.operation_timeout,
         )
+        if shard and outcome == NACKED:
+            self.parked_sends.park(channel, queue, body, properties)
+            return
         self.finish_send(channel, queue, body, properties, outcome)
 
     def _send_without_waiting(

@@ -89,13 +89,32 @@ def test_a_frame_sent_is_there_for_the_next_non_blocking_receive(broker, new_lay
     assert layer.receive(CHANNELS) == (None, None)
 
 
-def test_a_full_shard_is_a_full_channel(broker, new_layer):
+def test_a_frame_for_a_full_shard_waits_in_the_process_for_room(broker, new_layer):
+    """A frame for a full shard is parked, in order, and the sender goes on:
+    off daphne's reactor it is enforce_ordering's requeue, which Channels
+    does not retry, sent by a worker that may be the shard's only reader.
+    The parked sends' bound still ends in ``ChannelFull``."""
     layer = new_layer(broker, flush=True, capacity=5)
+    layer.sender.parked_sends.messages_limit = 3
     for order in range(5):
         layer.send(RECEIVE, frame("a", order))
-    with pytest.raises(layer.ChannelFull, match="websocket.receive"):
-        layer.send(RECEIVE, frame("a", 5))
-    assert layer.receive([RECEIVE])[1]["order"] == 0
+    started = time.monotonic()
+    for order in range(5, 8):
+        layer.send(RECEIVE, frame("a", order))  # parked: the shard is full
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(layer.ChannelFull, match="fill their limit"):
+        layer.send(RECEIVE, frame("a", 8))
+    orders = []
+    wait_until(
+        lambda: (
+            orders.extend(m["order"] for _, m in [layer.receive([RECEIVE], block=True)] if m)
+            or len(orders) >= 8
+        ),
+        30,
+        message="the parked frames delivered",
+    )
+    assert orders == list(range(8))
+    assert layer.sender.parked_sends.delivered == 3
 
 
 class Worker(object):

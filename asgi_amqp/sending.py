@@ -80,37 +80,15 @@ class Sender(object):
         # A socket's frames outlive a restart: a frame lost from a classic
         # queue would stall its socket under Channels' enforce_ordering.
         properties = self.properties(headers, persistent=naming.is_shard_queue(queue))
-        if on_reactor_thread():
-            self._send_without_waiting(channel, queue, body, properties)
-            return
-        # A frame for a socket's shard that is full, or behind one that was, is
-        # parked rather than refused: a worker sending one is enforce_ordering's
-        # requeue, which Channels does not retry, and that worker may be the
-        # shard's only reader, so it must not wait for room either.
-        shard = naming.is_shard_queue(queue)
-        if shard and self.parked_sends.waiting(queue):
-            self.parked_sends.park(channel, queue, body, properties)
-            return
-        outcome = self.engine.publish(
-            "",
-            queue,
-            body,
-            properties,
-            True,
-            "send to %s" % channel,
-            alarm_wait=self.operation_timeout,
-        )
-        if shard and outcome == NACKED:
-            self.parked_sends.park(channel, queue, body, properties)
-            return
-        self.finish_send(channel, queue, body, properties, outcome)
-
-    def _send_without_waiting(
-        self, channel: str, queue: str, body: bytes, properties: pika.BasicProperties
-    ) -> None:
-        """daphne's reactor thread: sent within a round trip, or parked (``parked_sends``)."""
+        # Parked instead of waiting or refused (``parked_sends``): every send of
+        # daphne's reactor thread that cannot go within a round trip, and a
+        # socket's frame for a full shard, which a worker sends as
+        # enforce_ordering's requeue (Channels does not retry it, and that
+        # worker may be the shard's only reader, so it must not wait either).
+        reactor = on_reactor_thread()
+        parks = reactor or naming.is_shard_queue(queue)
         parked = self.parked_sends
-        if parked.waiting(queue) or self.engine.broker_away():
+        if parks and (parked.waiting(queue) or (reactor and self.engine.broker_away())):
             parked.park(channel, queue, body, properties)
             return
         outcome = self.engine.publish(
@@ -121,11 +99,11 @@ class Sender(object):
             True,
             "send to %s" % channel,
             alarm_wait=self.operation_timeout,
-            parks=True,
+            parks=reactor,
         )
         if outcome == PARKED:  # on its way when the broker went: it may have arrived
             parked.park(channel, queue, body, properties, marked=True)
-        elif outcome == NACKED:  # full, or between leaders: it waits for room
+        elif parks and outcome == NACKED:  # full, or between leaders: it waits for room
             parked.park(channel, queue, body, properties)
         else:
             self.finish_send(channel, queue, body, properties, outcome)

@@ -90,10 +90,12 @@ def test_echo(chat_stack):
             workers.add(int(pid))
     finally:
         client.close()
-    assert workers == {w.pid for w in chat_stack.workers}
+    # One socket's frames reach one worker at a time (docs/topology.rst,
+    # "Ordered channels"): with nothing else going on, the same one.
+    assert len(workers) == 1 and workers <= {w.pid for w in chat_stack.workers}
 
 
-def test_room_broadcast_reaches_every_member_across_both_workers(chat_stack):
+def test_room_broadcast_reaches_every_member(chat_stack):
     room, other_room = _room(), _room()
     members = [Client(chat_stack.ws_url("/chat/%s/?name=m%d" % (room, i))) for i in range(3)]
     outsider = Client(chat_stack.ws_url("/chat/%s/?name=outsider" % other_room))
@@ -104,7 +106,7 @@ def test_room_broadcast_reaches_every_member_across_both_workers(chat_stack):
         members[0].recv_until(lambda f: f["type"] == "join" and f["name"] == "m2", what="join")
 
         sent = []
-        workers = set()
+        workers = collections.defaultdict(set)  # sender -> the workers that ran its frames
         for n in range(12):
             sender = members[n % len(members)]
             message_id = "%s-%d" % (room, n)
@@ -118,7 +120,7 @@ def test_room_broadcast_reaches_every_member_across_both_workers(chat_stack):
                 )
                 assert frame["text"] == "message %d" % n
                 assert frame["name"] == "m%d" % (n % len(members))
-                workers.add(frame["worker"])
+                workers[frame["name"]].add(frame["worker"])
 
         # Every member saw every message exactly once, in the order sent.
         for member in members:
@@ -128,7 +130,8 @@ def test_room_broadcast_reaches_every_member_across_both_workers(chat_stack):
         outsider.send_json({"text": "elsewhere", "id": "outsider"})
         outsider.recv_until(lambda f: f.get("id") == "outsider", what="own message")
         assert not [f for f in outsider.received if f.get("room") == room]
-        assert workers == {w.pid for w in chat_stack.workers}, diagnostics(chat_stack)
+        # Each member's frames ran on one worker (a socket at a time).
+        assert all(len(pids) == 1 for pids in workers.values()), (workers, diagnostics(chat_stack))
     finally:
         for client in members + [outsider]:
             client.close()
@@ -262,10 +265,10 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
         try:
             traffic.start()
             wait_until(
-                lambda: all(traffic.echoed_by(w.pid) for w in stack.workers),
+                lambda: any(traffic.echoed_by(w.pid) for w in stack.workers),
                 timeout=15,
                 interval=0.05,
-                message="echoes from both workers",
+                message="echoes",
             )
             # Put one worker to sleep inside a consumer, so the moment of the
             # kill is known: it has handed over exactly that message.
@@ -288,12 +291,17 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
             at_moment(picked_up, 0.1)
             replacement = stack.replace_worker(victim, kill=True)
             assert victim.popen.returncode == -9
-            # Traffic on the replacement too, and 300 frames at least.
+            # The victim's sockets go on with the survivor (they reach one
+            # worker at a time: docs/topology.rst), and 300 frames at least.
+            killed_at = len(traffic.sent)
             wait_until(
-                lambda: traffic.echoed_by(replacement.pid) >= 20 and len(traffic.sent) >= 300,
+                lambda: (
+                    traffic.echoed_by(survivor.pid) >= 20
+                    and len(traffic.sent) >= max(300, killed_at + 100)
+                ),
                 timeout=30,
                 interval=0.05,
-                message="echoes from the replacement, 300 frames sent",
+                message="echoes from the survivor, 300 frames sent",
             )
             traffic.stop_sending()
             wait_until(lambda: not traffic.missing(), 20, interval=0.2, raise_on_timeout=False)
@@ -318,8 +326,7 @@ def test_worker_killed_and_restarted_mid_traffic_loses_nothing_it_had_not_handed
         victim_handled = [text for pid, text in _handled(handled_log) if int(pid) == victim_pid]
         assert "sleep 5" in victim_handled
         echoed_by = collections.Counter(p for pids in traffic.echoes.values() for p in pids)
-        assert echoed_by[victim_pid] > 0 and echoed_by[survivor.pid] > 0
-        assert echoed_by[replacement.pid] > 0, (echoed_by, diagnostics(stack))
+        assert echoed_by[survivor.pid] > 0, (echoed_by, diagnostics(stack))
         assert len(traffic.sent) >= 300
         # daphne and the other worker never noticed.
         assert stack.daphne.alive() and survivor.alive()

@@ -105,7 +105,7 @@ UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tr
 # took on the lost connection, its replies waiting for the new one; every
 # process that lost its connection waits, so that whichever then takes that
 # socket's shard takes its next frame after that one's replies went out.
-SHARD_GRACE = 1.0
+SHARD_GRACE = 0.5
 
 
 class Consumer(object):

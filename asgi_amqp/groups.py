@@ -44,7 +44,7 @@ import pika
 
 from . import engine, naming
 from .channel_names import check_channel_name, check_group_name, is_process_local
-from .engine import ACKED, RETURNED, Engine, InFlight, PublishRequest, Step
+from .engine import ACKED, NACKED, RETURNED, Engine, InFlight, PublishRequest, Step
 from .errors import BrokerBlocked, BrokerOperationError, ChannelFull
 from .local_groups import LocalGroups
 from .management import ManagementClient
@@ -57,8 +57,13 @@ logger = logging.getLogger(__name__)
 
 # Leases this process remembers having sent (see ``_send_lease``).
 _LEASES_REMEMBERED = 100000
-# Seconds group_add waits for room for a join notice in a full queue.
-NOTICE_PATIENCE = 2.0
+# Seconds a runworker's group_add (its join notice) and send_group wait for
+# room in a full queue: the 2 s Channels 1.x gives a full channel in send.
+ROOM_PATIENCE = 2.0
+# Seconds after a send_group gave up on a full member during which sends to
+# that group do not wait again: a member nobody reads (a dead daphne's queue,
+# until it expires) must not cost every send ROOM_PATIENCE.
+GAVE_UP_FOR = 10.0
 # Deletes a flush sends as one run, waited for within operation_timeout.
 FLUSH_RUN = 100
 # Seconds after which group_add declares a member exchange again at most.
@@ -161,6 +166,9 @@ class Groups(object):
         # group_add of it made (``_renewing``; callers' threads, atomic dict
         # operations; an entry lost to a race costs two declares).
         self._bound: Dict[Tuple[str, str], int] = {}
+        # group -> when send_group last gave up on a full member of it
+        # (callers' threads, atomic dict operations).
+        self._gave_up: Dict[str, float] = {}
 
     def group_add(self, group: str, channel: str) -> None:
         check_group_name(group)
@@ -391,7 +399,7 @@ class Groups(object):
         """Tell the process of ``channel`` (process-local) that it joined or left
         ``group``, through its own queue: a confirmed publish, like ``send``.
 
-        A full queue is waited for, ``NOTICE_PATIENCE`` seconds at most (and
+        A full queue is waited for, ``ROOM_PATIENCE`` seconds at most (and
         within ``operation_timeout``): its process (daphne) reads it all the
         time, and in a connect storm it fills with accepts for a moment. The
         same 2 s Channels 1.x gives a full channel in ``send``: longer, and
@@ -400,7 +408,7 @@ class Groups(object):
         of the membership. On daphne's reactor thread, which must never
         wait, at once."""
         _, queue, _, properties, _, what = self._notice_message(kind, group, channel, stamp)
-        deadline = time.monotonic() + min(NOTICE_PATIENCE, self._sender.operation_timeout)
+        deadline = time.monotonic() + min(ROOM_PATIENCE, self._sender.operation_timeout)
         pause = 0.01
         while True:
             outcome = self._publish(queue, properties, what)
@@ -470,28 +478,61 @@ class Groups(object):
         return channels
 
     def send_group(self, group: str, message: Message) -> None:
+        """ASGI: never ``ChannelFull``. A member whose queue is full (the
+        broker nacks) is waited for, ``ROOM_PATIENCE`` seconds at most, off
+        daphne's reactor: after an outage, workers running daphne's parked
+        frames fill its queue faster than it reads (61 group messages of a
+        30 s outage dropped on 4.0.5). The message is sent again marked, so a
+        member that took it the first time drops the copy. Then it is
+        dropped for that member, counted and logged, and the group's sends
+        do not wait for ``GAVE_UP_FOR`` seconds."""
         check_group_name(group)
         body = self._sender.encode(message)
         self.ensure_infrastructure()
-        # Full members drop the message (the broker nacks); that is the spec.
-        try:
-            self._engine.publish(
-                self._topology.group_router,
-                group,
-                body,
-                # The group tells a process which of its members to copy it to.
-                self._sender.properties({naming.GROUP_HEADER: group}),
-                False,
-                "send to group %s" % group,
-                alarm_wait=self._sender.operation_timeout,
-            )
-        except BrokerBlocked as exc:
-            # ASGI 1.0: send_group "cannot raise ChannelFull", and Channels
-            # 1.x ends a runworker on any other exception from it. A message
-            # the broker would not take through a whole alarm is dropped,
-            # counted and logged, like one for a full member.
-            self._stats.count_group_send_dropped()
-            logger.warning("send_group %s: message dropped: %s", group, exc)
+        # The group tells a process which of its members to copy it to.
+        properties = self._sender.properties({naming.GROUP_HEADER: group})
+        what = "send to group %s" % group
+        deadline: Optional[float] = None
+        pause = 0.01
+        marked = False
+        while True:
+            try:
+                outcome = self._engine.publish(
+                    self._topology.group_router,
+                    group,
+                    body,
+                    properties,
+                    False,
+                    what,
+                    marked,
+                    alarm_wait=self._sender.operation_timeout,
+                )
+            except BrokerBlocked as exc:
+                # ASGI 1.0: send_group "cannot raise ChannelFull", and Channels
+                # 1.x ends a runworker on any other exception from it. A message
+                # the broker would not take through a whole alarm is dropped,
+                # counted and logged, like one for a full member.
+                self._stats.count_group_send_dropped()
+                logger.warning("send_group %s: message dropped: %s", group, exc)
+                return
+            now = time.monotonic()
+            if outcome != NACKED:
+                self._gave_up.pop(group, None)
+                return
+            if deadline is None:
+                gave_up = self._gave_up.get(group)
+                waits = not on_reactor_thread() and (gave_up is None or now - gave_up > GAVE_UP_FOR)
+                deadline = now + (
+                    min(ROOM_PATIENCE, self._sender.operation_timeout) if waits else 0
+                )
+            if now + pause > deadline:
+                self._gave_up[group] = now
+                self._stats.count_group_send_dropped()
+                logger.warning("send_group %s: a member's queue is full: dropped for it", group)
+                return
+            time.sleep(pause)  # a runworker's thread, never the reactor's
+            pause = min(2 * pause, 0.25)
+            marked = True
 
     def flush(self) -> None:
         """``AMQPChannelLayer.flush``: what the layer made under its prefix goes,

@@ -98,8 +98,8 @@ class AMQPChannelLayer(BaseChannelLayer):
     :param ordered_channels: the channels whose messages with a
         ``reply_channel`` and an integer ``order`` reach one receiving
         process at a time per reply channel, in order (ASGI 1.0's
-        ``websocket.connect``, ``websocket.receive`` and
-        ``websocket.disconnect``; see ``docs/topology.rst``). Normal channel
+        ``websocket.receive`` and ``websocket.disconnect``; see
+        ``docs/topology.rst``). Normal channel
         names only; an empty list turns it off.
 
 
@@ -404,8 +404,9 @@ class AMQPChannelLayer(BaseChannelLayer):
             "Broker alarms");
         ``group_sends_dropped``
             ``send_group`` messages dropped because an alarm outlasted
-            ``operation_timeout`` (``send_group`` never raises ``ChannelFull``;
-            each is logged at WARNING).
+            ``operation_timeout`` or a member's queue stayed full for 2 s
+            (``send_group`` never raises ``ChannelFull``; each is logged at
+            WARNING).
         """
         figures = self._engine.connection_statistics()
         figures["undecodable_messages"] = self._stats.undecodable

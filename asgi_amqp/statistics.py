@@ -137,7 +137,7 @@ class Counters(object):
         self._total = _Series()
         self._channels: "collections.OrderedDict[str, _Series]" = collections.OrderedDict()
         self.undecodable = 0  # messages dropped because they could not be decoded
-        self.group_sends_dropped = 0  # send_group messages a resource alarm refused
+        self.group_sends_dropped = 0  # send_group messages an alarm or a full member refused
 
     def count_undecodable(self) -> None:
         with self._lock:

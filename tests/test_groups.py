@@ -144,7 +144,10 @@ def test_message_expiry_drops_local_member(layer):
     )
 
 
-def test_group_send_to_full_member_does_not_raise(layer):
+def test_group_send_to_full_member_does_not_raise(broker, new_layer):
+    # send_group waits 2 s for room (test_send_group_waits_for_room): the
+    # messages must outlive it.
+    layer = new_layer(broker, flush=True, capacity=5)
     layer.group_add("full", "tiny")
     layer.group_add("full", "roomy")
     for _ in range(5):

@@ -15,8 +15,8 @@ The topology (all objects are durable; transient messages live in them):
 
 ``{prefix}:q:{channel}#{shard}``
     The ``ORDERED_SHARDS`` shards of an *ordered* channel (the layer's
-    ``ordered_channels``: ASGI's ``websocket.connect``, ``websocket.receive``
-    and ``websocket.disconnect``). A message with a ``reply_channel`` and an
+    ``ordered_channels``: ASGI's ``websocket.receive`` and
+    ``websocket.disconnect``). A message with a ``reply_channel`` and an
     integer ``order`` goes to the shard its reply channel hashes to, so one
     socket's frames stay in one queue; the shards have the channel queue's
     arguments plus ``x-single-active-consumer``, so one process at a time
@@ -87,7 +87,10 @@ SEPARATOR = ":"
 SHARD_MARK = "#"
 ORDERED_SHARDS = 16  # shards of one ordered channel
 # ASGI 1.0's channels whose messages carry ``reply_channel`` and ``order``.
-ORDERED_CHANNELS = ("websocket.connect", "websocket.receive", "websocket.disconnect")
+# Not ``websocket.connect``: a socket's first message, which any process may
+# run (enforce_ordering parks a frame that comes before it), from one queue
+# whose capacity refuses a connect storm early (daphne answers 503).
+ORDERED_CHANNELS = ("websocket.receive", "websocket.disconnect")
 CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
 KIND_HEADER = "asgi-kind"

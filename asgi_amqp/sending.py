@@ -80,15 +80,18 @@ class Sender(object):
         # A socket's frames outlive a restart: a frame lost from a classic
         # queue would stall its socket under Channels' enforce_ordering.
         properties = self.properties(headers, persistent=naming.is_shard_queue(queue))
-        # Parked instead of waiting or refused (``parked_sends``): every send of
-        # daphne's reactor thread that cannot go within a round trip, and a
-        # socket's frame for a full shard, which a worker sends as
-        # enforce_ordering's requeue (Channels does not retry it, and that
-        # worker may be the shard's only reader, so it must not wait either).
+        # Parked instead of waiting (``parked_sends``): a send of daphne's
+        # reactor thread while the broker is away or sends to its queue are
+        # parked before it, and a socket's frame for a full shard, which may
+        # be enforce_ordering's requeue from a worker that is the shard's only
+        # reader (Channels does not retry it). Any other send the reactor
+        # cannot make at once is refused: daphne answers 503 or 1013.
         reactor = on_reactor_thread()
-        parks = reactor or naming.is_shard_queue(queue)
+        shard = naming.is_shard_queue(queue)
         parked = self.parked_sends
-        if parks and (parked.waiting(queue) or (reactor and self.engine.broker_away())):
+        if (reactor or shard) and (
+            parked.waiting(queue) or (reactor and self.engine.broker_away())
+        ):
             parked.park(channel, queue, body, properties)
             return
         outcome = self.engine.publish(
@@ -103,8 +106,14 @@ class Sender(object):
         )
         if outcome == PARKED:  # on its way when the broker went: it may have arrived
             parked.park(channel, queue, body, properties, marked=True)
-        elif parks and outcome == NACKED:  # full, or between leaders: it waits for room
+        elif outcome == NACKED and shard:  # full, or between leaders: it waits for room
             parked.park(channel, queue, body, properties)
+        elif outcome == NACKED and reactor:  # no second round trip to ask why
+            self._stats.count_full(channel)
+            raise ChannelFull(
+                "channel %s refused the message: it is full, or its queue cannot take "
+                "messages now; try again later" % channel
+            )
         else:
             self.finish_send(channel, queue, body, properties, outcome)
 

@@ -119,8 +119,8 @@ def test_peek_requeue_and_purge_take_an_ordered_channels_shards_for_it(cli_env, 
 
 def test_peek_says_a_quorum_queues_shard_cannot_be_read(cli_env, broker, cli_prefix, new_layer):
     layer = new_layer(broker, flush=True, prefix=cli_prefix, queue_type="quorum")
-    layer.send("websocket.connect", _frame("q", 0))
-    result = run_cli(["peek", "websocket.connect", "--queue-type", "quorum"], env=cli_env)
+    layer.send("websocket.receive", _frame("q", 0))
+    result = run_cli(["peek", "websocket.receive", "--queue-type", "quorum"], env=cli_env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "" and "refuses basic.get" in result.stderr
-    assert layer.receive(["websocket.connect"])[1]["n"] == 0  # still there
+    assert layer.receive(["websocket.receive"])[1]["n"] == 0  # still there

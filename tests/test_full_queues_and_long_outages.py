@@ -39,14 +39,15 @@ FULL_ON_THE_REACTOR = textwrap.dedent("""
 
     url, management_url, prefix, queue_type = sys.argv[1:5]
     layer = AMQPChannelLayer(url=url, management_url=management_url or None, prefix=prefix,
-                             capacity=10, queue_type=queue_type, operation_timeout=10)
+                             capacity=10, queue_type=queue_type, operation_timeout=10,
+                             ordered_channels=["storm.frames"])
     layer.sender.parked_sends.messages_limit = 10
     results = {"sends": []}
 
-    def timed_send(message):
+    def timed_send(channel, message):
         started = time.monotonic()
         try:
-            layer.send("storm.full", message)
+            layer.send(channel, message)
             outcome = "sent"
         except layer.ChannelFull:
             outcome = "full"
@@ -55,22 +56,26 @@ FULL_ON_THE_REACTOR = textwrap.dedent("""
         return [outcome, time.monotonic() - started]
 
     def read_all():
-        got = []
+        got = {"storm.full": [], "storm.frames": []}
         while True:
-            channel, message = layer.receive(["storm.full"], block=True)
+            channel, message = layer.receive(list(got), block=True)
             if channel is None:
                 return got
-            got.append(message["n"])
+            got[channel].append(message["n"])
 
     def start():
         results["on_reactor_thread"] = on_reactor_thread()
-        results["sends"] = [timed_send({"n": n}) for n in range(30)]
+        results["sends"] = [timed_send("storm.full", {"n": n}) for n in range(20)]
+        socket = {"reply_channel": "daphne.response.a!c"}
+        results["frames"] = [
+            timed_send("storm.frames", dict(socket, n=n, order=n)) for n in range(30)
+        ]
         results["parked"] = layer.sender.parked_sends.messages
         threads.deferToThread(read_all).addBoth(finish)
 
     def finish(got):
         try:
-            results["received"] = got if isinstance(got, list) else repr(got)
+            results["received"] = got if isinstance(got, dict) else repr(got)
             results["parked_after"] = layer.sender.parked_sends.messages
             results["delivered"] = layer.sender.parked_sends.delivered
         finally:
@@ -91,20 +96,26 @@ PROMPT = 1.0
 
 @pytest.mark.slow
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_a_full_channel_parks_the_reactors_sends_until_there_is_room(broker, queue_type):
-    """daphne's frames into a full channel wait for room in order, and the
-    reactor never waits: ``ChannelFull`` comes at once only when the parked
-    sends fill their bound. Before, each was ``ChannelFull`` (daphne closes
-    the socket) or, parked through an outage, dropped when refused."""
+def test_a_full_channel_refuses_the_reactor_and_a_full_shard_parks_its_frames(broker, queue_type):
+    """The reactor never waits. A send into a full channel is ``ChannelFull``
+    at once (daphne answers 503: a storm's backpressure); a socket's frames
+    into a full shard wait for room, in order, and ``ChannelFull`` comes
+    only when the parked sends fill their bound."""
     results = run_child(FULL_ON_THE_REACTOR, broker, queue_type)
     assert results["on_reactor_thread"] is True
-    outcomes = [outcome for outcome, _ in results["sends"]]
     # 10 fill the channel (a quorum queue's x-max-length is capacity - 1, and
-    # it admits one past it), 10 are parked, and the bound refuses the rest.
-    assert outcomes == ["sent"] * 20 + ["full"] * 10, results
-    assert max(seconds for _, seconds in results["sends"]) < PROMPT, results
+    # it admits one past it), the rest are refused.
+    assert [outcome for outcome, _ in results["sends"]] == ["sent"] * 10 + ["full"] * 10
+    # 10 fill the shard, 10 are parked, and the bound refuses the rest.
+    frames = [outcome for outcome, _ in results["frames"]]
+    assert frames == ["sent"] * 20 + ["full"] * 10, results
+    every = results["sends"] + results["frames"]
+    assert max(seconds for _, seconds in every) < PROMPT, results
     assert results["parked"] == 10
-    assert results["received"] == list(range(20)), results
+    assert results["received"] == {
+        "storm.full": list(range(10)),
+        "storm.frames": list(range(20)),
+    }, results
     assert (results["parked_after"], results["delivered"]) == (0, 10)
 
 

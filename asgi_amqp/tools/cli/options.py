@@ -209,7 +209,7 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
             metavar="CHANNEL",
             help="A channel whose messages with a reply_channel and an order reach one "
             "process at a time, in order; repeatable (the environment variable is "
-            "comma-separated) [default: websocket.connect, .receive, .disconnect].",
+            "comma-separated) [default: websocket.receive, websocket.disconnect].",
         ),
     ),
     (

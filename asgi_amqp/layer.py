@@ -42,6 +42,8 @@ from .urls import management_url_for, parse_urls, redact, urls_from_hosts, vhost
 
 DEFAULT_URL = "amqp://guest:guest@localhost:5672/%2F"
 DEFAULT_MAX_MESSAGE_SIZE = 8 * 1024 * 1024
+# Seconds a process waits for its first connection (docs/configuration.rst says why 60).
+DEFAULT_FIRST_CONNECT_TIMEOUT = 60.0
 _NAME_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -101,6 +103,12 @@ class AMQPChannelLayer(BaseChannelLayer):
         ``websocket.receive`` and ``websocket.disconnect``; see
         ``docs/topology.rst``). Normal channel
         names only; an empty list turns it off.
+    :param first_connect_timeout: seconds a process that has never connected
+        waits for the broker to come up (60). Meanwhile a node that refuses or
+        does not answer the connection is an outage, as after a connection was
+        lost; refused credentials, an unknown vhost and TLS failures fail at
+        once. After it, every call fails at once, naming the cause and the
+        time waited, until a connection opens. 0: fail at once, never wait.
 
 
     Its parts, which its methods call: ``sender`` (a ``sending.Sender``),
@@ -139,6 +147,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         persistent: bool = False,
         hosts: Optional[Sequence[str]] = None,
         ordered_channels: Sequence[str] = naming.ORDERED_CHANNELS,
+        first_connect_timeout: float = DEFAULT_FIRST_CONNECT_TIMEOUT,
     ) -> None:
         super(AMQPChannelLayer, self).__init__(
             expiry=expiry,
@@ -156,6 +165,15 @@ class AMQPChannelLayer(BaseChannelLayer):
         _positive("receive_timeout", receive_timeout)
         _positive("operation_timeout", operation_timeout)
         _positive("capacity", capacity)
+        if (
+            isinstance(first_connect_timeout, bool)
+            or not isinstance(first_connect_timeout, (int, float))
+            or not 0 <= first_connect_timeout < math.inf  # nan compares False
+        ):
+            raise ValueError(
+                "first_connect_timeout must be a finite number of seconds, 0 or more, not %r"
+                % (first_connect_timeout,)
+            )
         if (
             isinstance(consumer_prefetch, bool)
             or not isinstance(consumer_prefetch, int)
@@ -202,6 +220,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             self._parameters,
             self.topology,
             operation_timeout=operation_timeout,
+            first_connect_timeout=first_connect_timeout,
             consumers=engine.ConsumerSettings(
                 linger, consumer_idle_timeout, consumer_prefetch, max_consumers
             ),

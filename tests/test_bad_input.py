@@ -702,6 +702,7 @@ def unreachable(new_layer):
         "amqp://guest:%s@127.0.0.1:%d/%%2F" % (SECRET, port),
         prefix=PREFIX + "-unr",
         operation_timeout=5,
+        first_connect_timeout=0,  # no wait for a broker that may still be starting
     )
 
 

@@ -134,6 +134,7 @@ class Engine(object):
         *,
         operation_timeout: float,
         consumers: ConsumerSettings,
+        first_connect_timeout: float = 0.0,
         dead_letter_worker: bool = True,
         bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
         never_waits: Callable[[], bool] = lambda: False,
@@ -151,6 +152,8 @@ class Engine(object):
         # ``publish`` once an alarm blocks it, and by ``_submit_and_wait``.
         self._never_waits = never_waits
         self.operation_timeout = operation_timeout
+        # Seconds a process waits for its first connection (io.thread says how).
+        self._first_connect_timeout = first_connect_timeout
         self._consumers = consumers
         self._run_worker = dead_letter_worker
         self._start_lock = threading.Lock()
@@ -221,6 +224,7 @@ class Engine(object):
             self._parameters,
             consumer_settings=self._consumers,
             handed_off=self._handed_off,
+            first_connect_timeout=self._first_connect_timeout,
         )
         io.start()
         return io
@@ -387,12 +391,25 @@ class Engine(object):
 
         While the broker is unreachable there is nothing to get: None at
         once, without waiting for the connection to come back (a poll made
-        on daphne's reactor thread must not wait for a reconnect).
+        on daphne's reactor thread must not wait for a reconnect). Before
+        the first connection the poll waits only while no attempt has
+        failed: a broker that is not up yet has nothing to get either.
         """
         io = self._running_io()
         if io.outage():
             return None
-        return self._submit_and_wait(Poll(Pending("receive"), queues))
+        poll = Poll(Pending("receive"), queues)
+        if io.connected:
+            return self._submit_and_wait(poll)
+        io.submit(poll)
+        pending = poll.pending
+        if not wait_while_reachable(io, pending, self.operation_timeout):
+            if io.outage() and pending.abandon():
+                return None
+        try:
+            return pending.result(0.0)
+        except OperationTimeout as exc:
+            raise self._outage_error(io, pending.description) or exc
 
     def wait(self, queues: Queues, receive_timeout: float) -> Optional[Delivery]:
         """A delivery from one of ``queues``, or None after ``receive_timeout``.
@@ -404,7 +421,8 @@ class Engine(object):
         an ASGI blocking receive may return nothing at any time, and
         Channels' worker loop catches nothing, so an exception here would
         end the runworker that the layer is reconnecting for. An outage
-        longer than ``operation_timeout`` is logged once, at WARNING.
+        longer than ``operation_timeout`` is logged once, at WARNING; so is
+        the wait for a first connection, at once.
 
         The calling thread becomes a worker thread (see ``_ride_out``).
         """
@@ -417,7 +435,9 @@ class Engine(object):
             delivery = None
         else:
             delivery = pending.result_or(self.operation_timeout, None)
-        if delivery is None and io.outage() > self.operation_timeout:
+        if delivery is None and (
+            io.outage() > self.operation_timeout or io.awaiting_first_connection
+        ):
             self._outage_notice.once(io, "blocking receives return nothing until it is back")
         return delivery
 

@@ -53,6 +53,15 @@ class OutageNotice(object):
             if self._told == since:
                 return
             self._told = since
+        if io.awaiting_first_connection:
+            logger.warning(
+                "no connection to the broker yet (%s); %s, and the layer keeps trying "
+                "up to %g s after its first attempt (first_connect_timeout)",
+                io.last_error_text or "connecting",
+                what,
+                io.first_connect_timeout,
+            )
+            return
         logger.warning(
             "the broker has been unreachable for %.1f s (%s); %s, and the layer keeps reconnecting",
             io.outage(),

@@ -8,14 +8,17 @@ the connection) and the node, without its credentials. ``broker_reply``
 is the one reading of a close reason; ``describe_reason`` the one line
 made of it (``broker_reply`` lives with the channels, in
 ``reopening_channel``, which the I/O thread's modules may import and not
-the other way round).
+the other way round). ``retry_may_help`` sorts a failed first attempt
+into an outage (the broker is not up yet) or a mistake (no retry fixes it).
 """
 
+import ssl
 from typing import Any
 
 import pika
 import pika.connection
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorStackTimeout
 
 from ...errors import AuthenticationError, BrokerConnectionError
 from ...urls import describe_parameters
@@ -48,6 +51,31 @@ def describe_reason(reason: Any) -> str:
     if code is not None:
         return "%s %s" % (code, text)
     return type(reason).__name__ + (": %s" % reason if str(reason) else "")
+
+
+def retry_may_help(error: Any) -> bool:
+    """Whether a failed connection attempt may succeed later, unchanged.
+
+    True when the node refused the TCP connection, did not answer it, reset
+    it, timed out in the handshake, or its name does not resolve yet: a
+    broker that is still starting (a container started with the process)
+    looks like this. False for refused credentials, a denied vhost, a TLS
+    failure (certificate verification included) and a server that does not
+    speak AMQP 0-9-1: settings no retry can fix.
+    """
+    if isinstance(
+        error,
+        (
+            pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.AuthenticationError,
+            pika.exceptions.ProbableAccessDeniedError,
+        ),
+    ):
+        return False
+    cause = root_cause(error)
+    if isinstance(cause, ssl.SSLError):  # an OSError too: checked first
+        return False
+    return isinstance(cause, (OSError, AMQPConnectorStackTimeout))
 
 
 def connection_error(error: Any, parameters: pika.connection.Parameters) -> Exception:

@@ -27,9 +27,17 @@ connection.
 While the broker blocks the publishing connection for a resource alarm,
 publishes fail at once (``io/alarms.py`` says why and how).
 
-Heartbeats are serviced by the loop whatever callers do. A connection that
-has never opened fails waiting work at once with the reason, so a typo in
-the URL is an error in the caller within seconds, not a hang.
+Heartbeats are serviced by the loop whatever callers do.
+
+Before the first connection, a failure no retry can fix (refused
+credentials, an unknown vhost, TLS) fails waiting work at once with the
+reason, so a mistake in the settings is an error in the caller within
+seconds, not a hang. A node that refuses or does not answer the TCP
+connection may only be starting (a container started with this process):
+that is an outage like any other, until ``first_connect_timeout`` seconds
+after the first attempt; then the layer fails as for a mistake, naming the
+cause and the time waited (``connection_errors.retry_may_help`` tells the
+two kinds apart).
 
 A lost connection fails nobody: the work in flight on it runs again on the
 next one (``io/carry_over.py`` says why and how), and work submitted while
@@ -64,7 +72,7 @@ from ..session import Session
 from ..work import Work
 from .alarms import AlarmGate
 from .carry_over import Dispatched
-from .connection_errors import connection_error, describe_reason
+from .connection_errors import connection_error, describe_reason, retry_may_help
 from .inbox import Inbox
 
 logger = logging.getLogger(__name__)
@@ -83,8 +91,12 @@ class IOThread(object):
         consumer_settings: Optional[ConsumerSettings] = None,
         reconnect_max_delay: float = 0.5,
         handed_off: Optional[HandedOff] = None,
+        first_connect_timeout: float = 0.0,
     ) -> None:
         self._parameters = list(parameters)
+        # Seconds from the first attempt during which a node that is down
+        # is an outage, not an error (read by callers too: outages.py).
+        self.first_connect_timeout = first_connect_timeout
         self._name = name
         self._consumer_settings = consumer_settings or ConsumerSettings(0.25, 30.0, 16)
         self._reconnect_max_delay = reconnect_max_delay
@@ -105,6 +117,13 @@ class IOThread(object):
         self._dispatched = Dispatched()  # what a loss hands to the next connection
         self._attempt = 0
         self._ever_connected = False
+        self._first_attempt: Optional[float] = None  # when the first attempt began
+        # Why calls fail at once while the layer has never connected: a
+        # failure no retry fixes, or first_connect_timeout passed. None while
+        # it waits for its first connection, and once connected.
+        self._given_up: Optional[Exception] = None
+        # Nodes whose last failed attempt no retry can fix (retry_may_help).
+        self._unfixable: Set[str] = set()
         # Each URL's last failed attempt since the last connection (its node
         # -> the error), so that an error after all failed names every node.
         self._attempt_failures: Dict[str, str] = {}
@@ -192,6 +211,11 @@ class IOThread(object):
                 pass  # the connection closes with the layer: the broker requeues them
         return held.delivery
 
+    @property
+    def awaiting_first_connection(self) -> bool:
+        """Whether the layer has never connected and waits for the broker to come up."""
+        return not self._ever_connected and self.disconnected_since is not None
+
     def outage(self) -> float:
         """Seconds since the connection was lost; 0 while connected."""
         since = self.disconnected_since
@@ -245,8 +269,8 @@ class IOThread(object):
                 continue
             if self._session is not None:
                 self._dispatch(work)
-            elif not self._ever_connected and self._failure is not None:
-                work.pending.fail(self._failure)
+            elif not self._ever_connected and self._given_up is not None:
+                work.pending.fail(self._given_up)
             else:
                 self._waiting.append(work)
 
@@ -272,6 +296,8 @@ class IOThread(object):
         if self._stopping:
             return
         parameters = self._parameters[self._attempt % len(self._parameters)]
+        if self._first_attempt is None:
+            self._first_attempt = time.monotonic()
         logger.debug("connecting to %s", describe_parameters(parameters))
         self._publishing = None
         self._connection = self._open_connection(parameters, self._on_main_open)
@@ -313,6 +339,8 @@ class IOThread(object):
         self._attempt = 0
         self._ever_connected = True
         self._attempt_failures.clear()
+        self._unfixable.clear()
+        self._given_up = None
         self._failure = None
         self.disconnected_since = None
         self.connected = True
@@ -347,8 +375,13 @@ class IOThread(object):
             self._stop_when_closed()
             return
         parameters = _parameters_of(connection)
+        node = describe_parameters(parameters)
         failure = connection_error(error, parameters)
-        self._attempt_failures[describe_parameters(parameters)] = str(failure)
+        self._attempt_failures[node] = str(failure)
+        if isinstance(failure, AuthenticationError) or not retry_may_help(error):
+            self._unfixable.add(node)
+        else:
+            self._unfixable.discard(node)
         if len(self._attempt_failures) > 1 and not isinstance(failure, AuthenticationError):
             failure = BrokerConnectionError(
                 "no node answered (%d tried): %s"
@@ -356,16 +389,52 @@ class IOThread(object):
             )
         self._failure = failure
         self.last_error_text = str(failure)
-        logger.warning("%s", failure)
-        # A layer that never connected fails its callers once every URL of
-        # the list refused: a typo is an error in seconds, and a first node
-        # that is down is not.
+        # A layer that never connected decides once every URL of the list
+        # failed (a first node that is down is not an error), or at once
+        # for refused credentials.
         every_url_tried = self._attempt + 1 >= len(self._parameters)
-        if isinstance(failure, AuthenticationError) or (
-            not self._ever_connected and every_url_tried
-        ):
-            self._fail_waiting(failure)
+        if self._ever_connected:
+            logger.warning("%s", failure)
+            if isinstance(failure, AuthenticationError):
+                self._fail_waiting(failure)
+        elif every_url_tried or isinstance(failure, AuthenticationError):
+            self._first_connection_failed(failure)
+        else:
+            logger.warning("%s", failure)
         self._schedule_reconnect()
+
+    def _first_connection_failed(self, failure: Exception) -> None:
+        """Every URL failed and the layer never connected: an outage while the
+        broker may still be starting, else fail the waiting work (and all
+        work from now until a connection opens) with the cause."""
+        first_attempt = self._first_attempt if self._first_attempt is not None else time.monotonic()
+        waited = time.monotonic() - first_attempt
+        timeout = self.first_connect_timeout
+        if self._given_up is None and not self._unfixable and waited < timeout:
+            if self.disconnected_since is None:
+                self.disconnected_since = first_attempt  # an outage from the start
+                logger.warning(
+                    "%s; waiting for the broker, up to %g s after the first attempt "
+                    "(first_connect_timeout)",
+                    failure,
+                    timeout,
+                )
+            else:
+                logger.debug("%s; still waiting for the first connection", failure)
+            return
+        if not self._unfixable and timeout and waited >= timeout:
+            failure = BrokerConnectionError(
+                "no connection to the broker in %.1f s (first_connect_timeout is %g s): %s"
+                % (waited, timeout, failure)
+            )
+            self.last_error_text = str(failure)
+        if self._given_up is None and not self._unfixable and timeout:
+            logger.error("%s", failure)
+        else:
+            logger.warning("%s", failure)
+        self._given_up = self._failure = failure
+        self.disconnected_since = None  # no outage: calls fail at once
+        self._fail_waiting(failure)
 
     def _on_closed(self, connection: pika.connection.Connection, reason: Exception) -> None:
         self._open_connections.discard(connection)

@@ -184,6 +184,15 @@ _OPTIONS: List[Tuple[Tuple[str, ...], Dict[str, Any]]] = [
         dict(type=_POSITIVE, metavar="SECONDS", help="Broker call timeout [default: 10]."),
     ),
     (
+        ("--first-connect-timeout",),
+        dict(
+            type=click.FloatRange(min=0),
+            metavar="SECONDS",
+            help="Wait this long for a broker that is not up yet before failing "
+            "[default: 0, fail at once; the layer's own default is 60].",
+        ),
+    ),
+    (
         ("--receive-timeout",),
         dict(type=_POSITIVE, metavar="SECONDS", help="The layer's receive_timeout [default: 5]."),
     ),

@@ -63,6 +63,9 @@ class Settings(object):
             except layerconfig.ConfigError as exc:
                 raise CLIError(_one_line(exc)) from None
             config["dead_letter_worker"] = False
+            # An operator's command says at once that the broker is down,
+            # unless a source asks it to wait (a start-up script).
+            config.setdefault("first_connect_timeout", 0.0)
             logger.info("layer settings: %s", _printable(config))
             self._config = config
         return self._config

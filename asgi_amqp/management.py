@@ -17,7 +17,7 @@ import logging
 import socket
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import ManagementAPIError
@@ -74,13 +74,24 @@ class ManagementClient(object):
 
     # -- requests ---------------------------------------------------------------
 
-    def _get(self, path: str, params: Optional[Mapping[str, object]] = None) -> Any:
-        """The JSON body of ``/api/<path>``, or None for a 404 (no such object)."""
+    def _get(
+        self,
+        path: str,
+        params: Optional[Mapping[str, object]] = None,
+        answers: Tuple[int, ...] = (),
+    ) -> Any:
+        """The JSON body of ``/api/<path>``, or None for a 404 (no such object);
+        an error status in ``answers`` is an answer too: its JSON body is returned."""
         if not self._is_rabbitmq:
             self.overview()
-        return self._request(path, params)
+        return self._request(path, params, answers)
 
-    def _request(self, path: str, params: Optional[Mapping[str, object]] = None) -> Any:
+    def _request(
+        self,
+        path: str,
+        params: Optional[Mapping[str, object]] = None,
+        answers: Tuple[int, ...] = (),
+    ) -> Any:
         url = "%s/api/%s" % (self._base, path)
         if params:
             url += "?" + "&".join("%s=%s" % (k, quote(str(v), safe="")) for k, v in params.items())
@@ -91,6 +102,8 @@ class ManagementClient(object):
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
+            if exc.code in answers:
+                return self._json(exc.read())
             if exc.code == 401:
                 raise ManagementAPIError(
                     "the management API at %s refused the credentials" % self._base
@@ -103,6 +116,9 @@ class ManagementClient(object):
                 "the RabbitMQ management API is not reachable at %s (%s); %s"
                 % (self._base, getattr(exc, "reason", exc), ENABLE_HINT)
             )
+        return self._json(raw)
+
+    def _json(self, raw: bytes) -> Any:
         try:
             return json.loads(raw.decode("utf8"))
         except ValueError:  # UnicodeDecodeError is one too
@@ -206,6 +222,24 @@ class ManagementClient(object):
             {"columns": "source,destination,destination_type,arguments"},
         )
         return [b for b in body or [] if str(b.get("source", "")).startswith(source_prefix)]
+
+    def alarms(self) -> Optional[List[Dict[str, str]]]:
+        """The resource alarms in effect in the cluster, one ``{"node": ...,
+        "resource": ...}`` each (``memory``, ``disk space``, ...); None when
+        the API has no alarms check (RabbitMQ before 3.8.10).
+
+        RabbitMQ's ``health/checks/alarms`` answers 200 when there is none and
+        503, listing them, when there are; it needs only the ``management`` tag.
+        """
+        body = self._get("health/checks/alarms", answers=(503,))
+        if not isinstance(body, dict):
+            return None
+        found = body.get("alarms") or []
+        return [
+            {"node": str(alarm.get("node", "")), "resource": str(alarm.get("resource", ""))}
+            for alarm in found
+            if isinstance(alarm, dict)
+        ]
 
 
 def _check_name_prefix(name_prefix: object) -> None:

@@ -17,7 +17,7 @@ import logging
 import socket
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from .errors import ManagementAPIError
@@ -38,6 +38,15 @@ PAGE_SIZE = 500
 
 class _NotJSON(ManagementAPIError):
     """The answer was not JSON: an HTML page, a proxy's text."""
+
+
+class _Status(ManagementAPIError):
+    """An error status; some checks answer with one and a JSON body (``alarms``)."""
+
+    def __init__(self, message: str, code: int, body: bytes) -> None:
+        super(_Status, self).__init__(message)
+        self.code = code
+        self.body = body
 
 
 class ManagementClient(object):
@@ -74,24 +83,13 @@ class ManagementClient(object):
 
     # -- requests ---------------------------------------------------------------
 
-    def _get(
-        self,
-        path: str,
-        params: Optional[Mapping[str, object]] = None,
-        answers: Tuple[int, ...] = (),
-    ) -> Any:
-        """The JSON body of ``/api/<path>``, or None for a 404 (no such object);
-        an error status in ``answers`` is an answer too: its JSON body is returned."""
+    def _get(self, path: str, params: Optional[Mapping[str, object]] = None) -> Any:
+        """The JSON body of ``/api/<path>``, or None for a 404 (no such object)."""
         if not self._is_rabbitmq:
             self.overview()
-        return self._request(path, params, answers)
+        return self._request(path, params)
 
-    def _request(
-        self,
-        path: str,
-        params: Optional[Mapping[str, object]] = None,
-        answers: Tuple[int, ...] = (),
-    ) -> Any:
+    def _request(self, path: str, params: Optional[Mapping[str, object]] = None) -> Any:
         url = "%s/api/%s" % (self._base, path)
         if params:
             url += "?" + "&".join("%s=%s" % (k, quote(str(v), safe="")) for k, v in params.items())
@@ -102,14 +100,18 @@ class ManagementClient(object):
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
-            if exc.code in answers:
-                return self._json(exc.read())
             if exc.code == 401:
                 raise ManagementAPIError(
                     "the management API at %s refused the credentials" % self._base
                 )
-            raise ManagementAPIError(
-                "the management API at %s answered HTTP %d" % (self._base, exc.code)
+            try:
+                body = exc.read()
+            except (OSError, ValueError):  # the connection went with the error
+                body = b""
+            raise _Status(
+                "the management API at %s answered HTTP %d" % (self._base, exc.code),
+                exc.code,
+                body,
             )
         except (urllib.error.URLError, socket.timeout, ConnectionError, ValueError) as exc:
             raise ManagementAPIError(
@@ -231,7 +233,12 @@ class ManagementClient(object):
         RabbitMQ's ``health/checks/alarms`` answers 200 when there is none and
         503, listing them, when there are; it needs only the ``management`` tag.
         """
-        body = self._get("health/checks/alarms", answers=(503,))
+        try:
+            body = self._get("health/checks/alarms")
+        except _Status as exc:
+            if exc.code != 503:
+                raise
+            body = self._json(exc.body)
         if not isinstance(body, dict):
             return None
         found = body.get("alarms") or []

@@ -239,6 +239,8 @@ def _sampled(samples, prefix):
             samples, "asgi_amqp_channel_messages", "mx.proc!", "process-local", prefix=prefix
         )
         == LOCAL_SENT + LOCAL_NOTICES
+        # The dead-letter worker's consumer comes with another of the broker's samples.
+        and (value(samples, "asgi_amqp_dead_letters_workers", prefix=prefix) or 0) >= 1
     )
 
 

@@ -38,12 +38,16 @@ setup(
     ],
     extras_require={
         "crypto": ["cryptography>=3.4"],
+        # asgi-amqp metrics, the Prometheus endpoint: one process per
+        # deployment runs it, not every process that imports the layer.
+        "metrics": ["prometheus-client>=0.17"],
         "test": [
             "pytest>=7",
             "hypothesis>=6",
             "cryptography>=3.4",
             "docker>=6",
             "websocket-client>=1.0",
+            "prometheus-client>=0.17",  # tests/test_metrics.py
             # make lint (run by make check and make test): pinned, so that a
             # new release's rules cannot fail a clean checkout.
             "ruff==0.17.6",

@@ -40,6 +40,15 @@ class _NotJSON(ManagementAPIError):
     """The answer was not JSON: an HTML page, a proxy's text."""
 
 
+class _Status(ManagementAPIError):
+    """An error status; some checks answer with one and a JSON body (``alarms``)."""
+
+    def __init__(self, message: str, code: int, body: bytes) -> None:
+        super(_Status, self).__init__(message)
+        self.code = code
+        self.body = body
+
+
 class ManagementClient(object):
     """The management API of one vhost.
 
@@ -95,14 +104,23 @@ class ManagementClient(object):
                 raise ManagementAPIError(
                     "the management API at %s refused the credentials" % self._base
                 )
-            raise ManagementAPIError(
-                "the management API at %s answered HTTP %d" % (self._base, exc.code)
+            try:
+                body = exc.read()
+            except (OSError, ValueError):  # the connection went with the error
+                body = b""
+            raise _Status(
+                "the management API at %s answered HTTP %d" % (self._base, exc.code),
+                exc.code,
+                body,
             )
         except (urllib.error.URLError, socket.timeout, ConnectionError, ValueError) as exc:
             raise ManagementAPIError(
                 "the RabbitMQ management API is not reachable at %s (%s); %s"
                 % (self._base, getattr(exc, "reason", exc), ENABLE_HINT)
             )
+        return self._json(raw)
+
+    def _json(self, raw: bytes) -> Any:
         try:
             return json.loads(raw.decode("utf8"))
         except ValueError:  # UnicodeDecodeError is one too
@@ -206,6 +224,29 @@ class ManagementClient(object):
             {"columns": "source,destination,destination_type,arguments"},
         )
         return [b for b in body or [] if str(b.get("source", "")).startswith(source_prefix)]
+
+    def alarms(self) -> Optional[List[Dict[str, str]]]:
+        """The resource alarms in effect in the cluster, one ``{"node": ...,
+        "resource": ...}`` each (``memory``, ``disk space``, ...); None when
+        the API has no alarms check (RabbitMQ before 3.8.10).
+
+        RabbitMQ's ``health/checks/alarms`` answers 200 when there is none and
+        503, listing them, when there are; it needs only the ``management`` tag.
+        """
+        try:
+            body = self._get("health/checks/alarms")
+        except _Status as exc:
+            if exc.code != 503:
+                raise
+            body = self._json(exc.body)
+        if not isinstance(body, dict):
+            return None
+        found = body.get("alarms") or []
+        return [
+            {"node": str(alarm.get("node", "")), "resource": str(alarm.get("resource", ""))}
+            for alarm in found
+            if isinstance(alarm, dict)
+        ]
 
 
 def _check_name_prefix(name_prefix: object) -> None:

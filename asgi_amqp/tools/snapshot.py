@@ -67,6 +67,10 @@ class ChannelView:
     taken_in: int  # messages the queue took in since it exists
     expired: int  # of those, how many left without being delivered
     local_members: int = 0  # process-local: channels of this queue that are group members
+    # The queues holding the channel (an ordered channel's shards too) and the
+    # most messages one of them holds: a send fails when its own queue is full.
+    queues: int = 1
+    fullest_held: int = 0
 
     @property
     def fill(self) -> float:
@@ -75,8 +79,17 @@ class ChannelView:
             return 0.0
         return min(1.0, (self.depth + self.unacked) / float(self.capacity))
 
+    @property
+    def fullest_fill(self) -> float:
+        """What its fullest queue holds as a fraction of the capacity (0 when unknown)."""
+        if not self.capacity:
+            return 0.0
+        return min(1.0, self.fullest_held / float(self.capacity))
+
     def as_dict(self) -> Dict[str, Any]:
         figures = dataclasses.asdict(self)
+        # top's JSON keeps the figures it documents (docs/top.rst).
+        del figures["queues"], figures["fullest_held"]
         if self.oldest_age is not None:
             figures["oldest_age"] = round(self.oldest_age, 1)
         return dict(figures, fill=round(self.fill, 4))
@@ -174,6 +187,8 @@ def _sum_views(one: ChannelView, other: ChannelView) -> ChannelView:
         readers=max(one.readers, other.readers),
         taken_in=one.taken_in + other.taken_in,
         expired=one.expired + other.expired,
+        queues=one.queues + other.queues,
+        fullest_held=max(one.fullest_held, other.fullest_held),
     )
 
 
@@ -208,6 +223,7 @@ def _channel_view(channel: str, record: Dict[str, Any], now: float) -> ChannelVi
         readers=_int(record.get("consumers")),
         taken_in=taken_in,
         expired=expired,
+        fullest_held=depth + unacked,
     )
 
 

@@ -1,7 +1,8 @@
-"""The ``asgi-amqp`` command: send, receive, groups, flush, statistics, top and permissions.
+"""The ``asgi-amqp`` command: send, receive, groups, flush, statistics, top,
+metrics and permissions.
 
-Run ``asgi-amqp --help`` (or ``python -m asgi_amqp --help``). Needs click,
-and tqdm for the progress bar of bulk sends: ``pip install 'asgi-amqp-layer[cli]'``.
+Run ``asgi-amqp --help`` (or ``python -m asgi_amqp --help``). A plain install
+has what it needs, but ``metrics``: ``pip install 'asgi-amqp-layer[metrics]'``.
 
 One module per command family; ``base`` holds the group, the global options
 and the error handling they share.
@@ -9,7 +10,7 @@ and the error handling they share.
 
 from typing import Any, Optional, Sequence
 
-from . import groups, permissions, queues, receive, send, stats, top  # noqa: F401
+from . import groups, metrics, permissions, queues, receive, send, stats, top  # noqa: F401
 from .base import PROG, cli
 
 __all__ = ["cli", "main"]

@@ -25,8 +25,9 @@ setup(
     license="BSD-3-Clause",
     packages=find_packages(include=["asgi_amqp", "asgi_amqp.*"]),
     package_data={"asgi_amqp": ["py.typed"]},
-    # CI runs Python 3.11 (Debian 12's) and no other: the claim is what is tested.
-    python_requires=">=3.11",
+    # CI runs Python 3.11 (Debian 12's), and 3.9 and 3.13 (Debian 11's and
+    # 13's, devtools/pythons.py): the claim is what is tested.
+    python_requires=">=3.9",
     install_requires=[
         "pika>=1.3,<2",
         "msgpack>=1.0,<2",
@@ -35,6 +36,7 @@ setup(
         "click>=8.0",
         "tqdm>=4",
         "rich>=13",  # asgi-amqp top
+        "tomli>=1.1; python_version < '3.11'",  # tomllib before 3.11 (layerconfig)
     ],
     extras_require={
         "crypto": ["cryptography>=3.4"],
@@ -66,6 +68,10 @@ setup(
             "twisted",
             "autobahn",
             "websocket-client>=1.0",  # the chat demo's scripted users (make demo)
+            # Django 2.2 on Python 3.12+: distutils (setuptools brings it) and,
+            # from 3.13 on, cgi (docs/compatibility.rst).
+            "setuptools; python_version >= '3.12'",
+            "legacy-cgi; python_version >= '3.13'",
         ],
         "soak": ["matplotlib"],  # make soak's chart
         "bench": ["tqdm", "pyarrow", "matplotlib", "pyspark>=3.5"],
@@ -76,7 +82,11 @@ setup(
         "Framework :: Django",
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.9",
+        "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
         "Topic :: System :: Networking",
     ],
 )

@@ -22,11 +22,26 @@ it) asks for it: then the run fails. Nothing falls back to one version
 silently: the last lines name every version run, with its counts and time,
 and every one that was not.
 
-Usage: ``python -m devtools.test_brokers [PYTEST_ARGS...]``.
+Then the other Pythons (:mod:`devtools.pythons`: Debian 11's 3.9 and
+Debian 13's 3.13, setup.py's oldest and newest) run, each built once in a
+Debian root of its own: the broker-free tier (less the tests of the
+machine's own developer tools, ``OTHER_PYTHONS_IGNORE``), then asgiref's
+conformance suite, the command-line tests and the chat end-to-end test
+(``OTHER_PYTHONS_TESTS``) on a private node. To fit CI's time each runs on
+one broker kind, not all: the oldest Python on the first kind that ran, the
+newest on the last (with both kinds, 3.9 on Debian's RabbitMQ, 3.13 on the
+server directory's). ``ASGI_AMQP_PYTHONS`` chooses them (default ``"3.9
+3.13"``; ``none`` for none). A Python this machine cannot build (not root,
+no debootstrap, no Debian archive) is named with the reason, and fails the
+run only if ``ASGI_AMQP_REQUIRE_PYTHONS`` (as CI sets it) names it.
+
+Usage: ``python -m devtools.test_brokers [PYTEST_ARGS...]`` (PYTEST_ARGS go
+to the main Python's runs only).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -34,9 +49,19 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from devtools import pythons
+
 SERVER_DIR_VARIABLE = "ASGI_AMQP_RABBITMQ_SERVER_DIR"
 ERLANG_VARIABLE = "ASGI_AMQP_ERLANG_ROOT"
 REQUIRE_VARIABLE = "ASGI_AMQP_REQUIRE_BROKERS"
+PYTHONS_VARIABLE = "ASGI_AMQP_PYTHONS"
+REQUIRE_PYTHONS_VARIABLE = "ASGI_AMQP_REQUIRE_PYTHONS"
+#: What the other Pythons run with a broker: the (broker or extras) tests of these.
+OTHER_PYTHONS_TESTS = ["conformance", "tests/test_cli*.py", "tests/e2e/test_channels_e2e.py"]
+#: Left out of their broker-free tier: tests of this machine's developer
+#: tools (make targets, the rabbitmq-server package, xz), which run on the
+#: main Python only and whose tools a minimal root does not have.
+OTHER_PYTHONS_IGNORE = ["tests/test_developer_targets.py", "tests/test_devtools_rabbitmq.py"]
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 
 
@@ -95,11 +120,13 @@ def probe(kind: Kind) -> Tuple[Optional[str], Optional[str]]:
     return None, (lines[-1] if lines else "exit status %d" % done.returncode)
 
 
-def run_pytest(env: Mapping[str, str], args: Sequence[str]) -> Tuple[int, Dict[str, int], float]:
-    """Run the suite; echo its output; (exit status, counts, seconds)."""
+def run_pytest(
+    env: Mapping[str, str], args: Sequence[str], command: Optional[Sequence[str]] = None
+) -> Tuple[int, Dict[str, int], float]:
+    """Run the suite (or ``command``, a pytest); echo its output; (exit status, counts, seconds)."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", *args],
+        list(command) if command is not None else [sys.executable, "-m", "pytest", *args],
         env=dict(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -123,6 +150,68 @@ def run_pytest(env: Mapping[str, str], args: Sequence[str]) -> Tuple[int, Dict[s
 
 def _describe(counts: Mapping[str, int]) -> str:
     return ", ".join("%d %s" % (n, word) for word, n in counts.items()) or "no test ran"
+
+
+def _minutes(seconds: float) -> str:
+    return "%d min %02d s" % (seconds // 60, seconds % 60)
+
+
+def run_other_python(
+    version: str, kind: Kind, broker: str, required: bool
+) -> Tuple[bool, Dict[str, int], List[str]]:
+    """Python ``version``'s tiers, on a node of ``kind``: (failed, counts, summary lines)."""
+    started = time.monotonic()
+    try:
+        pythons.build(version)
+        full = pythons.interpreter_version(version)
+    except pythons.PythonUnavailable as exc:
+        why = str(exc).splitlines()[0] if str(exc) else "unavailable"
+        note = " (required by %s)" % REQUIRE_PYTHONS_VARIABLE if required else ""
+        return required, {}, ["not run: Python %s: %s%s" % (version, why, note)]
+    name = "Python %s (Debian's, in %s; ready in %s)" % (
+        full,
+        pythons.SUITES[version],
+        _minutes(time.monotonic() - started),
+    )
+    pytest = ["python", "-m", "pytest", "-p", "no:cacheprovider"]
+    in_root = [sys.executable, "-m", "devtools.pythons", "run", version, "--"]
+    free = in_root + pytest + ["-m", "not broker and not extras"]
+    for path in OTHER_PYTHONS_IGNORE:
+        free += ["--ignore", path]
+    free_env = {key: value for key, value in os.environ.items() if not key.startswith("AMQP_")}
+    free_env["ASGI_AMQP_NO_BROKER"] = "1"
+    paths = [
+        os.path.relpath(path, pythons.HERE)  # the run's directory is the checkout
+        for pattern in OTHER_PYTHONS_TESTS
+        for path in sorted(glob.glob(os.path.join(pythons.HERE, pattern)))
+    ]
+    with_broker = in_root + pytest + ["-m", "(broker or extras) and not faults"] + paths
+    if not os.environ.get("AMQP_URL"):  # a private node of that kind, for this run
+        with_broker = [sys.executable, "-m", "devtools.rabbitmq", "run", "--no-docker", "--"] + (
+            with_broker
+        )
+    tiers = [
+        ("broker-free tier", free_env, free),
+        (
+            "conformance, command line, chat end to end on %s" % broker,
+            kind.environ(),
+            with_broker,
+        ),
+    ]
+    failed = False
+    counts: Dict[str, int] = {}
+    lines = []
+    for what, env, command in tiers:
+        print("\n=== %s: %s\n" % (name, what), flush=True)
+        status, tier_counts, seconds = run_pytest(env, [], command)
+        failed |= status != 0
+        for word, number in tier_counts.items():
+            counts[word] = counts.get(word, 0) + number
+        lines.append(
+            "ran on %s, %s: %s in %s (exit status %d)"
+            % (name, what, _describe(tier_counts), _minutes(seconds), status)
+        )
+    return failed, counts, lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -166,9 +255,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for major in sorted(required - majors):
         lines.append("required but not run: RabbitMQ %s.x (%s)" % (major, REQUIRE_VARIABLE))
         failed = True
+    brokers = dict(totals)
+    # The other Pythons, each on one broker kind: the oldest on the first, the newest on the last.
+    ran = [(kind, name) for kind, name, why in runs if why is None]
+    wanted = os.environ.get(PYTHONS_VARIABLE, " ".join(pythons.SUITES)).replace(",", " ").split()
+    wanted = [] if wanted == ["none"] else wanted
+    required_pythons = set(
+        (os.environ.get(REQUIRE_PYTHONS_VARIABLE) or "").replace(",", " ").split()
+    )
+    for version in sorted(required_pythons - set(wanted)):
+        lines.append("required but not run: Python %s (%s)" % (version, PYTHONS_VARIABLE))
+        failed = True
+    for index, version in enumerate(wanted):
+        if not ran:
+            lines.append("not run: Python %s: no broker ran" % version)
+            failed |= version in required_pythons
+            continue
+        kind, name = ran[0] if index < len(wanted) - 1 or len(wanted) == 1 else ran[-1]
+        python_failed, counts, python_lines = run_other_python(
+            version, kind, name, version in required_pythons
+        )
+        failed |= python_failed
+        lines.extend(python_lines)
+        for word in totals:
+            totals[word] += counts.get(word, 0)
+        totals["failed"] += counts.get("errors", 0)
     print("\n" + "\n".join(lines))
     print(
         "brokers: %d passed, %d failed, %d skipped"
+        % (brokers["passed"], brokers["failed"], brokers["skipped"])
+    )
+    print(
+        "total: %d passed, %d failed, %d skipped"
         % (totals["passed"], totals["failed"], totals["skipped"])
     )
     return 1 if failed or not any(kind for kind, _, why in runs if why is None) else 0

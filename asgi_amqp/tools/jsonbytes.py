@@ -46,7 +46,7 @@ def _decode_special(obj: Dict[str, Any]) -> Any:
 def loads(text: Union[str, bytes]) -> Any:
     """JSON text -> Python, with the ``__bytes__`` and ``__float__`` objects decoded.
 
-    Nesting deeper than Python's parser can follow (about 1,000 levels) is a
+    Nesting deeper than Python's parser can follow (about 1,000 levels, over 5,000 on 3.13) is a
     ValueError like any other bad JSON, not a RecursionError.
     """
     try:

@@ -23,8 +23,12 @@ import logging
 import os
 import re
 import sys
-import tomllib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # tomli is the same parser, installed on 3.9 and 3.10 (setup.py)
+    import tomli as tomllib
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Python   Debian release               ``build``
 ``build VERSION`` makes a minimal Debian root with ``debootstrap
 --variant=minbase`` (about 260 MiB, under a minute), with that release's
 ``python3`` and ``python3-venv``; makes a virtualenv in it; and installs
-this checkout there, editable, with the ``channels`` and ``crypto`` extras
+this checkout there, editable, with the ``channels``, ``crypto`` and ``metrics`` extras
 and the test runner's packages (``TEST_PACKAGES``: the ``test`` extra less
 its lint tools, which ``make lint`` runs on the main Python). A root is
 kept under ``$ASGI_AMQP_PYTHONS_DIR`` (default: ``asgi-amqp-pythons`` in the
@@ -63,7 +63,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checko
 VENV = "/opt/asgi-amqp-venv"  # inside the root
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 ROOT_CA = "/etc/ssl/certs/asgi-amqp-host-ca.crt"  # inside the root
-EXTRAS = "channels,crypto"
+EXTRAS = "channels,crypto,metrics"
 #: The test extra less the lint tools (ruff, mypy, stubs, import-linter),
 #: which make lint runs on the main Python only.
 TEST_PACKAGES = ["pytest>=7", "hypothesis>=6", "docker>=6", "websocket-client>=1.0"]

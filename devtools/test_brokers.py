@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -249,8 +250,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             totals[word] += counts.get(word, 0)
         totals["failed"] += counts.get("errors", 0)
         lines.append(
-            "ran on %s: %s in %d min %02d s (exit status %d)"
-            % (name, _describe(counts), seconds // 60, seconds % 60, status)
+            "ran on Python %s, %s: %s in %d min %02d s (exit status %d)"
+            % (
+                platform.python_version(),
+                name,
+                _describe(counts),
+                seconds // 60,
+                seconds % 60,
+                status,
+            )
         )
     for major in sorted(required - majors):
         lines.append("required but not run: RabbitMQ %s.x (%s)" % (major, REQUIRE_VARIABLE))

@@ -57,7 +57,6 @@ setup(
             "types-pika==1.2.0b1",
             "import-linter==2.17",
         ],
-        "cli": [],  # kept for old install commands: click and tqdm are core now
         "spark": ["pyspark>=3.4"],
         "browser": ["selenium>=4.10"],  # tests/e2e/test_channels_browser.py
         "twisted": ["twisted"],

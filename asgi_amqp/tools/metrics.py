@@ -131,7 +131,7 @@ def channel_families(prefix: str, channels: Iterable[ChannelView]) -> List[Metri
             family.add_metric(labels, getattr(channel, attribute))
         if channel.capacity:
             capacity.add_metric(labels, channel.capacity)
-            fill.add_metric(labels, channel.fullest_fill)
+            fill.add_metric(labels, channel.fill)
         age.add_metric(labels, channel.oldest_age or 0.0)
         if channel.kind == "process-local":
             members.add_metric(labels, channel.local_members)

@@ -68,23 +68,22 @@ class ChannelView:
     expired: int  # of those, how many left without being delivered
     local_members: int = 0  # process-local: channels of this queue that are group members
     # The queues holding the channel (an ordered channel's shards too) and the
-    # most messages one of them holds: a send fails when its own queue is full.
+    # most messages one of them holds (None: its one queue's): a send fails
+    # when its own queue is full, so that queue's fill is the channel's.
     queues: int = 1
-    fullest_held: int = 0
+    fullest_held: Optional[int] = None
+
+    @property
+    def fullest(self) -> int:
+        """The most messages one of its queues holds."""
+        return self.depth + self.unacked if self.fullest_held is None else self.fullest_held
 
     @property
     def fill(self) -> float:
-        """Depth as a fraction of the capacity (0 when unknown)."""
-        if not self.capacity:
-            return 0.0
-        return min(1.0, (self.depth + self.unacked) / float(self.capacity))
-
-    @property
-    def fullest_fill(self) -> float:
         """What its fullest queue holds as a fraction of the capacity (0 when unknown)."""
         if not self.capacity:
             return 0.0
-        return min(1.0, self.fullest_held / float(self.capacity))
+        return min(1.0, self.fullest / float(self.capacity))
 
     def as_dict(self) -> Dict[str, Any]:
         figures = dataclasses.asdict(self)
@@ -188,7 +187,7 @@ def _sum_views(one: ChannelView, other: ChannelView) -> ChannelView:
         taken_in=one.taken_in + other.taken_in,
         expired=one.expired + other.expired,
         queues=one.queues + other.queues,
-        fullest_held=max(one.fullest_held, other.fullest_held),
+        fullest_held=max(one.fullest, other.fullest),
     )
 
 
@@ -223,7 +222,6 @@ def _channel_view(channel: str, record: Dict[str, Any], now: float) -> ChannelVi
         readers=_int(record.get("consumers")),
         taken_in=taken_in,
         expired=expired,
-        fullest_held=depth + unacked,
     )
 
 

@@ -96,7 +96,8 @@ def _rate(value: float) -> str:
 
 
 def _bar(channel: ChannelView, width: int) -> Text:
-    """The queue's fill (waiting and unacknowledged over capacity) as a bar."""
+    """The channel's fill as a bar: its fullest queue's messages, waiting and
+    unacknowledged, over the capacity (an ordered channel has 16 queues)."""
     if not channel.capacity:
         return Text("?" * width, style="dim")
     filled = int(round(channel.fill * width))

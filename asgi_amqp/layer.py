@@ -116,9 +116,11 @@ class AMQPChannelLayer(BaseChannelLayer):
     ``groups.Groups``).
     """
 
-    # "statistics" is added on an instance whose management API answers.
-    extensions = statistics.Extensions(
-        ["groups", "flush", "send_many"] + (["twisted"] if twisted_support.AVAILABLE else [])
+    # Decided without I/O: every layer has a management URL (given or derived
+    # from its first URL), so "statistics" is always listed; the statistics
+    # calls raise ManagementAPIError when that API does not answer.
+    extensions = ["groups", "flush", "send_many", "statistics"] + (
+        ["twisted"] if twisted_support.AVAILABLE else []
     )
 
     ChannelFull = ChannelFull

@@ -12,7 +12,8 @@ holds, so that a behaviour is found by its module's name: ``sending.Sender``
 (``send``, the end of a refused publish, and the message properties of
 every part), ``receiving.Receiver`` (``receive``) and ``groups.Groups`` (the
 ``groups`` and ``flush`` extensions); ``pipeline`` sends many at once
-(``send_many``, ``send_group_many``) through the first and the last, and
+(``send_many``, ``send_group_many``, made by ``send_pipeline`` with the
+engine) through the first and the last, and
 ``twisted_support`` makes ``receive_twisted`` of the second. Each part is
 built here with exactly what it needs and owns the state it uses, said
 where it is declared. This module holds the settings, the parts, and the
@@ -34,7 +35,7 @@ from .engine import Engine
 from .errors import ChannelFull, MessageTooLarge
 from .groups import Groups
 from .management import ManagementClient
-from .pipeline import send_all
+from .pipeline import CHUNK, WINDOW, OnOutcome, SendPipeline, send_all
 from .receiving import Receiver
 from .sending import Sender
 from .serialization import Message, Serializer
@@ -329,6 +330,20 @@ class AMQPChannelLayer(BaseChannelLayer):
         messages), plus the returned list.
         """
         return send_all(self, items, "channel")
+
+    def send_pipeline(
+        self,
+        on_outcome: OnOutcome,
+        keep_existing: bool = False,
+        chunk: int = CHUNK,
+        window: int = WINDOW,
+    ) -> SendPipeline:
+        """A ``pipeline.SendPipeline`` on this layer: what ``send_many``,
+        ``send_group_many``, the command line's bulk mode and
+        ``send_dataframe`` send through. ``on_outcome(tag, error, in_doubt)``
+        is called for every message put, in order; ``keep_existing`` uses
+        a queue that exists as it is (a tool sending for an application)."""
+        return SendPipeline(self, self._engine, on_outcome, chunk, window, keep_existing)
 
     def receive(
         self, channels: Iterable[str], block: bool = False

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Se
 
 from . import engine, naming
 from .channel_names import is_process_local
-from .engine import ACKED
+from .engine import ACKED, Engine
 from .errors import (
     ACCESS_REFUSED,
     BrokerConnectionError,
@@ -88,10 +88,12 @@ class _Entry(object):
 class SendPipeline(object):
     """Sends through ``layer`` with a window of confirms outstanding.
 
-    It publishes and declares through the layer's engine (``sender.engine``),
-    takes message properties and the end of a refused publish from its
-    ``sender``, and asks its ``groups`` for the shared objects a group send needs; names are checked
-    by the layer's own ``valid_channel_name`` and ``valid_group_name``.
+    Made by ``AMQPChannelLayer.send_pipeline``, which gives it the layer's
+    ``engine`` to publish and declare through. Of the layer it reads public
+    parts only: message properties, encoding and the end of a refused
+    publish from its ``sender``, the shared objects a group send needs from
+    its ``groups``, queue names from its ``topology``; names are checked by
+    the layer's own ``valid_channel_name`` and ``valid_group_name``.
 
     ``put`` takes one message and may block while the window is full;
     ``flush`` waits for everything put so far. ``on_outcome(tag, error,
@@ -105,6 +107,7 @@ class SendPipeline(object):
     def __init__(
         self,
         layer: "AMQPChannelLayer",
+        engine: Engine,
         on_outcome: OnOutcome,
         chunk: int = CHUNK,
         window: int = WINDOW,
@@ -112,7 +115,7 @@ class SendPipeline(object):
     ) -> None:
         self._layer = layer
         self._sender = layer.sender  # message properties, encoding, finish_send
-        self._engine = layer.sender.engine  # publishes and declares
+        self._engine = engine  # publishes and declares
         self._groups = layer.groups  # the shared objects a group send needs
         # A tool sending for an application (the command line, Spark) must not
         # re-declare a queue the application made: a passive declare first,
@@ -351,7 +354,7 @@ def send_all(layer: "AMQPChannelLayer", items: Any, kind: str) -> List[Outcome]:
     def collect(tag: Any, error: Outcome, in_doubt: bool) -> None:
         outcomes.append(error)
 
-    pipeline = SendPipeline(layer, collect)
+    pipeline = layer.send_pipeline(collect)
     for item in items:
         try:
             name, message = item

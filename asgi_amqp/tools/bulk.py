@@ -20,7 +20,7 @@ from ..errors import (
     BrokerOperationError,
     ChannelFull,
 )
-from ..pipeline import NotAttempted, Outcome, SendPipeline
+from ..pipeline import NotAttempted, Outcome
 
 if TYPE_CHECKING:
     from ..layer import AMQPChannelLayer
@@ -138,7 +138,7 @@ class BulkSender(object):
         self._on_line = on_line or (lambda token, kind, error: None)
         self._sleep = sleep
         self._connection_errors = 0
-        self._pipeline = SendPipeline(layer, self._outcome, keep_existing=keep_existing)
+        self._pipeline = layer.send_pipeline(self._outcome, keep_existing=keep_existing)
         # on_full="retry": the time all retries together may take (None: no
         # bound), a line now and then while they wait, and what they cost.
         self.retry_for = retry_for

@@ -35,7 +35,7 @@ from .engine import Engine
 from .errors import ChannelFull, MessageTooLarge
 from .groups import Groups
 from .management import ManagementClient
-from .pipeline import CHUNK, WINDOW, OnOutcome, SendPipeline, send_all
+from .pipeline import CHUNK, WINDOW, Report, SendPipeline, send_all
 from .receiving import Receiver
 from .sending import Sender
 from .serialization import Message, Serializer
@@ -319,8 +319,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         """Send every ``(channel, message)`` of ``items``, many in flight at once.
 
         An extension for bulk senders: the same promise as ``send`` for each
-        message, without a broker round trip each. Returns one outcome per
-        item, in input order: None once the broker confirmed it, or the
+        message, without a broker round trip each. Returns one error per item,
+        in input order: None once the broker confirmed it, or the
         exception ``send`` would have raised for it (``ChannelFull``, a
         ``TypeError`` for an invalid name or message, ``MessageTooLarge``, a
         broker error). An item is validated and encoded before it is
@@ -333,17 +333,17 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     def send_pipeline(
         self,
-        on_outcome: OnOutcome,
+        report: Report,
         keep_existing: bool = False,
         chunk: int = CHUNK,
         window: int = WINDOW,
     ) -> SendPipeline:
         """A ``pipeline.SendPipeline`` on this layer: what ``send_many``,
         ``send_group_many``, the command line's bulk mode and
-        ``send_dataframe`` send through. ``on_outcome(tag, error, in_doubt)``
+        ``send_dataframe`` send through. ``report(tag, error, in_doubt)``
         is called for every message put, in order; ``keep_existing`` uses
         a queue that exists as it is (a tool sending for an application)."""
-        return SendPipeline(self, self._engine, on_outcome, chunk, window, keep_existing)
+        return SendPipeline(self, self._engine, report, chunk, window, keep_existing)
 
     def receive(
         self, channels: Iterable[str], block: bool = False

@@ -20,7 +20,7 @@ from ..errors import (
     BrokerOperationError,
     ChannelFull,
 )
-from ..pipeline import NotAttempted, Outcome
+from ..pipeline import NotAttempted, SendError
 
 if TYPE_CHECKING:
     from ..layer import AMQPChannelLayer
@@ -75,7 +75,7 @@ def send_one(
 
 
 class StillInDoubt(Exception):
-    """The outcome of a message an earlier run left in doubt, not sent again now."""
+    """The error of a message an earlier run left in doubt, not sent again now."""
 
 
 class BulkSender(object):
@@ -138,7 +138,7 @@ class BulkSender(object):
         self._on_line = on_line or (lambda token, kind, error: None)
         self._sleep = sleep
         self._connection_errors = 0
-        self._pipeline = layer.send_pipeline(self._outcome, keep_existing=keep_existing)
+        self._pipeline = layer.send_pipeline(self._record, keep_existing=keep_existing)
         # on_full="retry": the time all retries together may take (None: no
         # bound), a line now and then while they wait, and what they cost.
         self.retry_for = retry_for
@@ -220,7 +220,7 @@ class BulkSender(object):
         ):
             self.first_unconfirmed = position
 
-    def _outcome(self, tag: Any, error: Outcome, in_doubt: bool) -> None:
+    def _record(self, tag: Any, error: SendError, in_doubt: bool) -> None:
         kind, name, message, where, position, token = tag
         if _is_full(error) and self.on_full == "retry" and message is not None:
             error, in_doubt = self._retry(kind, name, message)

@@ -81,7 +81,7 @@ class StillInDoubt(Exception):
 class BulkSender(object):
     """Sends many messages through one layer and counts what became of each.
 
-    Sends are pipelined (``SendPipeline``, the engine of ``send_many``): a
+    Sends are pipelined (``layer.send_pipeline``, which ``send_many`` uses too): a
     window of messages is in flight and the broker confirms them in a
     stream, so a bulk send is not one round trip per message. ``submit``
     may block while the window is full; ``close`` waits for the rest.

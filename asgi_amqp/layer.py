@@ -12,7 +12,8 @@ holds, so that a behaviour is found by its module's name: ``sending.Sender``
 (``send``, the end of a refused publish, and the message properties of
 every part), ``receiving.Receiver`` (``receive``) and ``groups.Groups`` (the
 ``groups`` and ``flush`` extensions); ``pipeline`` sends many at once
-(``send_many``, ``send_group_many``) through the first and the last, and
+(``send_many``, ``send_group_many``, made by ``send_pipeline`` with the
+engine) through the first and the last, and
 ``twisted_support`` makes ``receive_twisted`` of the second. Each part is
 built here with exactly what it needs and owns the state it uses, said
 where it is declared. This module holds the settings, the parts, and the
@@ -34,7 +35,7 @@ from .engine import Engine
 from .errors import ChannelFull, MessageTooLarge
 from .groups import Groups
 from .management import ManagementClient
-from .pipeline import send_all
+from .pipeline import CHUNK, WINDOW, Report, SendPipeline, send_all
 from .receiving import Receiver
 from .sending import Sender
 from .serialization import Message, Serializer
@@ -116,9 +117,11 @@ class AMQPChannelLayer(BaseChannelLayer):
     ``groups.Groups``).
     """
 
-    # "statistics" is added on an instance whose management API answers.
-    extensions = statistics.Extensions(
-        ["groups", "flush", "send_many"] + (["twisted"] if twisted_support.AVAILABLE else [])
+    # Decided without I/O: every layer has a management URL (given or derived
+    # from its first URL), so "statistics" is always listed; the statistics
+    # calls raise ManagementAPIError when that API does not answer.
+    extensions = ["groups", "flush", "send_many", "statistics"] + (
+        ["twisted"] if twisted_support.AVAILABLE else []
     )
 
     ChannelFull = ChannelFull
@@ -316,8 +319,8 @@ class AMQPChannelLayer(BaseChannelLayer):
         """Send every ``(channel, message)`` of ``items``, many in flight at once.
 
         An extension for bulk senders: the same promise as ``send`` for each
-        message, without a broker round trip each. Returns one outcome per
-        item, in input order: None once the broker confirmed it, or the
+        message, without a broker round trip each. Returns one error per item,
+        in input order: None once the broker confirmed it, or the
         exception ``send`` would have raised for it (``ChannelFull``, a
         ``TypeError`` for an invalid name or message, ``MessageTooLarge``, a
         broker error). An item is validated and encoded before it is
@@ -327,6 +330,20 @@ class AMQPChannelLayer(BaseChannelLayer):
         messages), plus the returned list.
         """
         return send_all(self, items, "channel")
+
+    def send_pipeline(
+        self,
+        report: Report,
+        keep_existing: bool = False,
+        chunk: int = CHUNK,
+        window: int = WINDOW,
+    ) -> SendPipeline:
+        """A ``pipeline.SendPipeline`` on this layer: what ``send_many``,
+        ``send_group_many``, the command line's bulk mode and
+        ``send_dataframe`` send through. ``report(tag, error, in_doubt)``
+        is called for every message put, in order; ``keep_existing`` uses
+        a queue that exists as it is (a tool sending for an application)."""
+        return SendPipeline(self, self._engine, report, chunk, window, keep_existing)
 
     def receive(
         self, channels: Iterable[str], block: bool = False

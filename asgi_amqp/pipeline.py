@@ -1,4 +1,4 @@
-"""Pipelined sends: many messages in flight, outcomes in input order.
+"""Pipelined sends: many messages in flight, each one's error (or None) in input order.
 
 ``send`` waits for its publisher confirm before it returns: one broker
 round trip per message on the caller's time. ``SendPipeline`` keeps a window
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Se
 
 from . import engine, naming
 from .channel_names import is_process_local
-from .engine import ACKED
+from .engine import ACKED, Engine
 from .errors import (
     ACCESS_REFUSED,
     BrokerConnectionError,
@@ -43,15 +43,18 @@ NOT_FOUND = 404
 CHUNK = 256  # messages per hand-off to the I/O thread
 WINDOW = 4096  # messages in flight at most
 
-Outcome = Optional[BaseException]  # None: sent
-# on_outcome(tag, error, in_doubt): ``in_doubt`` is True for an error of a
+# What the pipeline reports of a message: None once sent, else the exception
+# ``send`` would have raised. (An engine *outcome* is a confirm's ACKED,
+# NACKED or RETURNED; the pipeline carries one to its end, an error or None.)
+SendError = Optional[BaseException]
+# report(tag, error, in_doubt): ``in_doubt`` is True for an error of a
 # message that was written to the broker without a confirm coming back, so
 # the broker may have it; False means sent (error None) or certainly not.
-OnOutcome = Callable[[Any, Outcome, bool], None]
+Report = Callable[[Any, SendError, bool], None]
 
 
 class NotAttempted(Exception):
-    """The outcome of a message that was never handed to the broker: the
+    """The error of a message that was never handed to the broker: the
     sending stopped first (``SendPipeline.stop``, or an interrupt in the
     middle of handing a chunk over). It is not in any queue."""
 
@@ -82,43 +85,46 @@ class _Entry(object):
         self.batch: Optional[engine.InFlight] = None
         self.index = 0
         self.deadline = 0.0
-        self.error: Outcome = None
+        self.error: SendError = None
 
 
 class SendPipeline(object):
     """Sends through ``layer`` with a window of confirms outstanding.
 
-    It publishes and declares through the layer's engine (``sender.engine``),
-    takes message properties and the end of a refused publish from its
-    ``sender``, and asks its ``groups`` for the shared objects a group send needs; names are checked
-    by the layer's own ``valid_channel_name`` and ``valid_group_name``.
+    Made by ``AMQPChannelLayer.send_pipeline``, which gives it the layer's
+    ``engine`` to publish and declare through. Of the layer it reads public
+    parts only: message properties, encoding and the end of a refused
+    publish from its ``sender``, the shared objects a group send needs from
+    its ``groups``, queue names from its ``topology``; names are checked by
+    the layer's own ``valid_channel_name`` and ``valid_group_name``.
 
     ``put`` takes one message and may block while the window is full;
-    ``flush`` waits for everything put so far. ``on_outcome(tag, error,
+    ``flush`` waits for everything put so far. ``report(tag, error,
     in_doubt)`` is called for every message in the order they were put,
     from the calling thread, with ``error`` None once the broker confirmed
-    it (see ``OnOutcome``). Before each chunk goes, the outcomes that came
-    already are reported, so that a caller can ``stop`` before the next
+    it (see ``Report``). Before each chunk goes, the messages whose confirm
+    came already are reported, so that a caller can ``stop`` before the next
     chunk leaves.
     """
 
     def __init__(
         self,
         layer: "AMQPChannelLayer",
-        on_outcome: OnOutcome,
+        engine: Engine,
+        report: Report,
         chunk: int = CHUNK,
         window: int = WINDOW,
         keep_existing: bool = False,
     ) -> None:
         self._layer = layer
         self._sender = layer.sender  # message properties, encoding, finish_send
-        self._engine = layer.sender.engine  # publishes and declares
+        self._engine = engine  # publishes and declares
         self._groups = layer.groups  # the shared objects a group send needs
         # A tool sending for an application (the command line, Spark) must not
         # re-declare a queue the application made: a passive declare first,
         # and a queue that exists is used with the arguments it has.
         self._keep_existing = keep_existing
-        self._on_outcome = on_outcome
+        self._report = report
         self._chunk_size = chunk
         self._window = max(window, chunk)
         self._waiting: List[_Entry] = []  # validated, not yet handed over
@@ -145,7 +151,7 @@ class SendPipeline(object):
             self._finish_oldest()
 
     def put_error(self, error: BaseException, tag: Any = None) -> None:
-        """Keep ``error`` as the outcome of an item that was not even a message."""
+        """Report ``error`` for an item that was not even a message, in its turn."""
         entry = _Entry(tag, "channel", "")
         entry.error = error
         self._in_flight.append(entry)
@@ -153,7 +159,7 @@ class SendPipeline(object):
             self._finish_oldest()
 
     def flush(self) -> None:
-        """Hand over what is left and wait for every outcome."""
+        """Hand over what is left and report every message put."""
         self._launch()
         while self._in_flight:
             self._finish_oldest()
@@ -161,7 +167,7 @@ class SendPipeline(object):
     def stop(self, why: str) -> None:
         """Hand nothing more over: what waits for its chunk is ``NotAttempted``.
 
-        What was handed over already still gets its outcome from ``flush``:
+        What was handed over already is still reported by ``flush``:
         sent once confirmed, whatever the reason for stopping.
         """
         waiting, self._waiting = self._waiting, []
@@ -298,7 +304,7 @@ class SendPipeline(object):
                 entry.error = exc
 
     def _report_answered(self) -> None:
-        """Report the oldest messages whose outcome came already, without waiting."""
+        """Report the oldest messages whose confirm (or error) came already, without waiting."""
         while self._in_flight:
             entry = self._in_flight[0]
             if entry.error is None and (
@@ -311,12 +317,12 @@ class SendPipeline(object):
         entry = self._in_flight[0]
         if entry.batch is None and entry.error is None:
             self._launch()  # the oldest is still waiting for its chunk
-        outcome, in_doubt = self._outcome(entry)  # an interrupt here leaves it in flight
+        error, in_doubt = self._error(entry)  # an interrupt here leaves it in flight
         self._in_flight.popleft()
-        self._on_outcome(entry.tag, outcome, in_doubt)
+        self._report(entry.tag, error, in_doubt)
 
-    def _outcome(self, entry: _Entry) -> Tuple[Outcome, bool]:
-        """(error or None, in doubt) of one message: see ``OnOutcome``."""
+    def _error(self, entry: _Entry) -> Tuple[SendError, bool]:
+        """(error or None, in doubt) of one message: see ``Report``."""
         if entry.error is not None:
             return entry.error, False
         if entry.batch is None:
@@ -344,14 +350,14 @@ def _for_queue(queue: str) -> Callable[[_Entry], bool]:
     return lambda entry: entry.queue == queue
 
 
-def send_all(layer: "AMQPChannelLayer", items: Any, kind: str) -> List[Outcome]:
-    """The outcome of every ``(name, message)`` in ``items``, in order."""
-    outcomes: List[Outcome] = []
+def send_all(layer: "AMQPChannelLayer", items: Any, kind: str) -> List[SendError]:
+    """The error (None: sent) of every ``(name, message)`` in ``items``, in order."""
+    errors: List[SendError] = []
 
-    def collect(tag: Any, error: Outcome, in_doubt: bool) -> None:
-        outcomes.append(error)
+    def collect(tag: Any, error: SendError, in_doubt: bool) -> None:
+        errors.append(error)
 
-    pipeline = SendPipeline(layer, collect)
+    pipeline = layer.send_pipeline(collect)
     for item in items:
         try:
             name, message = item
@@ -362,4 +368,4 @@ def send_all(layer: "AMQPChannelLayer", items: Any, kind: str) -> List[Outcome]:
             continue
         pipeline.put(kind, name, message)
     pipeline.flush()
-    return outcomes
+    return errors

@@ -53,7 +53,7 @@ class Sender(object):
         get_capacity: Callable[[str], int],
         persistent: bool,
     ) -> None:
-        # The layer's engine: publishes and declares (the pipeline's too).
+        # The layer's engine: publishes and declares.
         self.engine = engine
         self._topology = topology
         self._serializer = serializer

@@ -35,7 +35,9 @@ management HTTP API, which computes queue figures every
 ``collect_statistics_interval`` (5 s by default): a figure can be up to that
 old, and on a fresh node or a new queue the rates are 0 until the node has
 taken two samples. The global figures are sums (the age a maximum) over the
-layer's channel queues, ``{prefix}:q:*``.
+layer's channel queues, ``{prefix}:q:*``. When the management API does not
+answer (or is not RabbitMQ's), the calls raise ``ManagementAPIError``, which
+names the URL.
 
 A process-local channel ``foo!bar`` lives in the queue ``foo!``, shared by
 every channel ``foo!...``; its figures are those of that queue.
@@ -44,7 +46,6 @@ every channel ``foo!...``; its figures are those of that queue.
 import collections
 import threading
 import time
-import weakref
 from typing import (
     Any,
     Callable,
@@ -55,24 +56,20 @@ from typing import (
     Mapping,
     Optional,
     Protocol,
-    Tuple,
     Union,
 )
 
 from .channel_names import non_local_name
-from .errors import ManagementAPIError
 from .management import ManagementClient
 from .naming import Topology
 
 __all__ = [
     "KEYS",
     "Counters",
-    "Extensions",
     "global_statistics",
     "channel_statistics",
     "missing_channels",
     "all_channel_statistics",
-    "is_available",
     "messages_taken_in",
 ]
 
@@ -84,9 +81,6 @@ KEYS = (
     "channel_full_count",
     "channel_full_count_per_second",
 )
-
-_AVAILABLE_FOR = 300.0  # seconds a "the management API answers" is trusted
-_UNAVAILABLE_FOR = 30.0  # seconds before an unanswered probe is tried again
 
 Figures = Dict[str, Union[int, float]]  # the KEYS: counts are int, rates float
 
@@ -362,45 +356,3 @@ def _sum(queues: Iterable[Figures]) -> Figures:
             total[key] += figures[key]
         total["messages_max_age"] = max(total["messages_max_age"], figures["messages_max_age"])
     return total
-
-
-# -- is the extension available? --------------------------------------------------
-
-_probe_lock = threading.Lock()
-# layer -> (answer, valid until)
-_probes: "weakref.WeakKeyDictionary[Source, Tuple[bool, float]]" = weakref.WeakKeyDictionary()
-
-
-def is_available(layer: Source) -> bool:
-    """Whether the layer's management API answers (cached: 5 min if yes, 30 s if no)."""
-    now = time.monotonic()
-    with _probe_lock:
-        cached = _probes.get(layer)
-    if cached is not None and cached[1] > now:
-        return cached[0]
-    try:
-        layer.management_client().ping()
-        answer = True
-    except (ManagementAPIError, ValueError):
-        answer = False
-    with _probe_lock:
-        _probes[layer] = (answer, now + (_AVAILABLE_FOR if answer else _UNAVAILABLE_FOR))
-    return answer
-
-
-class Extensions(object):
-    """A class attribute for ``extensions`` that adds ``statistics`` when it works.
-
-    On the class (``AMQPChannelLayer.extensions``) it is the fixed list; on a
-    layer it is that list plus ``"statistics"`` if the layer's management API
-    answers (see :func:`is_available`). Each access returns a new list.
-    """
-
-    def __init__(self, base: Iterable[str]) -> None:
-        self.base = tuple(base)
-
-    def __get__(self, layer: Optional[Source], owner: Optional[type] = None) -> List[str]:
-        found = list(self.base)
-        if layer is not None and "statistics" not in found and is_available(layer):
-            found.append("statistics")
-        return found

@@ -185,7 +185,7 @@ def test_channel_capacity_patterns(broker, new_layer):
 def test_extensions_and_version():
     import asgi_amqp
 
-    assert {"groups", "flush"} <= set(AMQPChannelLayer.extensions)
+    assert {"groups", "flush", "send_many", "statistics"} <= set(AMQPChannelLayer.extensions)
     assert isinstance(asgi_amqp.__version__, str)
 
 

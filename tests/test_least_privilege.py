@@ -325,7 +325,6 @@ def test_monitoring_reads_statistics_and_nothing_else(users, layers, broker):
     app = layers.add(users["app"].layer(expiry=30))
     app.send("watched", {"n": 1})
     monitor = layers.add(users["monitor"].layer(expiry=30, dead_letter_worker=False))
-    assert "statistics" in monitor.extensions
     wait_until(
         lambda: monitor.channel_statistics("watched")["messages_pending"] == 1,
         15,

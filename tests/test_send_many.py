@@ -9,7 +9,6 @@ as it goes, so a generator of any length needs memory for the window only.
 import pytest
 
 from asgi_amqp import BrokerOperationError, ChannelFull, MessageTooLarge
-from asgi_amqp.pipeline import SendPipeline
 from helpers import drain, wait_until
 
 
@@ -67,8 +66,8 @@ def test_a_queue_with_other_arguments_fails_only_its_own_items(broker, new_layer
 def test_the_input_is_read_no_further_ahead_than_the_window(broker, new_layer):
     layer = new_layer(broker, capacity=100000)
     outcomes = []
-    pipeline = SendPipeline(
-        layer, lambda tag, error, in_doubt: outcomes.append(error), chunk=50, window=200
+    pipeline = layer.send_pipeline(
+        lambda tag, error, in_doubt: outcomes.append(error), chunk=50, window=200
     )
     furthest_ahead = 0
     for i in range(3000):

@@ -6,6 +6,7 @@ sent once, by a module fixture, which then waits for the figures to show it;
 each test checks its own part.
 """
 
+import socket
 import threading
 import time
 import uuid
@@ -13,7 +14,7 @@ import uuid
 import pika
 import pytest
 
-from asgi_amqp import AMQPChannelLayer, ChannelFull, statistics
+from asgi_amqp import AMQPChannelLayer, ChannelFull, ManagementAPIError, statistics
 from helpers import Management, wait_until
 
 CAPACITY = 20
@@ -310,31 +311,41 @@ def test_invalid_channel_name_raises_type_error(traffic):
         statistics.channel_statistics(traffic, b"bytes")
 
 
-def test_available_only_when_the_management_api_answers(broker, new_layer):
-    good = new_layer(broker)
-    bad = new_layer(broker, management_url="http://127.0.0.1:1/")
-    assert statistics.is_available(good) is True
-    started = time.monotonic()
-    assert statistics.is_available(bad) is False
-    assert statistics.is_available(bad) is False  # cached
-    assert time.monotonic() - started < 5
+def test_extensions_are_listed_without_asking_the_broker():
+    """``layer.extensions`` comes from the configuration: on a layer whose
+    management API is a closed port, or a port that never answers, it lists
+    ``statistics`` at once and opens no connection (no thread, nothing
+    accepted on the silent port)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent.setblocking(False)
+        for management_url in (
+            "http://127.0.0.1:1/",
+            "http://127.0.0.1:%d/" % silent.getsockname()[1],
+        ):
+            layer = AMQPChannelLayer(url="amqp://127.0.0.1:1/", management_url=management_url)
+            try:
+                started = time.monotonic()
+                extensions = layer.extensions
+                elapsed = time.monotonic() - started
+                assert {"groups", "flush", "send_many", "statistics"} <= set(extensions)
+                assert elapsed < 0.1, elapsed
+                assert layer.threads() == []
+            finally:
+                layer.close()
+        with pytest.raises(BlockingIOError):
+            silent.accept()  # nobody connected
 
 
-def test_extensions_descriptor(broker):
-    class Layer(AMQPChannelLayer):
-        extensions = statistics.Extensions(["groups", "flush"])
-
-    assert Layer.extensions == ["groups", "flush"]  # on the class: no probe
-    good = Layer(url=broker.amqp_url, management_url=broker.management_url)
-    bad = Layer(url=broker.amqp_url, management_url="http://127.0.0.1:1/")
+def test_statistics_raise_when_the_management_api_does_not_answer():
+    layer = AMQPChannelLayer(url="amqp://127.0.0.1:1/", management_url="http://127.0.0.1:1/")
     try:
-        assert good.extensions == ["groups", "flush", "statistics"]
-        assert bad.extensions == ["groups", "flush"]
-        good.extensions.append("x")  # a new list each time
-        assert "x" not in good.extensions
+        for call in (lambda: layer.channel_statistics("st.c"), layer.global_statistics):
+            with pytest.raises(ManagementAPIError, match="not reachable at http://127.0.0.1:1"):
+                call()
     finally:
-        good.close()
-        bad.close()
+        layer.close()
 
 
 def test_layer_integration(broker, new_layer):
@@ -346,6 +357,3 @@ def test_layer_integration(broker, new_layer):
         layer.send("st.i", {})
     assert layer.channel_statistics("st.i")["channel_full_count"] == 1
     assert layer.global_statistics()["channel_full_count"] == 1
-    bad = new_layer(broker, management_url="http://127.0.0.1:1/")
-    assert "statistics" not in bad.extensions
-    assert "groups" in bad.extensions

@@ -20,7 +20,7 @@ from ..errors import (
     BrokerOperationError,
     ChannelFull,
 )
-from ..pipeline import NotAttempted, Outcome, SendPipeline
+from ..pipeline import NotAttempted, SendError
 
 if TYPE_CHECKING:
     from ..layer import AMQPChannelLayer
@@ -75,13 +75,13 @@ def send_one(
 
 
 class StillInDoubt(Exception):
-    """The outcome of a message an earlier run left in doubt, not sent again now."""
+    """The error of a message an earlier run left in doubt, not sent again now."""
 
 
 class BulkSender(object):
     """Sends many messages through one layer and counts what became of each.
 
-    Sends are pipelined (``SendPipeline``, the engine of ``send_many``): a
+    Sends are pipelined (``layer.send_pipeline``, which ``send_many`` uses too): a
     window of messages is in flight and the broker confirms them in a
     stream, so a bulk send is not one round trip per message. ``submit``
     may block while the window is full; ``close`` waits for the rest.
@@ -138,7 +138,7 @@ class BulkSender(object):
         self._on_line = on_line or (lambda token, kind, error: None)
         self._sleep = sleep
         self._connection_errors = 0
-        self._pipeline = SendPipeline(layer, self._outcome, keep_existing=keep_existing)
+        self._pipeline = layer.send_pipeline(self._record, keep_existing=keep_existing)
         # on_full="retry": the time all retries together may take (None: no
         # bound), a line now and then while they wait, and what they cost.
         self.retry_for = retry_for
@@ -220,7 +220,7 @@ class BulkSender(object):
         ):
             self.first_unconfirmed = position
 
-    def _outcome(self, tag: Any, error: Outcome, in_doubt: bool) -> None:
+    def _record(self, tag: Any, error: SendError, in_doubt: bool) -> None:
         kind, name, message, where, position, token = tag
         if _is_full(error) and self.on_full == "retry" and message is not None:
             error, in_doubt = self._retry(kind, name, message)

@@ -131,7 +131,10 @@ def test_the_chat_demo_needs_only_the_channels_extra():
     """What examples/chat_demo.py and the chat project it runs import comes
     with ``pip install '.[channels]'``."""
     project = os.path.join(ROOT, "tests", "project")
-    local = {"asgi_amqp", "devtools"} | {os.path.splitext(name)[0] for name in os.listdir(project)}
+    examples = os.path.join(ROOT, "examples")
+    local = {"asgi_amqp", "devtools"} | {
+        os.path.splitext(name)[0] for folder in (project, examples) for name in os.listdir(folder)
+    }
     modules = set()
     demo = _python_files(
         "examples/chat_demo.py",

@@ -183,7 +183,8 @@ def _check_order(log, expected_per_socket, copies_allowed=False, swaps_from=None
         assert orders == list(range(expected_per_socket)), (socket, entries)
         for before, after in zip(firsts, firsts[1:]):
             # The next frame is taken only once the one before it was handled.
-            assert swaps_from is not None or after[0] >= before[1], (socket, before, after)
+            late = swaps_from is not None and after[0] >= swaps_from
+            assert late or after[0] >= before[1], (socket, before, after)
     assert copies_allowed or not copies, "%d frames came twice" % copies
     return copies
 
@@ -308,7 +309,8 @@ def test_a_dead_workers_sockets_move_to_the_others_in_order(broker, new_layer, q
 def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, queue_type):
     """The broker closes every connection twice while two workers handle a
     steady stream of frames: each socket's frames still run in order, one at
-    a time, none lost (``consumers.pool.SHARD_GRACE``)."""
+    a time, none lost (``consumers.pool.SHARD_GRACE``); with quorum queues
+    a frame may come one place late after a close (docs/topology.rst)."""
     sender = make_layer(node, queue_type=queue_type, receive_timeout=0.2)
     log = collections.defaultdict(list)
     workers = _two_workers(node, sender, queue_type, log, work=0.005)
@@ -325,8 +327,10 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
 
         thread = threading.Thread(target=send_all, daemon=True)
         thread.start()
+        closed = []
         for after in (10, 25):
             wait_until(lambda n=after: len(sent) >= n, 30, message="%d rounds sent" % after)
+            closed.append(time.monotonic())
             node.close_all_connections("test")
         thread.join(60)
         wait_until(
@@ -336,7 +340,9 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
         for worker in workers:
             worker.stop()
         sender.close()
-    copies = _check_order(log, frames, copies_allowed=True)
+    # A quorum queue may return a lost consumer's frames behind the next one.
+    swaps_from = closed[0] if queue_type == "quorum" else None
+    copies = _check_order(log, frames, copies_allowed=True, swaps_from=swaps_from)
     print("\n%s: %d of %d frames came twice" % (queue_type, copies, sockets * frames))
 
 

@@ -15,7 +15,7 @@ outage. Ctrl-C and SIGTERM stop the server and exit 0.
 import signal
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from ..metrics_refresh import Readings
 from ..snapshot import Collector
@@ -70,25 +70,36 @@ def _server_module() -> Any:
     return metrics
 
 
-def _wait_for_stop() -> None:
-    """Until Ctrl-C (SIGINT) or SIGTERM."""
-    stop = threading.Event()
+class _StopSignals(object):
+    """Ctrl-C (SIGINT) and SIGTERM set ``stopped``, from before the address
+    is printed: a signal that came between that line and the wait raised
+    ``KeyboardInterrupt`` outside it. Off the main thread: Ctrl-C only."""
 
-    def on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-        stop.set()
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self._previous: Dict[int, Any] = {}
 
-    try:
-        previous = signal.signal(signal.SIGTERM, on_sigterm)
-    except ValueError:  # not the main thread: Ctrl-C only
-        previous = None
-    try:
-        while not stop.wait(WAIT_STEP):
+    def __enter__(self) -> "_StopSignals":
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main thread
+                break
+        return self
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.stopped.set()
+
+    def wait(self) -> None:
+        try:
+            while not self.stopped.wait(WAIT_STEP):
+                pass
+        except KeyboardInterrupt:
             pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 @cli.command(epilog=EPILOG)
@@ -147,13 +158,14 @@ def metrics(
         raise CLIError("cannot listen on %s:%d: %s" % (host, port, exc.strerror or exc)) from None
     bound_host, bound_port = server.server_address[:2]
     shown = "[%s]" % bound_host if ":" in str(bound_host) else bound_host
-    settings.note(
-        "serving the metrics of prefix %r on http://%s:%d/metrics (a look at %s at most "
-        "every %g s); Ctrl-C stops"
-        % (layer.topology.prefix, shown, bound_port, client.where, refresh)
-    )
     try:
-        _wait_for_stop()
+        with _StopSignals() as signals:
+            settings.note(
+                "serving the metrics of prefix %r on http://%s:%d/metrics (a look at %s at "
+                "most every %g s); Ctrl-C stops"
+                % (layer.topology.prefix, shown, bound_port, client.where, refresh)
+            )
+            signals.wait()
     finally:
         server.shutdown()
         server.server_close()

@@ -48,6 +48,11 @@ from .errors import BrokerUnreachable, ChannelFull, LayerClosed
 logger = logging.getLogger(__name__)
 
 # At most this many sends parked at a time, of at most this many bytes in all.
+# Sends of one queue whose messages have no order (a connect, an HTTP
+# request) that may wait for room: a refusal from a quorum queue between
+# leaders passes, and a storm meets ChannelFull (daphne: 503) after these
+# instead of queueing its connects for workers to run after the client left.
+SHORT_LINE = 10
 MESSAGES = 10000
 BYTES = 64 * 1024 * 1024
 # The pause before a refused send is tried again: doubled up to the longest.
@@ -113,17 +118,24 @@ class ParkedSends(object):
         body: bytes,
         properties: pika.BasicProperties,
         marked: bool = False,
+        most: Optional[int] = None,
     ) -> None:
-        """Park a send, or raise ``ChannelFull`` at once when the bound is reached.
+        """Park a send, or raise ``ChannelFull`` at once when the bound is reached,
+        or when ``most`` sends of its queue are parked already.
 
         ``marked``: it was on its way when the connection went, and is parked
         whatever the bound.
         """
         send = ParkedSend(channel, queue, body, properties, marked, time.monotonic())
         with self._lock:
+            line = self._lines.get(queue)
             if not marked:
                 self._check_room(channel, len(body))
-            line = self._lines.get(queue)
+                if most is not None and line is not None and len(line.sends) >= most:
+                    raise ChannelFull(
+                        "channel %s is full, and %d sends to it wait in this process"
+                        % (channel, len(line.sends))
+                    )
             if line is None:
                 line = self._lines[queue] = _Line(queue)
             line.sends.append(send)

@@ -29,7 +29,7 @@ from . import engine, naming
 from .channel_names import check_channel_name, is_process_local
 from .engine import ACKED, NACKED, PARKED, Engine, Step
 from .errors import BrokerOperationError, ChannelFull, MessageRefused
-from .parked_sends import ParkedSends
+from .parked_sends import SHORT_LINE, ParkedSends
 from .serialization import Message, Serializer
 from .statistics import Counters
 from .twisted_support import on_reactor_thread
@@ -81,18 +81,21 @@ class Sender(object):
         # queue would stall its socket under Channels' enforce_ordering.
         properties = self.properties(headers, persistent=naming.is_shard_queue(queue))
         # Parked instead of waiting (``parked_sends``): a send of daphne's
-        # reactor thread while the broker is away or sends to its queue are
-        # parked before it, and a socket's frame for a full shard, which may
-        # be enforce_ordering's requeue from a worker that is the shard's only
-        # reader (Channels does not retry it). Any other send the reactor
-        # cannot make at once is refused: daphne answers 503 or 1013.
+        # reactor thread while the broker is away, or refused, or behind sends
+        # to its queue parked before it; and a socket's frame for a full
+        # shard, which may be enforce_ordering's requeue from a worker that is
+        # the shard's only reader (Channels does not retry it). A queue without
+        # order holds at most SHORT_LINE of them: then ChannelFull, and daphne
+        # answers 503 or 1013.
         reactor = on_reactor_thread()
         shard = naming.is_shard_queue(queue)
         parked = self.parked_sends
-        if (reactor or shard) and (
-            parked.waiting(queue) or (reactor and self.engine.broker_away())
-        ):
+        most = None if shard else SHORT_LINE
+        if reactor and self.engine.broker_away():
             parked.park(channel, queue, body, properties)
+            return
+        if (reactor or shard) and parked.waiting(queue):
+            parked.park(channel, queue, body, properties, most=most)
             return
         outcome = self.engine.publish(
             "",
@@ -106,14 +109,8 @@ class Sender(object):
         )
         if outcome == PARKED:  # on its way when the broker went: it may have arrived
             parked.park(channel, queue, body, properties, marked=True)
-        elif outcome == NACKED and shard:  # full, or between leaders: it waits for room
-            parked.park(channel, queue, body, properties)
-        elif outcome == NACKED and reactor:  # no second round trip to ask why
-            self._stats.count_full(channel)
-            raise ChannelFull(
-                "channel %s refused the message: it is full, or its queue cannot take "
-                "messages now; try again later" % channel
-            )
+        elif outcome == NACKED and (reactor or shard):  # full, or between leaders
+            parked.park(channel, queue, body, properties, most=most)
         else:
             self.finish_send(channel, queue, body, properties, outcome)
 

@@ -41,7 +41,7 @@ FULL_ON_THE_REACTOR = textwrap.dedent("""
     layer = AMQPChannelLayer(url=url, management_url=management_url or None, prefix=prefix,
                              capacity=10, queue_type=queue_type, operation_timeout=10,
                              ordered_channels=["storm.frames"])
-    layer.sender.parked_sends.messages_limit = 10
+    layer.sender.parked_sends.messages_limit = 20
     results = {"sends": []}
 
     def timed_send(channel, message):
@@ -65,7 +65,7 @@ FULL_ON_THE_REACTOR = textwrap.dedent("""
 
     def start():
         results["on_reactor_thread"] = on_reactor_thread()
-        results["sends"] = [timed_send("storm.full", {"n": n}) for n in range(20)]
+        results["sends"] = [timed_send("storm.full", {"n": n}) for n in range(25)]
         socket = {"reply_channel": "daphne.response.a!c"}
         results["frames"] = [
             timed_send("storm.frames", dict(socket, n=n, order=n)) for n in range(30)
@@ -97,26 +97,27 @@ PROMPT = 1.0
 @pytest.mark.slow
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 def test_a_full_channel_refuses_the_reactor_and_a_full_shard_parks_its_frames(broker, queue_type):
-    """The reactor never waits. A send into a full channel is ``ChannelFull``
-    at once (daphne answers 503: a storm's backpressure); a socket's frames
-    into a full shard wait for room, in order, and ``ChannelFull`` comes
-    only when the parked sends fill their bound."""
+    """The reactor never waits. Sends into a full channel wait for room, 10
+    at most (``parked_sends.SHORT_LINE``), then ``ChannelFull`` at once
+    (daphne answers 503: a storm's backpressure); a socket's frames into a
+    full shard wait for room, in order, and ``ChannelFull`` comes only when
+    the parked sends fill their bound."""
     results = run_child(FULL_ON_THE_REACTOR, broker, queue_type)
     assert results["on_reactor_thread"] is True
     # 10 fill the channel (a quorum queue's x-max-length is capacity - 1, and
-    # it admits one past it), the rest are refused.
-    assert [outcome for outcome, _ in results["sends"]] == ["sent"] * 10 + ["full"] * 10
+    # it admits one past it), 10 are parked, the rest are refused.
+    assert [outcome for outcome, _ in results["sends"]] == ["sent"] * 20 + ["full"] * 5
     # 10 fill the shard, 10 are parked, and the bound refuses the rest.
     frames = [outcome for outcome, _ in results["frames"]]
     assert frames == ["sent"] * 20 + ["full"] * 10, results
     every = results["sends"] + results["frames"]
     assert max(seconds for _, seconds in every) < PROMPT, results
-    assert results["parked"] == 10
+    assert results["parked"] == 20
     assert results["received"] == {
-        "storm.full": list(range(10)),
+        "storm.full": list(range(20)),
         "storm.frames": list(range(20)),
     }, results
-    assert (results["parked_after"], results["delivered"]) == (0, 10)
+    assert (results["parked_after"], results["delivered"]) == (0, 20)
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ ROOM_PATIENCE = 2.0
 # that group do not wait again: a member nobody reads (a dead daphne's queue,
 # until it expires) must not cost every send ROOM_PATIENCE.
 GAVE_UP_FOR = 10.0
+GAVE_UP_REMEMBERED = 10000  # groups whose give-up is remembered (then forgotten at once)
 # Deletes a flush sends as one run, waited for within operation_timeout.
 FLUSH_RUN = 100
 # Seconds after which group_add declares a member exchange again at most.
@@ -526,6 +527,8 @@ class Groups(object):
                     min(ROOM_PATIENCE, self._sender.operation_timeout) if waits else 0
                 )
             if now + pause > deadline:
+                if len(self._gave_up) >= GAVE_UP_REMEMBERED:
+                    self._gave_up.clear()  # a forgotten give-up costs one more wait
                 self._gave_up[group] = now
                 self._stats.count_group_send_dropped()
                 logger.warning("send_group %s: a member's queue is full: dropped for it", group)

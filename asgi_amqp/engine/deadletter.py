@@ -144,7 +144,10 @@ class DeadLetterWorker(object):
                 self.ready.clear()
                 self._attempt += 1
                 delay = min(self._max_backoff, 0.1 * 2 ** min(self._attempt, 10))
-                logger.warning(
+                # The first failure of a run at WARNING, the retries at DEBUG: a
+                # process waiting for its broker would log one every few seconds.
+                logger.log(
+                    logging.WARNING if self._attempt == 1 else logging.DEBUG,
                     "dead-letter worker: %s (%s); retrying in %.1f s",
                     _describe_error(exc),
                     describe_parameters(parameters),

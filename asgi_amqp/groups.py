@@ -48,6 +48,7 @@ from .engine import ACKED, NACKED, RETURNED, Engine, InFlight, PublishRequest, S
 from .errors import BrokerBlocked, BrokerOperationError, ChannelFull
 from .local_groups import LocalGroups
 from .management import ManagementClient
+from .parked_sends import FIRST_PAUSE, LONGEST_PAUSE
 from .sending import Sender
 from .serialization import Message
 from .statistics import Counters
@@ -69,6 +70,26 @@ GAVE_UP_REMEMBERED = 10000  # groups whose give-up is remembered (then forgotten
 FLUSH_RUN = 100
 # Seconds after which group_add declares a member exchange again at most.
 REMADE_AFTER = 600.0
+
+
+class RoomWait(object):
+    """A caller's wait for room in a full queue: pauses of 10 ms doubling to
+    250 ms (those of parked sends), ``ROOM_PATIENCE`` seconds at most within
+    ``operation_timeout``; none on daphne's reactor thread, or unless ``waits``."""
+
+    def __init__(self, operation_timeout: float, waits: bool = True) -> None:
+        patience = min(ROOM_PATIENCE, operation_timeout)
+        waits = waits and not on_reactor_thread()
+        self._deadline = time.monotonic() + (patience if waits else 0.0)
+        self._pause = FIRST_PAUSE
+
+    def pause(self) -> bool:
+        """Sleep the next pause and say True, or say False: the wait is over."""
+        if time.monotonic() + self._pause > self._deadline:
+            return False
+        time.sleep(self._pause)  # a runworker's thread, never the reactor's
+        self._pause = min(2 * self._pause, LONGEST_PAUSE)
+        return True
 
 
 def _remember(table: Dict[Tuple[str, str], int], key: Tuple[str, str], stamp: int) -> None:
@@ -409,18 +430,15 @@ class Groups(object):
         of the membership. On daphne's reactor thread, which must never
         wait, at once."""
         _, queue, _, properties, _, what = self._notice_message(kind, group, channel, stamp)
-        deadline = time.monotonic() + min(ROOM_PATIENCE, self._sender.operation_timeout)
-        pause = 0.01
+        room = RoomWait(self._sender.operation_timeout)
         while True:
             outcome = self._publish(queue, properties, what)
             try:
                 self._sender.finish_send(channel, queue, b"", properties, outcome)
                 return
             except ChannelFull:
-                if on_reactor_thread() or time.monotonic() + pause > deadline:
+                if not room.pause():
                     raise
-            time.sleep(pause)  # a runworker's thread, never the reactor's
-            pause = min(2 * pause, 0.25)
 
     def group_discard(self, group: str, channel: str) -> None:
         check_group_name(group)
@@ -493,8 +511,7 @@ class Groups(object):
         # The group tells a process which of its members to copy it to.
         properties = self._sender.properties({naming.GROUP_HEADER: group})
         what = "send to group %s" % group
-        deadline: Optional[float] = None
-        pause = 0.01
+        room: Optional[RoomWait] = None
         marked = False
         while True:
             try:
@@ -516,25 +533,20 @@ class Groups(object):
                 self._stats.count_group_send_dropped()
                 logger.warning("send_group %s: message dropped: %s", group, exc)
                 return
-            now = time.monotonic()
             if outcome != NACKED:
                 self._gave_up.pop(group, None)
                 return
-            if deadline is None:
+            if room is None:
                 gave_up = self._gave_up.get(group)
-                waits = not on_reactor_thread() and (gave_up is None or now - gave_up > GAVE_UP_FOR)
-                deadline = now + (
-                    min(ROOM_PATIENCE, self._sender.operation_timeout) if waits else 0
-                )
-            if now + pause > deadline:
+                waits = gave_up is None or time.monotonic() - gave_up > GAVE_UP_FOR
+                room = RoomWait(self._sender.operation_timeout, waits)
+            if not room.pause():
                 if len(self._gave_up) >= GAVE_UP_REMEMBERED:
                     self._gave_up.clear()  # a forgotten give-up costs one more wait
-                self._gave_up[group] = now
+                self._gave_up[group] = time.monotonic()
                 self._stats.count_group_send_dropped()
                 logger.warning("send_group %s: a member's queue is full: dropped for it", group)
                 return
-            time.sleep(pause)  # a runworker's thread, never the reactor's
-            pause = min(2 * pause, 0.25)
             marked = True
 
     def flush(self) -> None:

@@ -48,13 +48,13 @@ from .errors import BrokerUnreachable, ChannelFull, LayerClosed
 logger = logging.getLogger(__name__)
 
 # At most this many sends parked at a time, of at most this many bytes in all.
+MESSAGES = 10000
+BYTES = 64 * 1024 * 1024
 # Sends of one queue whose messages have no order (a connect, an HTTP
 # request) that may wait for room: a refusal from a quorum queue between
 # leaders passes, and a storm meets ChannelFull (daphne: 503) after these
 # instead of queueing its connects for workers to run after the client left.
 SHORT_LINE = 10
-MESSAGES = 10000
-BYTES = 64 * 1024 * 1024
 # The pause before a refused send is tried again: doubled up to the longest.
 FIRST_PAUSE = 0.01
 LONGEST_PAUSE = 0.25

@@ -79,7 +79,8 @@ class Sender(object):
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
         # A socket's frames outlive a restart: a frame lost from a classic
         # queue would stall its socket under Channels' enforce_ordering.
-        properties = self.properties(headers, persistent=naming.is_shard_queue(queue))
+        shard = naming.is_shard_queue(queue)
+        properties = self.properties(headers, persistent=shard)
         # Parked instead of waiting (``parked_sends``): a send of daphne's
         # reactor thread while the broker is away, or refused, or behind sends
         # to its queue parked before it; and a socket's frame for a full
@@ -88,7 +89,6 @@ class Sender(object):
         # order holds at most SHORT_LINE of them: then ChannelFull, and daphne
         # answers 503 or 1013.
         reactor = on_reactor_thread()
-        shard = naming.is_shard_queue(queue)
         parked = self.parked_sends
         most = None if shard else SHORT_LINE
         if reactor and self.engine.broker_away():

@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pika
 
 from . import engine, naming
+from .callers import Caller
 from .channel_names import check_channel_name, check_group_name, is_process_local
 from .engine import ACKED, NACKED, RETURNED, Engine, InFlight, PublishRequest, Step
 from .errors import BrokerBlocked, BrokerOperationError, ChannelFull
@@ -52,7 +53,6 @@ from .parked_sends import FIRST_PAUSE, LONGEST_PAUSE
 from .sending import Sender
 from .serialization import Message
 from .statistics import Counters
-from .twisted_support import on_reactor_thread
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +77,9 @@ class RoomWait(object):
     250 ms (those of parked sends), ``ROOM_PATIENCE`` seconds at most within
     ``operation_timeout``; none on daphne's reactor thread, or unless ``waits``."""
 
-    def __init__(self, operation_timeout: float, waits: bool = True) -> None:
+    def __init__(self, operation_timeout: float, caller: Caller, waits: bool = True) -> None:
         patience = min(ROOM_PATIENCE, operation_timeout)
-        waits = waits and not on_reactor_thread()
+        waits = waits and caller is not Caller.REACTOR
         self._deadline = time.monotonic() + (patience if waits else 0.0)
         self._pause = FIRST_PAUSE
 
@@ -430,7 +430,7 @@ class Groups(object):
         of the membership. On daphne's reactor thread, which must never
         wait, at once."""
         _, queue, _, properties, _, what = self._notice_message(kind, group, channel, stamp)
-        room = RoomWait(self._sender.operation_timeout)
+        room = RoomWait(self._sender.operation_timeout, self._sender.caller())
         while True:
             outcome = self._publish(queue, properties, what)
             try:
@@ -539,7 +539,7 @@ class Groups(object):
             if room is None:
                 gave_up = self._gave_up.get(group)
                 waits = gave_up is None or time.monotonic() - gave_up > GAVE_UP_FOR
-                room = RoomWait(self._sender.operation_timeout, waits)
+                room = RoomWait(self._sender.operation_timeout, self._sender.caller(), waits)
             if not room.pause():
                 if len(self._gave_up) >= GAVE_UP_REMEMBERED:
                     self._gave_up.clear()  # a forgotten give-up costs one more wait

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from asgiref.base_layer import BaseChannelLayer
 
 from . import engine, naming, statistics, twisted_support
+from .callers import Callers
 from .channel_names import MAX_NAME_LENGTH, check_channel_name, check_group_name
 from .engine import Engine
 from .errors import ChannelFull, MessageTooLarge
@@ -219,6 +220,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         # The management API's client, made on first use (callers' threads:
         # two first calls at once may each make one; the last made is kept).
         self._management: Optional[ManagementClient] = None
+        # Each calling thread's kind, which says what its calls may wait for
+        # (``callers``; every caller's thread, its own entry).
+        self._callers = Callers()
         self._engine = Engine(
             self._parameters,
             self.topology,
@@ -229,8 +233,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             ),
             dead_letter_worker=dead_letter_worker,
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
-            # daphne's reactor thread never waits for a resource alarm to clear.
-            never_waits=twisted_support.on_reactor_thread,
+            caller=self._callers.kind,
         )
         # ChannelFull, undecodable and dropped group messages, counted by the
         # parts, read by the statistics (thread-safe, under its lock).
@@ -247,6 +250,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             operation_timeout,
             self.get_capacity,
             persistent,
+            self._callers.kind,
         )
         # Receives (callers' threads).
         self.receiver = Receiver(
@@ -348,6 +352,11 @@ class AMQPChannelLayer(BaseChannelLayer):
     def receive(
         self, channels: Iterable[str], block: bool = False
     ) -> Tuple[Optional[str], Optional[Message]]:
+        """ASGI's ``receive``. A thread that makes a blocking receive is a
+        worker thread from then on: its other calls wait through an outage
+        until the broker is back, as a Channels runworker needs (``callers``)."""
+        if block:
+            self._callers.receives_blocking()
         return self.receiver.receive(channels, block)
 
     def receive_twisted(self, channels: Iterable[str]) -> Any:

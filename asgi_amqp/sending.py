@@ -26,13 +26,13 @@ from typing import Any, Callable, Dict, Optional
 import pika
 
 from . import engine, naming
+from .callers import Caller
 from .channel_names import check_channel_name, is_process_local
 from .engine import ACKED, NACKED, PARKED, Engine, Step
 from .errors import BrokerOperationError, ChannelFull, MessageRefused
 from .parked_sends import SHORT_LINE, ParkedSends
 from .serialization import Message, Serializer
 from .statistics import Counters
-from .twisted_support import on_reactor_thread
 
 
 class Sender(object):
@@ -40,7 +40,7 @@ class Sender(object):
 
     Made by ``AMQPChannelLayer`` with what it needs; used from callers'
     threads only, several at once, daphne's reactor thread among them
-    (which never waits for an alarm or a refused send: ``on_reactor_thread``).
+    (which never waits for an alarm or a refused send: ``callers``).
     """
 
     def __init__(
@@ -52,6 +52,7 @@ class Sender(object):
         operation_timeout: float,
         get_capacity: Callable[[str], int],
         persistent: bool,
+        caller: Callable[[], Caller],
     ) -> None:
         # The layer's engine: publishes and declares.
         self.engine = engine
@@ -63,6 +64,8 @@ class Sender(object):
         # the layer's ``operation_timeout`` (callers' threads; set there only).
         self.operation_timeout = operation_timeout
         self._delivery_mode = 2 if persistent else 1
+        # The calling thread's kind, which says what it may wait for (``callers``).
+        self.caller = caller
         # Message ids (callers' threads): a random token per process and a
         # counter, whose next() is atomic; a forked child makes its own token.
         self._id_token = secrets.token_hex(8)
@@ -88,7 +91,7 @@ class Sender(object):
         # the shard's only reader (Channels does not retry it). A queue without
         # order holds at most SHORT_LINE of them: then ChannelFull, and daphne
         # answers 503 or 1013.
-        reactor = on_reactor_thread()
+        reactor = self.caller() is Caller.REACTOR
         parked = self.parked_sends
         most = None if shard else SHORT_LINE
         if reactor and self.engine.broker_away():
@@ -131,7 +134,7 @@ class Sender(object):
             return  # the usual case: nothing to build, no thread to ask about
         what = "send to %s" % channel
         attempts = SendAttempts(
-            channel, queue, self.operation_timeout, patient=not on_reactor_thread()
+            channel, queue, self.operation_timeout, patient=self.caller() is not Caller.REACTOR
         )
         marked = False
         while outcome != ACKED:

@@ -25,7 +25,6 @@ Twisted is optional: without it the extension is not listed.
 """
 
 import collections.abc
-import sys
 from typing import TYPE_CHECKING, Iterable, Optional, Tuple, TypeVar
 
 try:
@@ -45,14 +44,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 AVAILABLE = threads is not None
-
-
-def on_reactor_thread() -> bool:
-    """Whether the caller runs on a Twisted reactor's own thread (daphne's),
-    which must never block: every connection of that process waits with it.
-    Twisted is not imported for this; a process without it has no reactor."""
-    threadable = sys.modules.get("twisted.python.threadable")
-    return threadable is not None and bool(threadable.isInIOThread())
 
 
 def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> "Deferred[Received]":

@@ -107,7 +107,7 @@ def at_moment(start, moment, late=None, sleep=time.sleep):
 
 def as_reactor_thread(function, timeout=60):
     """``function()``'s result, run on a new thread that Twisted (and so the
-    layer's ``on_reactor_thread``) takes for the reactor's own thread.
+    layer's ``callers.on_reactor_thread``) takes for the reactor's own thread.
 
     A reactor cannot run twice in one process (``test_twisted`` runs it in
     child interpreters); marking a thread is enough for what the layer asks.

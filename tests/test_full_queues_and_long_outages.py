@@ -35,7 +35,7 @@ FULL_ON_THE_REACTOR = textwrap.dedent("""
     import json, sys, time
     from twisted.internet import reactor, threads
     from asgi_amqp import AMQPChannelLayer
-    from asgi_amqp.twisted_support import on_reactor_thread
+    from asgi_amqp.callers import on_reactor_thread
 
     url, management_url, prefix, queue_type = sys.argv[1:5]
     layer = AMQPChannelLayer(url=url, management_url=management_url or None, prefix=prefix,

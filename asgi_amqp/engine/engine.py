@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pika
 
+from ..callers import Caller
 from ..errors import (
     BrokerBlocked,
     BrokerOperationError,
@@ -30,7 +31,7 @@ from .deliveries import Delivery, ForgetQueues, HandedOff
 from .futures import OnDone, Pending
 from .getter.waves import Poll
 from .io import IOThread
-from .outages import PARKED, OutageNotice, WorkerThread, unreachable, wait_while_reachable
+from .outages import PARKED, OutageNotice, unreachable, wait_while_reachable
 from .publisher import Publish
 from .work import Pause, Queues, Work
 
@@ -75,7 +76,7 @@ class Engine(object):
         first_connect_timeout: float = 0.0,
         dead_letter_worker: bool = True,
         bindings_to: Optional[Callable[[str], List[Dict[str, Any]]]] = None,
-        never_waits: Callable[[], bool] = lambda: False,
+        caller: Callable[[], Caller] = lambda: Caller.PLAIN,
     ) -> None:
         self._parameters = list(parameters)
         # The management API's bindings to an exchange, for the dead-letter
@@ -84,11 +85,10 @@ class Engine(object):
         # The layer's ``naming.Topology``: the dead-letter worker's names, and
         # ``explain_mismatch`` for a declare the broker refused (``declare``).
         self._topology = topology
-        # Whether the calling thread must never wait for a resource alarm to
-        # clear, nor through an outage (daphne's reactor thread:
-        # ``twisted_support.on_reactor_thread``); asked on callers' threads by
-        # ``publish`` once an alarm blocks it, and by ``_submit_and_wait``.
-        self._never_waits = never_waits
+        # The calling thread's kind (``callers``), which says how long it may
+        # wait; asked on callers' threads by ``publish`` once an alarm blocks
+        # it, and by ``_submit_and_wait``.
+        self._caller = caller
         self.operation_timeout = operation_timeout
         # Seconds a process waits for its first connection (io.thread says how).
         self._first_connect_timeout = first_connect_timeout
@@ -103,8 +103,6 @@ class Engine(object):
         self._closed = False
         self._receivers: Dict[int, float] = {}  # thread -> its last blocking receive
         self._receivers_pruned = 0.0
-        # Per calling thread: whether it has made a blocking receive (_ride_out).
-        self._worker_thread = WorkerThread()
         self._outage_notice = OutageNotice()  # any caller thread; a lock inside
 
     # -- lifecycle ------------------------------------------------------------
@@ -226,7 +224,7 @@ class Engine(object):
         of it (Channels 1.x retries a full channel for 2 s in
         ``send_and_flush``, then raises). daphne's reactor thread must not
         wait (every connection of daphne would freeze): there
-        (``never_waits``) ``BrokerBlocked`` is raised at once, and daphne
+        (``Caller.REACTOR``) ``BrokerBlocked`` is raised at once, and daphne
         answers 503 or closes the socket with 1013, "try again later".
         ``marked``: sent as a possible copy (its reader drops it if it has
         the original).
@@ -245,7 +243,7 @@ class Engine(object):
                     return self._publish_or_park(publish)
                 return self._submit_and_wait(publish)
             except BrokerBlocked:
-                if self._never_waits():
+                if self._caller() is Caller.REACTOR:
                     raise
                 if deadline is None:
                     deadline = time.monotonic() + alarm_wait
@@ -361,10 +359,7 @@ class Engine(object):
         end the runworker that the layer is reconnecting for. An outage
         longer than ``operation_timeout`` is logged once, at WARNING; so is
         the wait for a first connection, at once.
-
-        The calling thread becomes a worker thread (see ``_ride_out``).
         """
-        self._worker_thread.marked = True
         deadline = time.monotonic() + receive_timeout
         pending = Pending("blocking receive")
         io = self._running_io()
@@ -423,10 +418,11 @@ class Engine(object):
         io.submit(work)
         pending = work.pending
         timeout = self.operation_timeout
-        if self._worker_thread.marked:
+        caller = self._caller()
+        if caller is Caller.WORKER:
             self._ride_out(io, pending)
             timeout = 0.0  # it has waited already: the result, or the error now
-        elif self._never_waits():  # daphne's reactor thread: not through an outage
+        elif caller is Caller.REACTOR:  # not through an outage
             if not wait_while_reachable(io, pending, timeout) and io.outage() and pending.abandon():
                 raise unreachable(io, pending.description, "it was not done")
             timeout = 0.0

@@ -1,19 +1,15 @@
 """What callers do while the broker is away.
 
 A blocking receive returns nothing through an outage, however long, and a
-worker thread (one that has made a blocking receive: a Channels
-runworker's) waits an outage out in its other calls too, because Channels
-catches nothing around them (``Engine.wait`` and ``Engine._ride_out``).
-Both say so once per outage, at WARNING, whatever the number of calls
-that meet it. State: ``WorkerThread`` is per calling thread;
-``OutageNotice`` is shared by every caller thread, under its lock.
+worker thread (``callers.Caller.WORKER``) waits an outage out in its other
+calls too (``Engine.wait`` and ``Engine._ride_out``). Both say so once per
+outage, at WARNING, whatever the number of calls that meet it
+(``OutageNotice``, shared by every caller thread, under its lock).
 
-daphne's reactor thread is the opposite: it never waits for the broker
-beyond one round trip, since every connection of daphne waits with it
-(``Engine.publish`` and ``Engine._submit_and_wait``). ``wait_while_reachable``
-is its wait: it ends as soon as the broker is away. A send it makes then
-is parked by the layer (``parked_sends``); anything else raises
-``BrokerUnreachable``.
+daphne's reactor thread (``Caller.REACTOR``) is the opposite: it never
+waits for the broker beyond one round trip. ``wait_while_reachable`` is its
+wait: it ends as soon as the broker is away. A send it makes then is parked
+by the layer (``parked_sends``); anything else raises ``BrokerUnreachable``.
 """
 
 import logging
@@ -26,12 +22,6 @@ from .futures import Pending
 from .io import IOThread
 
 logger = logging.getLogger(__name__)
-
-
-class WorkerThread(threading.local):
-    """``marked``: this thread has made a blocking receive (``Engine._ride_out``)."""
-
-    marked = False
 
 
 class OutageNotice(object):

@@ -7,9 +7,11 @@
   ``ChannelFull`` at once, and any other call in an outage
   ``BrokerUnreachable``.
 - ``Caller.WORKER``, a thread that has made a blocking receive (a Channels
-  runworker's): Channels 1.x catches nothing around a worker's sends, so
-  its calls wait through an outage until the broker is back
-  (``Engine._ride_out``). ``AMQPChannelLayer.receive`` says so.
+  runworker's): Channels 1.x catches nothing around a worker's sends, and
+  its ``enforce_ordering`` empties a socket's wait channel with a
+  non-blocking receive, so a worker's calls but its blocking receives wait
+  through an outage until the broker is back (``Engine._ride_out``).
+  ``AMQPChannelLayer.receive`` says so.
 - ``Caller.PLAIN``, any other thread: it waits up to ``operation_timeout``,
   then raises an error that names the cause.
 """

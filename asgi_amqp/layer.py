@@ -353,8 +353,9 @@ class AMQPChannelLayer(BaseChannelLayer):
         self, channels: Iterable[str], block: bool = False
     ) -> Tuple[Optional[str], Optional[Message]]:
         """ASGI's ``receive``. A thread that makes a blocking receive is a
-        worker thread from then on: its other calls wait through an outage
-        until the broker is back, as a Channels runworker needs (``callers``)."""
+        worker thread from then on: its other calls, non-blocking receives
+        included, wait through an outage until the broker is back, as a
+        Channels runworker needs (``callers``)."""
         if block:
             self._callers.receives_blocking()
         return self.receiver.receive(channels, block)

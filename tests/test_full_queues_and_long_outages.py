@@ -200,6 +200,45 @@ def test_a_worker_thread_rides_out_an_outage_longer_than_operation_timeout(node,
 
 @pytest.mark.faults
 @pytest.mark.slow
+def test_a_worker_threads_poll_waits_through_an_outage(node, new_layer):
+    """Channels' enforce_ordering moves a socket's early frames back from its
+    wait channel with a worker's non-blocking receive: one that answered
+    nothing in an outage left a frame there, and the socket stalled for good."""
+    layer = new_layer(node, expiry=60, operation_timeout=1.5, receive_timeout=0.5, persistent=True)
+    outcome = {}
+    go, done = threading.Event(), threading.Event()
+
+    def worker():
+        outcome["received"] = layer.receive(["poll.in"], block=True)
+        go.wait(30)
+        outcome["polled"] = layer.receive(["poll.wait"])
+        done.set()
+
+    layer.send("poll.in", {"job": 1})
+    layer.send("poll.wait", {"frame": 1})  # persistent: it outlives the restart
+    thread = threading.Thread(target=worker, name="poll-worker", daemon=True)
+    thread.start()
+    wait_until(lambda: "received" in outcome, 10, message="the worker's receive")
+    node.stop_app()
+    try:
+        wait_until(
+            lambda: not layer.connection_statistics()["connected"], 10, message="the loss seen"
+        )
+        go.set()
+        # Any other thread's poll answers nothing at once.
+        started = time.monotonic()
+        assert layer.receive(["poll.wait"]) == (None, None)
+        assert time.monotonic() - started < 1.0
+        assert not done.wait(3.0), outcome
+    finally:
+        node.start_app()
+    assert done.wait(60), "the worker's poll did not end after the broker came back"
+    assert outcome["polled"] == ("poll.wait", {"frame": 1})
+    thread.join(10)
+
+
+@pytest.mark.faults
+@pytest.mark.slow
 def test_the_reactor_thread_parks_its_sends_through_an_outage(node, new_layer):
     """Before, each of these sends froze the reactor for operation_timeout and
     then raised OperationTimeout out of daphne's onMessage, which resets the

@@ -327,15 +327,19 @@ class Engine(object):
 
         While the broker is unreachable there is nothing to get: None at
         once, without waiting for the connection to come back (a poll made
-        on daphne's reactor thread must not wait for a reconnect). Before
-        the first connection the poll waits only while no attempt has
-        failed: a broker that is not up yet has nothing to get either.
+        on daphne's reactor thread must not wait for a reconnect), but for
+        a worker thread, which waits for it (``_ride_out``). Before the
+        first connection the poll waits only while no attempt has failed:
+        a broker that is not up yet has nothing to get either.
         """
         io = self._running_io()
-        if io.outage():
+        # Channels' enforce_ordering empties a socket's wait channel with a
+        # worker's poll: a frame it missed in an outage stalls that socket.
+        worker = self._caller() is Caller.WORKER
+        if io.outage() and not worker:
             return None
         poll = Poll(Pending("receive"), queues)
-        if io.connected:
+        if io.connected or worker:
             return self._submit_and_wait(poll)
         io.submit(poll)
         pending = poll.pending

@@ -309,8 +309,9 @@ def test_a_dead_workers_sockets_move_to_the_others_in_order(broker, new_layer, q
 def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, queue_type):
     """The broker closes every connection twice while two workers handle a
     steady stream of frames: each socket's frames still run in order, one at
-    a time, none lost (``consumers.pool.SHARD_GRACE``); with quorum queues
-    a frame may come one place late after a close (docs/topology.rst)."""
+    a time, none lost, and each worker takes back the sockets it served
+    (``consumers.pool.SHARD_GRACE``); with quorum queues a frame may come
+    one place late after a close (docs/topology.rst)."""
     sender = make_layer(node, queue_type=queue_type, receive_timeout=0.2)
     log = collections.defaultdict(list)
     workers = _two_workers(node, sender, queue_type, log, work=0.005)
@@ -343,7 +344,25 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
     # A quorum queue may return a lost consumer's frames behind the next one.
     swaps_from = closed[0] if queue_type == "quorum" else None
     copies = _check_order(log, frames, copies_allowed=True, swaps_from=swaps_from)
-    print("\n%s: %d of %d frames came twice" % (queue_type, copies, sockets * frames))
+    # Each worker took back the sockets it served: a frame it counted done may
+    # still have had replies waiting for its new connection.
+    moved = [
+        (socket, when)
+        for when in closed
+        for socket, entries in log.items()
+        if _worker_at(entries, when) != _worker_at(entries, when, after=True)
+    ]
+    print(
+        "\n%s: %d of %d frames came twice; sockets moved by a close: %s"
+        % (queue_type, copies, sockets * frames, moved)
+    )
+    assert not moved
+
+
+def _worker_at(entries, when, after=False):
+    """The worker that took a socket's last frame before ``when``, or its first after."""
+    taken = [entry for entry in sorted(entries) if (entry[0] > when) == after]
+    return taken[0 if after else -1][2] if taken else None
 
 
 def test_statistics_top_and_flush_take_the_shards_for_the_channel(broker, new_layer):

@@ -17,7 +17,7 @@ marked copy (see ``publisher``). ``io.thread.IOThread`` does that hand-on.
 A session and its parts are the I/O thread's alone.
 """
 
-from typing import Optional, Protocol, Tuple
+from typing import FrozenSet, Optional, Protocol, Tuple
 
 import pika
 
@@ -55,6 +55,7 @@ class Session(object):
         consumer_settings: ConsumerSettings,
         taken: Optional[TakenAcks] = None,
         resumed: bool = False,
+        reclaimed: FrozenSet[str] = frozenset(),
     ) -> None:
         self.connection = connection
         self.liveness = liveness
@@ -62,7 +63,15 @@ class Session(object):
         self.publisher = Publisher(publishing)
         self.declares = AdminChannels(connection)
         self.consumers = ConsumerPool(
-            connection, self.declares, liveness, handed_off, held, consumer_settings, taken, resumed
+            connection,
+            self.declares,
+            liveness,
+            handed_off,
+            held,
+            consumer_settings,
+            taken,
+            resumed,
+            reclaimed,
         )
         self.getter = Getter(connection, liveness, handed_off, self.consumers)
         self._parts: Tuple[Part, ...] = (

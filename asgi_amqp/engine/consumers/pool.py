@@ -55,6 +55,7 @@ from typing import (
     Callable,
     Deque,
     Dict,
+    FrozenSet,
     List,
     NamedTuple,
     Optional,
@@ -100,12 +101,13 @@ class ConsumerSettings(NamedTuple):
 # blocking receive.
 THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
-# After a lost connection, seconds before this process consumes an ordered
-# channel's shards again. A worker thread may still be handling a frame it
-# took on the lost connection, its replies waiting for the new one; every
-# process that lost its connection waits, so that whichever then takes that
-# socket's shard takes its next frame after that one's replies went out.
-SHARD_GRACE = 0.5
+# After a lost connection, seconds before this process consumes the shards it
+# did not serve before the loss; those it served it takes back at once. A
+# worker thread may still be handling a frame of such a shard, its replies
+# waiting for the new connection, and Channels' enforce_ordering counts the
+# frame done before those replies go: the socket's next frame must be run
+# here, after them, and not by another process that reconnected first.
+SHARD_GRACE = 1.0
 
 
 class Consumer(object):
@@ -193,10 +195,13 @@ class ConsumerPool(object):
         settings: ConsumerSettings,
         taken: Optional[TakenAcks] = None,
         resumed: bool = False,
+        reclaimed: FrozenSet[str] = frozenset(),
     ) -> None:
         self._connection = connection
-        # Shards are consumed from this monotonic time on (``SHARD_GRACE``).
+        # Shards are consumed from this monotonic time on (``SHARD_GRACE``),
+        # but for ``reclaimed``, those the lost connection served, at once.
         self._shards_from = time.monotonic() + SHARD_GRACE if resumed else 0.0
+        self._reclaimed = reclaimed
         self._shards_timer: Any = None
         # shard queue -> (its arguments, polled), until the grace ends
         self._postponed: Dict[str, Tuple[Any, bool]] = {}
@@ -259,6 +264,14 @@ class ConsumerPool(object):
     def consumers(self) -> List[Consumer]:
         """Every consumer, as a list (the caller may cancel some)."""
         return list(self._consumers.values())
+
+    def served_shards(self) -> FrozenSet[str]:
+        """The shards whose active consumer this process is (``SHARD_GRACE``)."""
+        return frozenset(
+            consumer.queue
+            for consumer in self._consumers.values()
+            if consumer.active and consumer.served and is_shard_queue(consumer.queue)
+        )
 
     def waited_for(self) -> Set[str]:
         """The queues a blocking receive waits on now."""
@@ -382,7 +395,11 @@ class ConsumerPool(object):
             return  # its node is down: keep waiting on the other queues
         if is_shard_queue(queue) and not self._balance.may_subscribe(queue):
             return  # this process serves its share of the channel's shards
-        if is_shard_queue(queue) and self._shards_from > time.monotonic():
+        if (
+            is_shard_queue(queue)
+            and self._shards_from > time.monotonic()
+            and queue not in self._reclaimed
+        ):
             self._postponed[queue] = (arguments, polled)
             self._consume_shards_later()
             return

@@ -54,7 +54,7 @@ import copy
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, Optional, Sequence, Set, Union
+from typing import Any, Callable, Deque, Dict, FrozenSet, Iterable, Optional, Sequence, Set, Union
 
 import pika
 import pika.connection
@@ -136,6 +136,9 @@ class IOThread(object):
         self._held = HeldMessages()  # shared with callers: see take_pushed
         self._taken = TakenAcks()  # what they took, until the acks go (consumers/acks.py)
         self._handed_off.held = self._held  # a copy of a held message is a copy too
+        # The shards the lost session served, which the next one takes back
+        # before the others (``consumers.pool.SHARD_GRACE``).
+        self._served_shards: FrozenSet[str] = frozenset()
         # Read by callers: when the connection was lost (None while connected
         # or before the first one) and why; and how often it was lost.
         self.connected = False
@@ -355,7 +358,9 @@ class IOThread(object):
             self._consumer_settings,
             self._taken,
             resumed=reconnected,
+            reclaimed=self._served_shards,
         )
+        self._served_shards = frozenset()
         waiting, self._waiting = self._waiting, collections.deque()
         for work in waiting:
             if work.pending.wanted:
@@ -463,6 +468,7 @@ class IOThread(object):
         why = describe_reason(reason)
         error = BrokerConnectionError("connection to %s lost: %s" % (where, why))
         if session is not None:
+            self._served_shards = session.consumers.served_shards()
             session.lose()
         self._drop(other)
         self._hand_on(dispatched)

@@ -1,294 +1,289 @@
-"""The files a layer call crosses, from the API to the wire.
+"""Every file of the package whose code runs during a layer call.
 
-``python -m devtools.callpath`` runs each call below once to warm up and
-once measured, against ``AMQP_URL`` (prefixes of its own, flushed at the
-end: only the shared objects a flush keeps stay), and prints for each the
-distinct files of ``asgi_amqp`` on its path, their count, and the stack
-lines they come from.
+``python -m devtools.callpath`` runs each call below after a warm-up, on
+``AMQP_URL`` or a broker of its own (``devtools.rabbitmq.provide_broker``):
+``send`` (to a channel whose queue exists), ``receive`` (blocking, of a
+message the consumer an earlier receive started has pushed: a worker's
+steady state), ``group_add`` (a new channel's first membership) and
+``expiry`` (the dead-letter worker ending a membership whose lease ran
+out, from the ``group_add``'s return until the group is gone).
 
-The path of a call is what is on the call stack when the call reaches the
-wire, not every module it uses (a foundation called and returned from, such
-as ``naming`` or ``serialization``, is not on it at that moment):
-
-* the caller's stack when it hands work to the I/O thread
-  (``engine.io.inbox.Inbox.put``, the one hand-over);
-* the I/O thread's stack at each pika channel method it calls for that work
-  (``basic_publish``, ``queue_declare``, ``exchange_bind``, ``basic_ack``...).
-
-Only the caller's thread and the layer's I/O thread are recorded: the
-dead-letter worker, or a second layer that sends a message for a receive
-to wait for, does other work meanwhile. A membership's expiry starts in the
-dead-letter worker instead: its path is that thread's stack, from the lease
-it consumed to the unbind (and the ack of the lease) on the wire.
-
-The calls:
-
-``send``
-    a send to a normal channel whose queue exists;
-``receive``
-    a blocking receive that waits on a consumer started by an earlier one
-    (the steady state of a worker): its wire end is the consumer's delivery,
-    which pika hands to the pool on the I/O thread, and that delivery's
-    ``basic_ack``; a second layer sends the message while it waits;
-``group_add``
-    a normal channel's membership, renewed within its lease stamp;
-``group_add new member``
-    a normal channel's first membership (its lease message is published);
-``group_add process-local``
-    the same for a process-local channel (a join notice is published too);
-``group_discard``
-    a normal channel leaving a group;
-``expiry``
-    a membership's lease ends and the dead-letter worker unbinds it.
+A profile function records, per thread, each ``asgi_amqp`` file in which a
+function is called, returns, resumes after a return or calls a builtin:
+``sys.setprofile`` on the caller's thread for the call, and
+``threading.setprofile`` before the layer starts its threads, which then
+carry it from their first line (it records only during a measure). A call
+ends once the caller returned (a send once its publish is confirmed) and
+every thread of the layer waits in its loop's pika poll again, with
+nothing handed to it. No file is left out, no function replaced. The I/O
+thread's own timers (the consumers' sweep and balance) are no call's: a
+call one fell into is measured again. The calls' layer runs no dead-letter
+worker (they do not involve it) and lingers long enough for the pushed
+message to wait for the receive.
 """
 
 import argparse
 import contextlib
+import functools
 import os
 import secrets
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from types import CodeType, FrameType
+from typing import Any, Callable, Container, Dict, Iterator, List, Optional, Sequence
 
-import pika.channel
+import pika
+import pika.exceptions
+from pika.adapters import select_connection
 
 import asgi_amqp
 from asgi_amqp import AMQPChannelLayer
 from asgi_amqp.engine import deadletter
-from asgi_amqp.engine.io import inbox
 from asgi_amqp.engine.io import thread as io_thread
+from devtools.rabbitmq import provide_broker
 
-ROOT = os.path.dirname(os.path.abspath(asgi_amqp.__file__))
-
-#: The pika channel methods that put something on the wire for a layer call.
-WIRE_METHODS = (
-    "basic_ack",
-    "basic_consume",
-    "basic_get",
-    "basic_nack",
-    "basic_publish",
-    "exchange_bind",
-    "exchange_declare",
-    "exchange_delete",
-    "exchange_unbind",
-    "queue_bind",
-    "queue_declare",
-    "queue_delete",
-    "queue_unbind",
-)
-IO_THREAD = io_thread.THREAD_NAME
-DEAD_LETTER_THREAD = deadletter.THREAD_NAME
-#: The most files a call may cross (the project's aim, asserted by its tests).
-MOST_FILES = 6
-#: How a stack line names the thread it was taken on (any other: the caller's).
-_KINDS = {IO_THREAD: "io", DEAD_LETTER_THREAD: "dead-letter worker"}
+ROOT = os.path.dirname(os.path.abspath(asgi_amqp.__file__)) + os.sep
+Call = Callable[[], Any]
+#: The layer's threads: what the walks call them, and the function each rests
+#: in (waiting in pika's poll).
+THREADS: Dict[str, str] = {io_thread.THREAD_NAME: "I/O thread", deadletter.THREAD_NAME: "worker"}
+LOOPS: Dict[str, CodeType] = {
+    io_thread.THREAD_NAME: io_thread.IOThread._loop.__code__,
+    deadletter.THREAD_NAME: deadletter.DeadLetterWorker._serve.__code__,
+}
+POLL = "poll"  # the name of every pika poller's wait
+# What runs call_later's callbacks: a timer's call is no call's (``measure_call``).
+TIMER = select_connection._Timer.process_timeouts.__code__  # type: ignore[attr-defined]
+ATTEMPTS = 5
+WAIT_SECONDS = 10.0
+EXPIRY_SECONDS = 30.0
 
 
 @dataclass
-class Path:
-    """What one measured call crossed: the stack lines, and their files in order."""
+class Walk:
+    """The package files a call ran, in the order each thread first ran them."""
 
     name: str
-    lines: List[str] = field(default_factory=list)
-    files: List[str] = field(default_factory=list)
+    threads: Dict[str, List[str]] = field(default_factory=dict)  # in order of first activity
+    timers: int = 0  # the layer's timers that ran meanwhile
+    attempts: int = 1
 
-    def add(self, where: str, stack: Sequence[traceback.FrameSummary]) -> None:
-        frames = [frame for frame in stack if _inside(frame.filename)]
-        if not frames:
-            return
-        line = "%s: %s" % (
-            where,
-            " > ".join("%s:%s" % (_relative(f.filename), f.name) for f in frames),
-        )
-        if line not in self.lines:
-            self.lines.append(line)
-        for frame in frames:
-            name = _relative(frame.filename)
-            if name not in self.files:
-                self.files.append(name)
+    @property
+    def files(self) -> List[str]:
+        """Every file once: the first thread's, then each next thread's new ones."""
+        found: List[str] = []
+        for files in self.threads.values():
+            found.extend(name for name in files if name not in found)
+        return found
+
+    def ran_on(self, name: str) -> List[str]:
+        return [thread for thread, files in self.threads.items() if name in files]
 
 
 class Recorder(object):
-    """Records the stacks of the threads it is told to watch, while a path is open.
-
-    Installed by ``tracing``; hooks run on any thread, and only the watched
-    ones (by ident) are recorded, under a lock.
-    """
+    """The profile function: records the watched threads into ``walk`` while it is set."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._path: Optional[Path] = None
-        self._threads: Set[int] = set()
+        self.walk: Optional[Walk] = None
+        self._watched: Dict[int, str] = {}  # thread ident -> its name in the walk
+        self._names: Dict[str, Optional[str]] = {}  # code file -> package file, or None
+
+    def profile(self, frame: FrameType, event: str, _arg: Any) -> None:
+        walk = self.walk
+        if walk is None:
+            return
+        thread = self._watched.get(threading.get_ident())
+        if thread is None:
+            return
+        inside = self._note(walk, thread, frame)
+        if event == "return" and frame.f_back is not None:  # the caller resumes
+            self._note(walk, thread, frame.f_back)
+        elif inside and event == "call" and frame.f_back and frame.f_back.f_code is TIMER:
+            walk.timers += 1
+
+    def _note(self, walk: Walk, thread: str, frame: FrameType) -> bool:
+        filename = frame.f_code.co_filename
+        if filename not in self._names:
+            path = os.path.abspath(filename)
+            self._names[filename] = path[len(ROOT) :] if path.startswith(ROOT) else None
+        name = self._names[filename]
+        if name is None:
+            return False
+        files = walk.threads.setdefault(thread, [])
+        if name not in files:
+            files.append(name)
+        return True
 
     @contextlib.contextmanager
-    def path(self, name: str, threads: Sequence[threading.Thread]) -> Iterator[Path]:
-        """Record ``threads`` (idents) into a new ``Path`` for the block's length."""
-        found = Path(name)
-        with self._lock:
-            self._path = found
-            self._threads = {t.ident for t in threads if t.ident is not None}
+    def recording(self, name: str, watched: Dict[int, str]) -> Iterator[Walk]:
+        self._watched, self.walk = watched, Walk(name)
         try:
-            yield found
+            yield self.walk
         finally:
-            with self._lock:
-                self._path = None
-                self._threads = set()
+            self.walk = None
 
-    def note(self, where: str) -> None:
-        """Record the current thread's stack if it is watched."""
-        with self._lock:
-            path = self._path
-            if path is None or threading.get_ident() not in self._threads:
-                return
-            stack = traceback.extract_stack()[:-2]  # less this hook and its wrapper
-            kind = _KINDS.get(threading.current_thread().name, "caller")
-            path.add("%s %s" % (kind, where), stack)
+    @contextlib.contextmanager
+    def starting_threads(self) -> Iterator[None]:
+        """The threads started in the block carry the profile function."""
+        threading.setprofile(self.profile)
+        try:
+            yield
+        finally:
+            threading.setprofile(None)
 
 
-@contextlib.contextmanager
-def tracing() -> Iterator[Recorder]:
-    """Hook ``Inbox.put`` and pika's channel methods; undone on exit."""
-    recorder = Recorder()
-    originals: Dict[str, Any] = {}
-    original_put = inbox.Inbox.put
-
-    def put(self: inbox.Inbox, works: Any) -> bool:
-        recorder.note("Inbox.put")
-        return original_put(self, works)
-
-    def hooked(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(self: pika.channel.Channel, *args: Any, **kwargs: Any) -> Any:
-            recorder.note(method)
-            return original(self, *args, **kwargs)
-
-        return call
-
-    inbox.Inbox.put = put  # type: ignore[method-assign]
-    for method in WIRE_METHODS:
-        originals[method] = getattr(pika.channel.Channel, method)
-        setattr(pika.channel.Channel, method, hooked(method, originals[method]))
-    try:
-        yield recorder
-    finally:
-        inbox.Inbox.put = original_put  # type: ignore[method-assign]
-        for method, original in originals.items():
-            setattr(pika.channel.Channel, method, original)
+def _watched(layer: AMQPChannelLayer, names: Container[str]) -> Dict[int, str]:
+    """The layer's threads among ``names``, by ident, with their names in the walks."""
+    return {t.ident: THREADS[t.name] for t in layer.threads() if t.ident and t.name in names}
 
 
-def _inside(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(ROOT + os.sep)
+def _at_rest(frame: Optional[FrameType], loop: CodeType) -> bool:
+    """Whether a thread waits in pika's poll, called from ``loop`` (no package frame between)."""
+    if frame is None or frame.f_code.co_name != POLL:
+        return False
+    if frame.f_code.co_filename != select_connection.__file__:
+        return False
+    while frame is not None and not os.path.abspath(frame.f_code.co_filename).startswith(ROOT):
+        frame = frame.f_back
+    return frame is not None and frame.f_code is loop
 
 
-def _relative(filename: str) -> str:
-    return os.path.relpath(os.path.abspath(filename), ROOT)
+def wait_at_rest(layer: AMQPChannelLayer) -> None:
+    """Wait until every thread of ``layer`` is at rest and nothing is handed to it."""
+    inbox = layer._engine._io._inbox  # type: ignore[union-attr]
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        handed = inbox._wakeup_sent  # read first: a rest seen after it follows the take
+        frames = sys._current_frames()
+        if not handed and all(
+            _at_rest(frames.get(t.ident or 0), LOOPS[t.name]) for t in layer.threads()
+        ):
+            return
+        time.sleep(0.001)
+    raise RuntimeError("the layer's threads did not come to rest in %.0f s" % WAIT_SECONDS)
 
 
-def _thread(layer: AMQPChannelLayer, name: str) -> threading.Thread:
-    for thread in layer.threads():
-        if thread.name == name:
-            return thread
-    raise RuntimeError("the layer runs no thread %r" % name)
+def measure_call(
+    recorder: Recorder, name: str, layer: AMQPChannelLayer, prepare: Callable[[int], Call]
+) -> Walk:
+    """One call's walk, taken again while a timer of the layer's own falls into it.
+
+    ``prepare(attempt)`` sets the call up, unmeasured, and returns it.
+    """
+    for attempt in range(ATTEMPTS):
+        call = prepare(attempt)
+        wait_at_rest(layer)
+        watched = _watched(layer, THREADS)
+        watched[threading.get_ident()] = "caller"
+        with recorder.recording(name, watched) as walk:
+            previous = sys.getprofile()
+            sys.setprofile(recorder.profile)
+            try:
+                call()
+            finally:
+                sys.setprofile(previous)
+            wait_at_rest(layer)
+        if not walk.timers:
+            walk.attempts = attempt + 1
+            return walk
+    raise RuntimeError("a timer fell into every one of %d %ss" % (ATTEMPTS, name))
 
 
-def measure(
-    url: str, management_url: Optional[str] = None, expiry_wait: float = 30.0
-) -> List[Path]:
-    """Every call's path (see the module docstring), on the broker at ``url``.
-
-    ``management_url`` (default: the layer's) is for the ``flush`` at the end."""
+def measure(url: str, management_url: Optional[str] = None) -> List[Walk]:
+    """The walks of ``send``, ``receive``, ``group_add`` and ``expiry`` on ``url``."""
     prefix = "callpath%s" % secrets.token_hex(3)
-    settings: Dict[str, Any] = dict(expiry=10, management_url=management_url)
-    layer = AMQPChannelLayer(url, prefix=prefix, group_expiry=60, **settings)
-    helper = AMQPChannelLayer(url, prefix=prefix, dead_letter_worker=False, **settings)
-    expiring = AMQPChannelLayer(url, prefix=prefix + "x", group_expiry=2, **settings)
-    paths: List[Path] = []
+    recorder = Recorder()
+    layer = AMQPChannelLayer(
+        url, prefix=prefix, management_url=management_url, dead_letter_worker=False, linger=30
+    )
+    expiring = AMQPChannelLayer(
+        url, prefix=prefix + "x", management_url=management_url, group_expiry=1
+    )
     try:
-        with tracing() as recorder:
-            layer.send("callpath.warm", {"n": 0})  # starts the threads
-            watched = [threading.current_thread(), _thread(layer, IO_THREAD)]
-
-            def measured(
-                name: str, call: Callable[[], Any], warm: Optional[Callable[[], Any]] = None
-            ) -> None:
-                (warm or call)()  # the shared objects, the queue, the consumer, the stamp
-                with recorder.path(name, watched) as path:
-                    call()
-                paths.append(path)
-
-            measured("send", lambda: layer.send("callpath.a", {"n": 1}))
-            measured("receive", lambda: _receive_while_sent(layer, helper, "callpath.r"))
-            measured("group_add", lambda: layer.group_add("callpath", "callpath.b"))
-            measured(
-                "group_add new member",
-                lambda: layer.group_add("callpath", "callpath.n2"),
-                warm=lambda: layer.group_add("callpath", "callpath.n1"),
+        with recorder.starting_threads():
+            layer.send("callpath.s", {"n": -1})  # starts the threads, declares the queue
+        send = functools.partial(layer.send, "callpath.s")
+        walks = [measure_call(recorder, "send", layer, lambda n: functools.partial(send, {"n": n}))]
+        layer.send("callpath.a", {"n": -1})
+        layer.receive(["callpath.a"], block=True)  # starts the consumer
+        walks.append(measure_call(recorder, "receive", layer, lambda n: _receive(layer, n)))
+        layer.group_add("callpath", "callpath.a")  # the shared objects
+        join = functools.partial(layer.group_add, "callpath")  # a new channel's first membership
+        walks.append(
+            measure_call(
+                recorder, "group_add", layer, lambda n: functools.partial(join, "g.%d" % n)
             )
-            measured("group_add process-local", lambda: layer.group_add("callpath", "callpath.c!x"))
-            measured("group_discard", lambda: layer.group_discard("callpath", "callpath.b"))
-            paths.append(_expiry(recorder, expiring, expiry_wait))
+        )
+        walks.append(_expiry(recorder, expiring, url))
     finally:
-        for each in (layer, helper, expiring):
+        for each in (layer, expiring):
             with contextlib.suppress(Exception):
                 each.flush()
             each.close()
-    return paths
+    return walks
 
 
-def _receive_while_sent(layer: AMQPChannelLayer, helper: AMQPChannelLayer, channel: str) -> None:
-    """A blocking receive on ``layer`` that waits until ``helper`` sends."""
-    sender = threading.Timer(0.3, lambda: helper.send(channel, {"n": 2}))
-    sender.start()
+def _receive(layer: AMQPChannelLayer, n: int) -> Call:
+    """A receive of a message sent before it, which the consumer has pushed."""
+    layer.send("callpath.a", {"n": n})
+    time.sleep(0.2)
+
+    def receive() -> None:
+        channel, message = layer.receive(["callpath.a"], block=True)
+        if channel != "callpath.a" or message != {"n": n}:
+            raise RuntimeError("the receive got %r, not the waiting message" % (message,))
+
+    return receive
+
+
+def _expiry(recorder: Recorder, layer: AMQPChannelLayer, url: str) -> Walk:
+    """From a membership's ``group_add`` until the worker removed it."""
+    with recorder.starting_threads():
+        layer.group_add("callpath", "callpath.e")
+    exchange = layer.topology.group_exchange("callpath")
+    with pika.BlockingConnection(pika.URLParameters(url)) as connection:
+        with recorder.recording("expiry", _watched(layer, [deadletter.THREAD_NAME])) as walk:
+            deadline = time.monotonic() + EXPIRY_SECONDS
+            while _exists(connection, exchange):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no membership ended in %.0f s" % EXPIRY_SECONDS)
+                time.sleep(0.05)
+            wait_at_rest(layer)
+    return walk
+
+
+def _exists(connection: pika.BlockingConnection, exchange: str) -> bool:
     try:
-        got, _message = layer.receive([channel], block=True)
-    finally:
-        sender.join()
-    if got != channel:
-        raise RuntimeError("the blocking receive got nothing from %s" % channel)
+        connection.channel().exchange_declare(exchange, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return False
+        raise
+    return True
 
 
-def _expiry(recorder: Recorder, layer: AMQPChannelLayer, wait: float) -> Path:
-    """The dead-letter worker's path for a lease that ends."""
-    layer.group_add("callpath", "callpath.e")
-    worker = _thread(layer, DEAD_LETTER_THREAD)
-    with recorder.path("expiry", [worker]) as path:
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not any(
-            "exchange_unbind" in line for line in path.lines
-        ):
-            time.sleep(0.05)
-        time.sleep(0.5)  # the lease's ack follows its unbind
-    if not path.lines:
-        raise RuntimeError("no lease ended within %.0f s" % wait)
-    return path
-
-
-def report(paths: Sequence[Path]) -> str:
-    """The paths as text: name, count and files, then the stack lines."""
+def report(walks: Sequence[Walk]) -> str:
+    """Each walk: its count, then each file with the threads that ran it."""
     out = []
-    for path in paths:
-        out.append("%s: %d files: %s" % (path.name, len(path.files), " > ".join(path.files)))
-        out.extend("    " + line for line in path.lines)
+    for walk in walks:
+        again = " (attempt %d: timers fell into the others)" % walk.attempts
+        out.append("%s: %d files%s" % (walk.name, len(walk.files), again * (walk.attempts > 1)))
+        for number, name in enumerate(walk.files, 1):
+            out.append("  %2d. %-28s %s" % (number, name, ", ".join(walk.ran_on(name))))
     return "\n".join(out)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=os.environ.get("AMQP_URL"), help="default: $AMQP_URL")
-    parser.add_argument(
-        "--management-url",
-        default=os.environ.get("AMQP_MANAGEMENT_URL"),
-        help="for the flush at the end; default: $AMQP_MANAGEMENT_URL, else the layer's",
-    )
-    options = parser.parse_args(argv)
-    if not options.url:
-        parser.error("no broker: give --url or set AMQP_URL")
-    paths = measure(options.url, options.management_url)
-    print(report(paths))
-    longest = max(len(path.files) for path in paths)
-    return 0 if longest <= MOST_FILES else 1
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    with provide_broker() as broker:
+        started = time.monotonic()
+        walks = measure(broker.amqp_url, broker.management_url)
+        took = time.monotonic() - started
+    print(report(walks))
+    print("measured in %.1f s" % took)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """The broker work of one group membership, as the layer does it, as data.
 
-``add_phases`` and ``discard_calls`` spell out, call by call, what
+``add_phases`` and ``discard_runs`` spell out, call by call, what
 ``AMQPChannelLayer.group_add`` and ``group_discard`` ask of the broker
 (asgi_amqp.groups, with the names and arguments of
 ``asgi_amqp.naming.Topology``); ``PipelinedChannel`` runs such calls on a
 pika ``BlockingChannel``, sent together and waited for together. The
-group-membership ceiling (``contestants.RawMembershipContestant``) and
-``broker_costs`` both use them, so that they do the layer's work, no less.
+group-membership ceiling (``contestants.RawMembershipContestant``) uses
+them, so that it does the layer's work, no less.
 
 What each call does besides its answer, and so how far it can be pipelined:
 
@@ -243,22 +243,8 @@ def discard_runs(topology, group, channel, stamps=None):
     return unbinds, notices
 
 
-def discard_calls(topology, group, channel, stamps=None):
-    """``discard_runs`` as one run on one channel (``broker_costs``: the
-    same broker work): a process-local channel's notice after the unbinds,
-    its confirm ending them (the broker ran the unbinds before it)."""
-    unbinds, notices = discard_runs(topology, group, channel, stamps)
-    if notices:
-        unbinds[-1] = unbinds[-1]._replace(answered=False)
-    return unbinds + notices
-
-
 class Refused(Exception):
     """The broker nacked or returned a publish it had to take."""
-
-
-# AMQP 0-9-1 methods without a nowait field: always a synchronous request.
-NO_NOWAIT = ("queue_unbind",)
 
 
 class PipelinedChannel(object):
@@ -267,27 +253,18 @@ class PipelinedChannel(object):
     Publisher confirms are kept here, on the channel's ``_impl`` (a
     ``BlockingChannel`` in confirm mode waits for each publish on its own):
     ``run(calls)`` sends every call (publishes, RPCs with ``nowait`` unless
-    answered; a method without nowait, ``NO_NOWAIT``, on a side channel of
-    its own) and then waits for every confirm and every answer. A channel
+    answered) and then waits for every confirm and every answer. A channel
     error raises ``ChannelClosedByBroker`` (the channels are opened again
     for the next call); a nacked publish raises ``Refused``, and a returned
     one has its queue made (``Call.remedy``) and is sent again, once.
-    ``confirms=False``: publishes are not confirmed (``broker_costs``).
     """
 
-    def __init__(self, connection, confirms=True):
+    def __init__(self, connection):
         self.connection = connection
-        self.confirms = confirms
-        self._side = []  # BlockingChannels for NO_NOWAIT methods, one per call of a phase
         self.beside = None  # a PipelinedChannel of the same connection, for run_beside
         self._open()
 
     def _open(self):
-        for side in self._side:
-            if side.is_open:
-                side.close()
-        self._side = []
-        self._side_used = 0
         self.channel = self.connection.channel()
         impl = self.channel._impl
         self._next_tag = 0
@@ -296,19 +273,17 @@ class PipelinedChannel(object):
         self._returned = []  # message_ids
         self._answers = 0  # answered RPCs not answered yet
         impl.add_on_return_callback(self._on_return)
-        if self.confirms:
-            selected = []
-            impl.confirm_delivery(self._on_confirm, callback=selected.append)
-            self.channel._flush_output(lambda: bool(selected))
+        selected = []
+        impl.confirm_delivery(self._on_confirm, callback=selected.append)
+        self.channel._flush_output(lambda: bool(selected))
 
     @property
     def is_open(self):
         return self.channel.is_open
 
     def close(self):
-        for channel in self._side + [self.channel]:
-            if channel.is_open:
-                channel.close()
+        if self.channel.is_open:
+            self.channel.close()
         if self.beside is not None:
             self.beside.close()
 
@@ -332,34 +307,23 @@ class PipelinedChannel(object):
 
     # -- calls --------------------------------------------------------------------------
 
-    def send(self, call, answered=None):
-        """Send one call; ``answered`` overrides ``call.answered`` (an RPC)."""
+    def send(self, call):
+        """Send one call."""
         impl = self.channel._impl
         if call.method == "basic_publish":
             impl.basic_publish(**call.kwargs)
-            if self.confirms:
-                self._next_tag += 1
-                self._unsettled[self._next_tag] = call.kwargs["properties"].message_id
+            self._next_tag += 1
+            self._unsettled[self._next_tag] = call.kwargs["properties"].message_id
             return
-        answered = call.answered if answered is None else answered
-        if call.method in NO_NOWAIT and not answered:
-            # Synchronous anyway: on a channel of its own, so that it waits
-            # for nobody and nobody for it.
-            if self._side_used == len(self._side):
-                self._side.append(self.connection.channel())
-            impl = self._side[self._side_used]._impl
-            self._side_used += 1
-            answered = True
-        if answered:
+        if call.answered:
             self._answers += 1
             getattr(impl, call.method)(callback=self._on_answer, **call.kwargs)
         else:
             getattr(impl, call.method)(callback=None, **call.kwargs)
 
     def _settled(self):
-        """Every confirm and answer is in, or a channel was closed."""
-        channels = [self.channel] + self._side
-        if any(channel.is_closed for channel in channels):
+        """Every confirm and answer is in, or the channel was closed."""
+        if self.channel.is_closed:
             return True
         return not self._unsettled and not self._answers
 
@@ -370,11 +334,8 @@ class PipelinedChannel(object):
 
     def _check(self):
         """After a wait: raise for a closed channel or a nacked publish."""
-        channels = [self.channel] + self._side
-        self._side_used = 0
-        closed = [channel for channel in channels if channel.is_closed]
-        if closed:
-            reason = getattr(closed[0], "_closing_reason", None)
+        if self.channel.is_closed:
+            reason = getattr(self.channel, "_closing_reason", None)
             self._open()
             if isinstance(reason, Exception):
                 raise reason
@@ -391,7 +352,7 @@ class PipelinedChannel(object):
         leave notice on its publishing one."""
         beside = self.beside
         if beside is None:
-            beside = self.beside = PipelinedChannel(self.connection, self.confirms)
+            beside = self.beside = PipelinedChannel(self.connection)
         self._returned = []
         beside._returned = []
         for call in calls:
@@ -405,25 +366,16 @@ class PipelinedChannel(object):
             beside._check()
         beside._send_returned(publishes, True)
 
-    def run(self, calls, one_by_one=False):
-        """Send ``calls`` together and wait for them (``one_by_one``: each
-        call waited for before the next, every RPC answered)."""
-        if one_by_one:
-            for call in calls:
-                self._run([call], True)
-        else:
-            self._run(calls, None)
-
-    def _run(self, calls, answered, again=True):
+    def run(self, calls, again=True):
+        """Send ``calls`` together and wait for them."""
         self._returned = []
         after_answered = False
         for call in calls:
             if call.method == "basic_publish" and after_answered:
                 # pika would send it ahead of the RPCs it holds back.
                 raise ValueError("a publish after an answered call in one phase")
-            self.send(call, answered)
-            if call.method not in NO_NOWAIT:
-                after_answered = after_answered or bool(answered or call.answered)
+            self.send(call)
+            after_answered = after_answered or call.answered
         self.wait()
         self._send_returned(calls, again)
 
@@ -446,20 +398,12 @@ class PipelinedChannel(object):
         for call in mandatory:
             # Its queue did not exist (new, expired or flushed): make it, send again.
             if call.remedy:
-                self._run(call.remedy, None, again=False)
-            self._run([call], None, again=False)
+                self.run(call.remedy, again=False)
+            self.run([call], again=False)
 
     def publish(self, exchange, routing_key, body, properties, mandatory=False):
         """One confirmed publish, waited for."""
         self.run([_publish(exchange, routing_key, properties, body, mandatory)])
-
-    def sync(self):
-        """One synchronous call (``basic.qos``) after every call sent so far."""
-        try:
-            self.channel.basic_qos(prefetch_count=0)
-        except pika.exceptions.ChannelClosed:
-            self._open()
-            raise
 
 
 class AsyncMemberships(IOThreadConnection):

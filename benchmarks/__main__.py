@@ -3,12 +3,12 @@
     python -m benchmarks                                  # all five suites (make bench)
     python -m benchmarks --only echo                      # one suite
     python -m benchmarks --only send,receive --rounds 7   # layer scenarios by name
-    python -m benchmarks --skip memory,bulk
+    python -m benchmarks --skip group,bulk
     python -m benchmarks --only layer --baseline-src ../before   # + layer@baseline
     python -m benchmarks --list
 
-Suites, in this order: ``layer`` (scenarios (a)-(o) against asgi_redis,
-asgiref.inmemory and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
+Suites, in this order: ``layer`` (scenarios (a)-(m) against asgi_redis
+and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
 against the PySpark sender, ``bulk_bench.py``), ``channels`` (daphne +
 runworker on both layers, ``channels_bench.py``), ``echo`` (one worker
 echoing without Django, ``echo_ceiling.py``) and ``storm`` (a connect storm
@@ -46,7 +46,7 @@ MODULES = {
     "storm": "storm_bench",
 }
 TITLES = {
-    "layer": "Layer scenarios (a)-(o)",
+    "layer": "Layer scenarios (a)-(m)",
     "bulk": "Bulk sends",
     "channels": "Channels 1.x end to end",
     "echo": "One worker echoing, without Django",
@@ -137,26 +137,6 @@ def build_parser():
         default="",
         metavar="NAMES",
         help="comma-separated contestants (default: all)",
-    )
-    layer.add_argument(
-        "--memory-from",
-        type=int,
-        default=100000,
-        help="messages before the memory baseline checkpoint",
-    )
-    layer.add_argument(
-        "--memory-to",
-        type=int,
-        default=300000,
-        help="messages sent and received in the memory scenario",
-    )
-    layer.add_argument(
-        "--memory-step", type=int, default=10000, help="messages between RSS checkpoints"
-    )
-    layer.add_argument(
-        "--full",
-        action="store_true",
-        help="memory scenario up to 1,000,000 messages (takes longer)",
     )
     layer.add_argument(
         "--engine",

@@ -1,8 +1,8 @@
 """The bulk suite: the same rows through the command line's bulk mode
 (``python -m asgi_amqp send --from FILE``), the PySpark sender
 (``asgi_amqp.spark.send_dataframe``) and ``layer.send_many`` in this
-process, against the pipelined-confirm ceiling (``raw-pika-async``'s
-publisher: raw pika, 1000 confirms outstanding, one queue), in one run
+process, against the pipelined-confirm ceiling (``PipelinedPublisher``:
+raw pika, 1000 confirms outstanding, one queue), in one run
 (``python -m benchmarks --only bulk``).
 
 Needs pyspark and Java (without them the suite is left out). Each round
@@ -14,6 +14,7 @@ modules differ between versions. Writes ``results/bulk.md`` and
 ``bulk.json``.
 """
 
+import collections
 import json
 import os
 import shutil
@@ -23,7 +24,12 @@ import tempfile
 import time
 import uuid
 
+import msgpack
+import pika
+
 from . import common
+from .broker import IOThreadConnection
+from .scenarios import MESSAGE
 
 CHANNELS = 100
 DEFAULT_ROUNDS = 1
@@ -122,16 +128,127 @@ def run_send_many(url, prefix, capacity, count):
     return elapsed, "%d sent" % count
 
 
+class PipelinedPublisher(IOThreadConnection):
+    """Confirmed publishing as fast as pika goes: a ``SelectConnection`` owned
+    by an I/O thread of its own, publisher confirms on, up to ``window``
+    publishes unconfirmed.
+
+    ``publish(routing_key, count)`` packs the msgpack bodies in this thread,
+    in chunks of ``chunk``, and hands each chunk to the I/O thread with
+    ``add_callback_threadsafe`` (the only pika call another thread may make).
+    The I/O thread publishes while fewer than ``window`` are unconfirmed and
+    publishes more from the confirm callback. A ``Basic.Ack``/``Basic.Nack``
+    with ``multiple=True`` settles every unconfirmed tag up to and including
+    its own; unconfirmed tags are kept in publish order (acks may come out
+    of order), never counted by subtracting tags. The caller waits for the
+    last confirm. Publishes are ``mandatory``, like the layer's: a returned
+    message is counted.
+    """
+
+    def __init__(self, url, window=1000, chunk=1000, timeout=10.0):
+        self.window = window
+        self.chunk = chunk
+        self.channel = None
+        self.next_tag = 0
+        self.unconfirmed = collections.OrderedDict()  # delivery tag -> message index
+        self.pending = collections.deque()  # (index, body) handed over, not yet published
+        self.routing_key = None
+        self.acked = None
+        self.expected = self.settled = self.returned = 0
+        self.properties = pika.BasicProperties(
+            delivery_mode=1, content_type="application/x-msgpack"
+        )
+        self.open(url, "bulk-ceiling-io", timeout)
+
+    # -- the I/O thread ----------------------------------------------------------------
+
+    def _on_open(self, connection):
+        connection.channel(on_open_callback=self._on_channel)
+
+    def _on_channel(self, channel):
+        self.channel = channel
+        channel.add_on_close_callback(lambda _ch, exc: self._fail("channel closed: %r" % (exc,)))
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: self.ready.set()
+        )
+
+    def _on_return(self, _channel, _method, _properties, _body):
+        self.returned += 1
+
+    def _on_confirm(self, frame):
+        method = frame.method
+        ack = method.NAME == "Basic.Ack"
+        tag = method.delivery_tag
+        unconfirmed = self.unconfirmed
+        if method.multiple:
+            settled = []
+            while unconfirmed:
+                first = next(iter(unconfirmed))
+                if first > tag:
+                    break
+                settled.append(unconfirmed.popitem(last=False)[1])
+        else:
+            index = unconfirmed.pop(tag, None)
+            settled = [] if index is None else [index]
+        for index in settled:
+            self.acked[index] = ack
+        self.settled += len(settled)
+        self._pump()
+        if self.settled >= self.expected:
+            self.done.set()
+
+    def _submit(self, chunk):
+        self.pending.extend(chunk)
+        self._pump()
+
+    def _pump(self):
+        pending, unconfirmed = self.pending, self.unconfirmed
+        publish, properties = self.channel.basic_publish, self.properties
+        routing_key = self.routing_key
+        while pending and len(unconfirmed) < self.window:
+            index, body = pending.popleft()
+            self.next_tag += 1
+            unconfirmed[self.next_tag] = index
+            publish("", routing_key, body, properties, mandatory=True)
+
+    # -- the caller's thread ------------------------------------------------------------
+
+    def publish(self, routing_key, count, timeout=60.0):
+        """Publish ``count`` messages to ``routing_key`` (default exchange);
+        returns (acked, returned, errors): acked one per message."""
+        if self.error:
+            raise RuntimeError(self.error)
+        self.routing_key = routing_key
+        self.acked = [False] * count
+        self.expected, self.settled, self.returned = count, 0, 0
+        self.done.clear()
+        handover = self.connection.ioloop.add_callback_threadsafe
+        packb, chunk = msgpack.packb, self.chunk
+        for first in range(0, count, chunk):
+            bodies = [
+                (i, packb(MESSAGE, use_bin_type=True))
+                for i in range(first, min(count, first + chunk))
+            ]
+            handover(lambda bodies=bodies: self._submit(bodies))
+        errors = []
+        if not self.done.wait(timeout):
+            errors.append(
+                "%d of %d confirms missing after %.0f s" % (count - self.settled, count, timeout)
+            )
+        if self.error:
+            errors.append(self.error)
+        return self.acked, self.returned, errors
+
+
 def run_ceiling(url, admin, prefix, count):
     """The same number of messages through raw pika's pipelined confirms."""
-    from .contestants import PipelinedPublisher
-
     queue = "%s:ceiling" % prefix
     admin.declare(queue, None)
     publisher = PipelinedPublisher(url, window=1000, chunk=1000)
     try:
         started = time.perf_counter()
-        _, _, acked, returned, errors = publisher.publish(queue, count, timeout=600)
+        acked, returned, errors = publisher.publish(queue, count, timeout=600)
         elapsed = time.perf_counter() - started
     finally:
         publisher.close()

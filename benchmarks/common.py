@@ -382,7 +382,7 @@ class Worker(object):
             bufsize=1,
         )
 
-    def request(self, obj, on_progress=None):
+    def request(self, obj):
         if self.process.poll() is not None:
             raise WorkerError("%s exited with %s" % (self.name, self.process.returncode))
         self.process.stdin.write(json.dumps(obj) + "\n")
@@ -395,10 +395,6 @@ class Worker(object):
                     % (self.name, self.process.wait(), obj.get("cmd"))
                 )
             reply = json.loads(line)
-            if "progress" in reply:
-                if on_progress is not None:
-                    on_progress(*reply["progress"])
-                continue
             if not reply.get("ok"):
                 raise WorkerError("%s: %s" % (self.name, reply.get("error")))
             return reply

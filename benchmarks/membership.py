@@ -54,8 +54,6 @@ import time
 
 import pika
 
-from .broker import IOThreadConnection
-
 _IDS = itertools.count(1)
 
 
@@ -213,20 +211,17 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     return [phase for phase in (first, second) if phase]
 
 
-def discard_runs(topology, group, channel, stamps=None):
+def discard_runs(topology, group, channel):
     """``group_discard(group, channel)`` as the layer sends it: ``(unbinds,
     notices)``, sent together and waited for together (``PipelinedChannel.
     run_beside``). The unbinds: every live stamp's binding, nowait, the
     last one answered; the notices: a process-local channel's leave notice,
-    which the layer publishes on its publishing connection at the same time.
-
-    ``stamps``: unbind only these stamps' bindings (the floor of a discard,
-    ``contestants.RawOneUnbindContestant``)."""
+    which the layer publishes on its publishing connection at the same time."""
     from asgi_amqp import naming
 
     group_exchange = topology.group_exchange(group)
     unbinds = []
-    for stamp in topology.live_stamps() if stamps is None else stamps:
+    for stamp in topology.live_stamps():
         member, arguments = topology.membership_binding(channel, stamp)
         unbinds.append(
             Call(
@@ -404,146 +399,3 @@ class PipelinedChannel(object):
     def publish(self, exchange, routing_key, body, properties, mandatory=False):
         """One confirmed publish, waited for."""
         self.run([_publish(exchange, routing_key, properties, body, mandatory)])
-
-
-class AsyncMemberships(IOThreadConnection):
-    """Memberships as fast as pika goes with ``concurrency`` of them in
-    flight: a ``SelectConnection`` owned by an I/O thread of its own, one
-    confirming channel for every publish and an admin channel per
-    membership in flight, no thread hand-off per call.
-
-    The ceiling of the threaded membership scenarios: their layer has 8
-    threads each waiting for its call, through one connection and one I/O
-    thread; 8 threads each on a ``BlockingConnection`` of its own
-    (``PipelinedChannel``) spend their time in pika's framing under the
-    GIL, so on a slow machine the layer beat them.
-
-    ``run(count, phases_of)``: membership ``i``'s phases are
-    ``phases_of(i)`` (called on the I/O thread when it starts: the layer
-    builds its calls inside its own call too), each a list of ``Call``s
-    sent together, publishes on the confirming channel and the rest on the
-    membership's admin channel (nowait unless answered), and waited for
-    together: every confirm and every answer, then the next phase. A
-    nack, a returned publish (its queue must exist: ``remedy`` is not
-    used here) or a closed channel is an error and ends the run.
-    """
-
-    def __init__(self, url, concurrency, timeout=10.0):
-        self.concurrency = concurrency
-        self.publisher = None
-        self.admin = []  # pika Channels, one per membership in flight
-        self._opening = 0
-        self._tags = {}  # delivery tag -> the job awaiting its confirm
-        self._next_tag = 0
-        self.open(url, "async-memberships-io", timeout)
-
-    # -- the I/O thread ----------------------------------------------------------------
-
-    def _on_open(self, connection):
-        self._opening = self.concurrency + 1
-        connection.channel(on_open_callback=self._on_publisher)
-        for _ in range(self.concurrency):
-            connection.channel(on_open_callback=self._on_admin)
-
-    def _watch(self, channel):
-        channel.add_on_close_callback(lambda _ch, exc: self._fail("channel closed: %r" % (exc,)))
-
-    def _opened(self, _frame=None):
-        self._opening -= 1
-        if self._opening == 0:
-            self.ready.set()
-
-    def _on_publisher(self, channel):
-        self._watch(channel)
-        self.publisher = channel
-        channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._opened)
-
-    def _on_admin(self, channel):
-        self._watch(channel)
-        self.admin.append(channel)
-        self._opened()
-
-    def _on_return(self, _channel, method, _properties, _body):
-        self._fail("a publish was returned: %s %s" % (method.exchange, method.routing_key))
-
-    def _on_confirm(self, frame):
-        method = frame.method
-        tag = method.delivery_tag
-        if method.multiple:
-            tags = [t for t in self._tags if t <= tag]
-        else:
-            tags = [tag] if tag in self._tags else []
-        if method.NAME != "Basic.Ack":
-            self._fail("%d publishes nacked" % len(tags))
-            return
-        for settled in tags:
-            self._settle(self._tags.pop(settled))
-
-    def _settle(self, job):
-        job["waiting"] -= 1
-        if job["waiting"] == 0 and not self.done.is_set():
-            self._next_phase(job)
-
-    def _start(self, channel):
-        """Start the next membership on ``channel``, if any is left."""
-        index = self._next
-        if index >= self._count:
-            if self._finished == self._count:
-                self.done.set()
-            return
-        self._next += 1
-        self._starts[index] = time.perf_counter_ns()
-        job = {"index": index, "channel": channel, "phases": list(self._phases_of(index))}
-        job["phases"].reverse()
-        self._next_phase(job)
-
-    def _next_phase(self, job):
-        if not job["phases"]:
-            self._ends[job["index"]] = time.perf_counter_ns()
-            self._finished += 1
-            self._start(job["channel"])  # done once the last one finished
-            return
-        calls = job["phases"].pop()
-        channel = job["channel"]
-        job["waiting"] = 1  # released below, once every call is sent
-        for call in calls:
-            if call.method == "basic_publish":
-                self.publisher.basic_publish(**call.kwargs)
-                self._next_tag += 1
-                self._tags[self._next_tag] = job
-                job["waiting"] += 1
-            elif call.answered:
-                job["waiting"] += 1
-                getattr(channel, call.method)(
-                    callback=lambda _frame, job=job: self._settle(job), **call.kwargs
-                )
-            else:
-                getattr(channel, call.method)(callback=None, **call.kwargs)
-        self._settle(job)
-
-    def _begin(self):
-        for channel in self.admin:
-            self._start(channel)
-
-    # -- the caller's thread -----------------------------------------------------------
-
-    def run(self, count, phases_of, timeout=120.0):
-        """Make ``count`` memberships; ``(starts, ends)`` in ns, 0 for one not
-        finished. Raises ``RuntimeError`` for an error or a timeout."""
-        if self.error:
-            raise RuntimeError(self.error)
-        self._count, self._next, self._finished = count, 0, 0
-        self._phases_of = phases_of
-        self._starts, self._ends = [0] * count, [0] * count
-        self.done.clear()
-        if count == 0:
-            return [], []
-        self.connection.ioloop.add_callback_threadsafe(self._begin)
-        if not self.done.wait(timeout):
-            self._fail(
-                "%d of %d memberships not done in %.0f s" % (count - self._finished, count, timeout)
-            )
-        if self.error:
-            raise RuntimeError(self.error)
-        return self._starts, self._ends

@@ -9,7 +9,7 @@
 
 Suites, in this order: ``layer`` (scenarios (a)-(m) against asgi_redis
 and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
-against the PySpark sender, ``bulk_bench.py``), ``channels`` (daphne +
+and ``send_many`` against raw pika's pipelined confirms, ``bulk_bench.py``), ``channels`` (daphne +
 runworker on both layers, ``channels_bench.py``), ``echo`` (one worker
 echoing without Django, ``echo_ceiling.py``) and ``storm`` (a connect storm
 on daphne + two runworkers of both layers, ``storm_bench.py``).
@@ -149,9 +149,6 @@ def build_parser():
     )
     bulk = parser.add_argument_group("bulk suite")
     bulk.add_argument("--bulk-rows", type=int, default=100000, help="rows per sender")
-    bulk.add_argument(
-        "--bulk-partitions", type=int, default=2, help="Spark partitions (and local[N] threads)"
-    )
     channels = parser.add_argument_group("channels suite")
     channels.add_argument(
         "--channels-layers",
@@ -169,7 +166,7 @@ def build_parser():
         "--channels-duration",
         type=float,
         default=3.0,
-        help="seconds per throughput and closed-loop round",
+        help="seconds per throughput round",
     )
     channels.add_argument(
         "--channels-clients", type=int, default=4, help="WebSocket clients of the throughput round"
@@ -184,9 +181,6 @@ def build_parser():
         help="messages queued for the runworker drain",
     )
     channels.add_argument(
-        "--channels-driver-threads", type=int, default=4, help="threads of the closed-loop driver"
-    )
-    channels.add_argument(
         "--channels-threads",
         default="1,2,4,8",
         metavar="COUNTS",
@@ -194,20 +188,19 @@ def build_parser():
         "rounds' drain; each other N restarts both workers)",
     )
     echo = parser.add_argument_group("echo suite")
-    echo.add_argument("--echo-seconds", type=float, default=4.0, help="seconds per echo round")
     echo.add_argument(
         "--echo-drain",
         type=int,
         default=3000,
         metavar="COUNT",
-        help="messages per drain round (0: no drain table)",
+        help="messages per drain round",
     )
     echo.add_argument(
         "--echo-threads",
         default="1,2,4,8",
         metavar="COUNTS",
-        help="worker threads of the drain table's raw-pika-pipelined, asgi_amqp and "
-        "asgi_redis workers, comma-separated",
+        help="worker threads of the raw-pika-pipelined, asgi_amqp and asgi_redis "
+        "workers, comma-separated",
     )
     storm = parser.add_argument_group("storm suite")
     storm.add_argument(
@@ -272,6 +265,8 @@ def parse_args(argv):
         parser.error("--channels-layers takes asgi_amqp and/or asgi_redis")
     if min(args.storm_sockets, args.storm_rooms, args.storm_capacity) < 1:
         parser.error("--storm-sockets, --storm-rooms and --storm-capacity must be at least 1")
+    if args.echo_drain < 1:
+        parser.error("--echo-drain must be at least 1")
     if args.storm_empty_cap <= 0:
         parser.error("--storm-empty-cap must be more than 0")
     args.echo_threads = _thread_counts(parser, "--echo-threads", args.echo_threads)

@@ -1,23 +1,20 @@
 """The bulk suite: the same rows through the command line's bulk mode
-(``python -m asgi_amqp send --from FILE``), the PySpark sender
-(``asgi_amqp.spark.send_dataframe``) and ``layer.send_many`` in this
-process, against the pipelined-confirm ceiling (``PipelinedPublisher``:
-raw pika, 1000 confirms outstanding, one queue), in one run
-(``python -m benchmarks --only bulk``).
+(``python -m asgi_amqp send --from FILE``, the whole process) and
+``layer.send_many`` in this process, against the pipelined-confirm ceiling
+(``PipelinedPublisher``: raw pika, 1000 confirms outstanding, one queue),
+in one run (``python -m benchmarks --only bulk``).
 
-Needs pyspark and Java (without them the suite is left out). Each round
-sends every row once per sender, alternating which goes first, into a fresh
-prefix, and checks that the channels' queues hold exactly the rows sent
-(passive declares on a connection of its own); the prefix's objects are
-deleted after each sender. Only public API and pika: the layer's internal
-modules differ between versions. Writes ``results/bulk.md`` and
+Each round sends every row once per sender, in an order that rotates, into
+a fresh prefix, and checks that the channels' queues hold exactly the rows
+sent (passive declares on a connection of its own); the prefix's objects
+are deleted after each sender. Only public API and pika: the layer's
+internal modules differ between versions. Writes ``results/bulk.md`` and
 ``bulk.json``.
 """
 
 import collections
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,22 +93,6 @@ def run_cli(path, prefix, capacity):
             "CLI bulk send failed (%d): %s" % (result.returncode, result.stderr[-500:])
         )
     return elapsed, (result.stderr.strip().splitlines() or [""])[-1]
-
-
-def run_spark(df, prefix, capacity):
-    from asgi_amqp.spark import send_dataframe
-
-    started = time.perf_counter()
-    result = send_dataframe(
-        df,
-        channel_col="channel",
-        message_col="message",
-        prefix=prefix,
-        capacity=capacity,
-        expiry=600,
-    )
-    elapsed = time.perf_counter() - started
-    return elapsed, result
 
 
 def run_send_many(url, prefix, capacity, count):
@@ -261,60 +242,28 @@ def run_ceiling(url, admin, prefix, count):
     return elapsed, "%d acked and queued" % count
 
 
-def missing():
-    """Why the suite cannot run here, or None."""
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed (pip install -e '.[bench]')"
-    if not shutil.which("java"):
-        return "no Java runtime (as root: make bench installs default-jre-headless)"
-    return None
-
-
 def run(args, ctx):
-    reason = missing()
-    if reason:
-        common.say("bulk: left out: %s" % reason)
-        return common.SuiteResult(0, "(left out: %s)" % reason, note="left out: " + reason)
     from .broker import Admin
 
     rounds = args.rounds or DEFAULT_ROUNDS
-    count, partitions = args.bulk_rows, args.bulk_partitions
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
+    count = args.bulk_rows
     capacity = count // CHANNELS + 10
-    spark = (
-        SparkSession.builder.master("local[%d]" % partitions)
-        .appName("asgi_amqp bulk bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
     admin = Admin(ctx.amqp_url)
     handle, path = tempfile.mkstemp(suffix=".jsonl")
-    figures = {"cli": [], "spark": [], "send_many": [], "ceiling": []}
+    figures = {"cli": [], "send_many": [], "ceiling": []}
     summaries = {}
     status = 0
     try:
-        data = [(channel, json.dumps(message)) for channel, message in rows(count)]
-        df = spark.createDataFrame(data, ["channel", "message"]).repartition(partitions).cache()
-        df.count()
         with os.fdopen(handle, "w") as out:
             for channel, message in rows(count):
                 out.write(json.dumps({"channel": channel, "message": message}) + "\n")
         for round_no in range(rounds):
-            for sender in common.rotate(["cli", "spark", "send_many", "ceiling"], round_no):
+            for sender in common.rotate(["cli", "send_many", "ceiling"], round_no):
                 prefix = "bulk-%s" % uuid.uuid4().hex[:8]
                 layer = make_layer(ctx.amqp_url, prefix, capacity)
                 try:
                     if sender == "cli":
                         elapsed, summary = run_cli(path, prefix, capacity)
-                    elif sender == "spark":
-                        elapsed, summary = run_spark(df, prefix, capacity)
                     elif sender == "send_many":
                         elapsed, summary = run_send_many(ctx.amqp_url, prefix, capacity, count)
                     else:
@@ -335,27 +284,19 @@ def run(args, ctx):
     finally:
         os.unlink(path)
         admin.close()
-        spark.stop()
     best = {name: sorted(values)[len(values) // 2] for name, values in figures.items()}
-    ratio = best["spark"] / best["cli"]
     table = (
         "| sender | rows/s (median of %d) | / ceiling |\n|---|---:|---:|\n"
         "| CLI bulk mode (`send --from`), whole process | %.0f | %.2fx |\n"
-        "| PySpark `send_dataframe`, %d partitions | %.0f | %.2fx |\n"
         "| `layer.send_many` in this process | %.0f | %.2fx |\n"
-        "| ceiling: raw pika, pipelined confirms, one queue | %.0f | 1.00x |\n"
-        "| Spark / CLI | %.2fx | |"
+        "| ceiling: raw pika, pipelined confirms, one queue | %.0f | 1.00x |"
         % (
             rounds,
             best["cli"],
             best["cli"] / best["ceiling"],
-            partitions,
-            best["spark"],
-            best["spark"] / best["ceiling"],
             best["send_many"],
             best["send_many"] / best["ceiling"],
             best["ceiling"],
-            ratio,
         )
     )
     common.say("\n" + table)
@@ -366,10 +307,8 @@ def run(args, ctx):
         "%s\n\nLast summaries: %s" % (table, json.dumps(summaries)),
         {
             "rows": count,
-            "partitions": partitions,
             "rows_per_second": best,
             "rounds": figures,
-            "spark_over_cli": ratio,
             "send_many_over_ceiling": best["send_many"] / best["ceiling"],
         },
         ctx.command,

@@ -93,12 +93,6 @@ def build_parser():
     run.add_argument(
         "--list", action="store_true", help="list suites, scenarios and contestants, then exit"
     )
-    run.add_argument(
-        "--install-deps",
-        metavar="WHAT",
-        help="install what is missing of redis,java with apt-get (as root), "
-        "then exit (make redis-deps, make bench)",
-    )
     shared = parser.add_argument_group("shared")
     shared.add_argument(
         "--redis-url",
@@ -240,7 +234,7 @@ def _names(items):
 def parse_args(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.install_deps or args.list:
+    if args.list:
         return parser, args
     from benchmarks import layer_bench
     from benchmarks.harness import SCENARIOS
@@ -288,12 +282,6 @@ def _interrupt(signum, _frame):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, args = parse_args(argv)
-    if args.install_deps:
-        what = _names([args.install_deps])
-        if set(what) - set(common.APT_PACKAGES):
-            parser.error("--install-deps takes %s" % ",".join(common.APT_PACKAGES))
-        common.install_deps(what)
-        return 0
     if args.list:
         from benchmarks import layer_bench
 

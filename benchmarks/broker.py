@@ -187,10 +187,6 @@ class Admin(object):
     def bind(self, queue, exchange, routing_key=""):
         self._run("queue_bind", queue, exchange, routing_key=routing_key)
 
-    def depths(self, queues):
-        """Ready messages in each of ``queues`` (None for one that does not exist)."""
-        return [self.depth(queue) for queue in queues]
-
     def delete_many(self, queues=(), exchanges=()):
         """Delete ``queues`` and ``exchanges`` (gone already is fine), pipelined:
         every delete sent with nowait, then one synchronous call. True if the

@@ -8,8 +8,7 @@
 * **Redis**: :class:`RedisServer`, the one way to find or start it:
   ``--redis-url``, ``$BENCH_REDIS_URL`` or ``$REDIS_URL``, else the Redis
   answering on 127.0.0.1:6379, else a private ``redis-server`` on a free
-  port, stopped at the end. :func:`install_deps` installs ``redis-server``
-  and a Java runtime with apt-get (``make redis-deps``, ``make bench``).
+  port, stopped at the end.
 * **asgi_redis's virtualenv**: :func:`redis_python` (``.venv-redis``, the
   recipe of ``make redis-venv``).
 * **Worker processes** (:class:`Worker`, JSON lines over a pipe) and **the
@@ -200,20 +199,6 @@ class RedisServer(object):
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-# -- system packages ------------------------------------------------------------------------
-
-APT_PACKAGES = ("redis", "java")
-
-
-def install_deps(names, log=say):
-    """Install what is missing of ``names`` (``redis``, ``java``) with
-    ``devtools.install``; never fails: without Redis asgi_redis is left out,
-    without Java the PySpark parts are. Returns the names still missing."""
-    from devtools import install
-
-    return install.ensure(list(names), lambda text: log("bench: " + text))
 
 
 # -- asgi_redis's virtualenv -------------------------------------------------------------------
@@ -472,7 +457,6 @@ class Context(object):
         self.args = args
         self.amqp_url = broker.amqp_url
         self.management_url = broker.management_url
-        self.broker_description = broker.description
         self.command = command
         self.results = args.results
         self.progress = not args.no_progress

@@ -97,7 +97,7 @@ def make_amqp(config):
     # Only the public API: the layer's internal modules differ between versions.
     import asgi_amqp
     from asgi_amqp import AMQPChannelLayer
-    from benchmarks.broker import LayerKeeper, layer_objects
+    from benchmarks.broker import Admin, LayerKeeper, layer_objects
 
     source = common.check_layer_source()
     layer = AMQPChannelLayer(
@@ -113,8 +113,7 @@ def make_amqp(config):
     queues, exchanges = layer_objects(layer.topology, asgi_trials.ALL_CHANNELS, asgi_trials.GROUP)
     # The harness deletes these at the end (flush() keeps the shared ones).
     versions["_cleanup"] = {"queues": queues, "exchanges": exchanges}
-    # Its connection opens at first use.
-    keeper = LayerKeeper(layer, config["url"], config.get("management_url"))
+    keeper = LayerKeeper(layer, Admin(config["url"], config.get("management_url")))
     return layer, keeper, versions
 
 

@@ -41,9 +41,11 @@ def _cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
 
 
-def backlog_probe(layer, channel):
+def backlog_probe(layer, channel, message=None):
     """A function giving the number of messages waiting in ``channel``, read
-    straight from the broker (not from statistics that lag by seconds)."""
+    straight from the broker (not from statistics that lag by seconds).
+    ``message``: one the driver sends, which names the queue of an ordered
+    channel (its reply channel's shard) on asgi_amqp."""
     topology = getattr(layer, "topology", None)
     if topology is not None:  # asgi_amqp: a passive declare on a connection of its own
         import pika
@@ -53,7 +55,7 @@ def backlog_probe(layer, channel):
         url = os.environ["AMQP_URL"]  # set by the stack, like the layer's own
         connection = pika.BlockingConnection(parse_urls(url)[0])
         pika_channel = connection.channel()
-        queue = topology.channel_queue(channel)
+        queue = topology.send_queue(channel, message)
 
         def amqp_depth():
             return pika_channel.queue_declare(queue, passive=True).method.message_count
@@ -81,18 +83,17 @@ class Driver(object):
         self.sent = 0
         self.received = 0
 
+    def message(self, order):
+        return {
+            "reply_channel": self.reply_channel,
+            "path": "/echo/",
+            "order": order,
+            "text": "%d %s" % (order, PAYLOAD),
+        }
+
     def send_one(self):
         self.sent += 1
-        order = self.sent
-        self.layer.send(
-            WORKER_CHANNEL,
-            {
-                "reply_channel": self.reply_channel,
-                "path": "/echo/",
-                "order": order,
-                "text": "%d %s" % (order, PAYLOAD),
-            },
-        )
+        self.layer.send(WORKER_CHANNEL, self.message(self.sent))
 
 
 def _state(pid):
@@ -120,7 +121,7 @@ def drain(layer, driver, worker_pid, count, worker_threads=1):
     message per thread (a consumer's prefetch window, a BRPOP each).
     """
     layer.receive([driver.reply_prefix], block=False)  # declares its queue, on asgi_amqp
-    inbox = backlog_probe(layer, WORKER_CHANNEL)
+    inbox = backlog_probe(layer, WORKER_CHANNEL, driver.message(1))
     replies = backlog_probe(layer, driver.reply_channel)
     try:
         os.kill(worker_pid, signal.SIGSTOP)

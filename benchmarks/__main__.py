@@ -3,13 +3,13 @@
     python -m benchmarks                                  # all five suites (make bench)
     python -m benchmarks --only echo                      # one suite
     python -m benchmarks --only send,receive --rounds 7   # layer scenarios by name
-    python -m benchmarks --skip memory,bulk
+    python -m benchmarks --skip group,bulk
     python -m benchmarks --only layer --baseline-src ../before   # + layer@baseline
     python -m benchmarks --list
 
-Suites, in this order: ``layer`` (scenarios (a)-(o) against asgi_redis,
-asgiref.inmemory and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
-against the PySpark sender, ``bulk_bench.py``), ``channels`` (daphne +
+Suites, in this order: ``layer`` (scenarios (a)-(m) against asgi_redis
+and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
+and ``send_many`` against raw pika's pipelined confirms, ``bulk_bench.py``), ``channels`` (daphne +
 runworker on both layers, ``channels_bench.py``), ``echo`` (one worker
 echoing without Django, ``echo_ceiling.py``) and ``storm`` (a connect storm
 on daphne + two runworkers of both layers, ``storm_bench.py``).
@@ -46,7 +46,7 @@ MODULES = {
     "storm": "storm_bench",
 }
 TITLES = {
-    "layer": "Layer scenarios (a)-(o)",
+    "layer": "Layer scenarios (a)-(m)",
     "bulk": "Bulk sends",
     "channels": "Channels 1.x end to end",
     "echo": "One worker echoing, without Django",
@@ -93,12 +93,6 @@ def build_parser():
     run.add_argument(
         "--list", action="store_true", help="list suites, scenarios and contestants, then exit"
     )
-    run.add_argument(
-        "--install-deps",
-        metavar="WHAT",
-        help="install what is missing of redis,java with apt-get (as root), "
-        "then exit (make redis-deps, make bench)",
-    )
     shared = parser.add_argument_group("shared")
     shared.add_argument(
         "--redis-url",
@@ -139,26 +133,6 @@ def build_parser():
         help="comma-separated contestants (default: all)",
     )
     layer.add_argument(
-        "--memory-from",
-        type=int,
-        default=100000,
-        help="messages before the memory baseline checkpoint",
-    )
-    layer.add_argument(
-        "--memory-to",
-        type=int,
-        default=300000,
-        help="messages sent and received in the memory scenario",
-    )
-    layer.add_argument(
-        "--memory-step", type=int, default=10000, help="messages between RSS checkpoints"
-    )
-    layer.add_argument(
-        "--full",
-        action="store_true",
-        help="memory scenario up to 1,000,000 messages (takes longer)",
-    )
-    layer.add_argument(
         "--engine",
         choices=("spark", "python"),
         default="spark",
@@ -169,9 +143,6 @@ def build_parser():
     )
     bulk = parser.add_argument_group("bulk suite")
     bulk.add_argument("--bulk-rows", type=int, default=100000, help="rows per sender")
-    bulk.add_argument(
-        "--bulk-partitions", type=int, default=2, help="Spark partitions (and local[N] threads)"
-    )
     channels = parser.add_argument_group("channels suite")
     channels.add_argument(
         "--channels-layers",
@@ -189,7 +160,7 @@ def build_parser():
         "--channels-duration",
         type=float,
         default=3.0,
-        help="seconds per throughput and closed-loop round",
+        help="seconds per throughput round",
     )
     channels.add_argument(
         "--channels-clients", type=int, default=4, help="WebSocket clients of the throughput round"
@@ -204,9 +175,6 @@ def build_parser():
         help="messages queued for the runworker drain",
     )
     channels.add_argument(
-        "--channels-driver-threads", type=int, default=4, help="threads of the closed-loop driver"
-    )
-    channels.add_argument(
         "--channels-threads",
         default="1,2,4,8",
         metavar="COUNTS",
@@ -214,20 +182,19 @@ def build_parser():
         "rounds' drain; each other N restarts both workers)",
     )
     echo = parser.add_argument_group("echo suite")
-    echo.add_argument("--echo-seconds", type=float, default=4.0, help="seconds per echo round")
     echo.add_argument(
         "--echo-drain",
         type=int,
         default=3000,
         metavar="COUNT",
-        help="messages per drain round (0: no drain table)",
+        help="messages per drain round",
     )
     echo.add_argument(
         "--echo-threads",
         default="1,2,4,8",
         metavar="COUNTS",
-        help="worker threads of the drain table's raw-pika-pipelined, asgi_amqp and "
-        "asgi_redis workers, comma-separated",
+        help="worker threads of the raw-pika-pipelined, asgi_amqp and asgi_redis "
+        "workers, comma-separated",
     )
     storm = parser.add_argument_group("storm suite")
     storm.add_argument(
@@ -267,7 +234,7 @@ def _names(items):
 def parse_args(argv):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.install_deps or args.list:
+    if args.list:
         return parser, args
     from benchmarks import layer_bench
     from benchmarks.harness import SCENARIOS
@@ -292,6 +259,8 @@ def parse_args(argv):
         parser.error("--channels-layers takes asgi_amqp and/or asgi_redis")
     if min(args.storm_sockets, args.storm_rooms, args.storm_capacity) < 1:
         parser.error("--storm-sockets, --storm-rooms and --storm-capacity must be at least 1")
+    if args.echo_drain < 1:
+        parser.error("--echo-drain must be at least 1")
     if args.storm_empty_cap <= 0:
         parser.error("--storm-empty-cap must be more than 0")
     args.echo_threads = _thread_counts(parser, "--echo-threads", args.echo_threads)
@@ -313,12 +282,6 @@ def _interrupt(signum, _frame):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, args = parse_args(argv)
-    if args.install_deps:
-        what = _names([args.install_deps])
-        if set(what) - set(common.APT_PACKAGES):
-            parser.error("--install-deps takes %s" % ",".join(common.APT_PACKAGES))
-        common.install_deps(what)
-        return 0
     if args.list:
         from benchmarks import layer_bench
 

@@ -3,19 +3,16 @@
 ``LayerTrials(layer, keeper)`` builds one ``harness.Trial`` per scenario.
 ``keeper`` does the untimed housekeeping for that layer (purge a channel,
 count what it holds, fill it fast); ``Keeper`` is the slow generic one that
-uses ``receive`` and ``send``. Used in the harness's process (AMQPChannelLayer,
-asgiref.inmemory) and in worker processes (asgi_redis in its own virtualenv;
-the layer for the memory scenario), so only the standard library, msgpack
-and the harness are imported here.
+uses ``receive`` and ``send``. Used in the harness's process (AMQPChannelLayer)
+and in worker processes (asgi_redis in its own virtualenv; the layer of
+another source tree), so only the standard library, msgpack and the harness
+are imported here.
 """
 
-import os
 import random
 import string
-import threading
 import time
 
-from .harness import RoundResult
 from .scenarios import GROUP_MEMBERS, MEMBERSHIP_ROOMS, MESSAGE, RECEIVE_CHANNELS
 
 SEND_CHANNEL = "bench.send"
@@ -23,31 +20,24 @@ RECEIVE_CHANNEL = "bench.receive"
 MULTI_CHANNELS = ["bench.multi%d" % k for k in range(RECEIVE_CHANNELS)]
 MULTI_FULL = MULTI_CHANNELS[RECEIVE_CHANNELS // 2]
 EMPTY_CHANNELS = ["bench.empty%d" % k for k in range(RECEIVE_CHANNELS)]
-# One daphne process's reply channels: it receives from their common base
-# (the part up to the '!'), and a message names the WebSocket it is for.
-LOCAL_BASE = "daphne.response.poll!"
-LOCAL_FULL = LOCAL_BASE + "ws05"
-ROUNDTRIP_CHANNEL = "bench.roundtrip"
 WAKEUP_CHANNEL = "bench.wakeup"
 GROUP = "bench-group"
 GROUP_CHANNELS = ["bench.member%03d" % k for k in range(GROUP_MEMBERS)]
-MEMORY_CHANNELS = ["bench.mem%d" % k for k in range(4)]
-# Group membership (i)-(l): process-local channels of two "daphne processes",
+# Group membership (i), (j): process-local channels of two "daphne processes",
 # the measured ones and one kept member per group (discard scenarios).
 REPLY_BASE = "daphne.response.bench!"
 KEEP_BASE = "daphne.response.keep!"
 ROOMS = ["bench-room%d" % k for k in range(MEMBERSHIP_ROOMS)]
-MEMBERSHIP_SCENARIOS = ("group-add", "group-discard", "group-add-8t", "group-discard-8t")
+MEMBERSHIP_SCENARIOS = ("group-add", "group-discard")
 CAPACITY = 1000000
 EXPIRY = 60
 
 ALL_CHANNELS = (
-    [SEND_CHANNEL, RECEIVE_CHANNEL, ROUNDTRIP_CHANNEL, WAKEUP_CHANNEL]
+    [SEND_CHANNEL, RECEIVE_CHANNEL, WAKEUP_CHANNEL]
     + MULTI_CHANNELS
     + GROUP_CHANNELS
-    + MEMORY_CHANNELS
     + EMPTY_CHANNELS
-    + [REPLY_BASE, KEEP_BASE, LOCAL_BASE]
+    + [REPLY_BASE, KEEP_BASE]
 )
 
 
@@ -132,43 +122,24 @@ class Keeper(object):
 
 
 class LayerTrials(object):
-    def __init__(self, layer, keeper, blocking=True):
+    def __init__(self, layer, keeper):
         self.layer = layer
         self.keeper = keeper
-        self.blocking = blocking  # False: receive(block=True) does not wait (inmemory)
         self._grouped = False
 
     def has(self, scenario_name):
-        if scenario_name == "wakeup":
-            return self.blocking
         return (
             scenario_name
-            in (
-                "send",
-                "send-8t",
-                "receive",
-                "receive-10",
-                "poll-10",
-                "poll-local",
-                "receive-local",
-                "roundtrip",
-                "group",
-                "memory",
-            )
+            in ("send", "receive", "receive-10", "poll-10", "group", "wakeup")
             + MEMBERSHIP_SCENARIOS
         )
 
-    def trial(self, scenario_name, ops, options=None):
-        from .harness import Trial
+    def trial(self, scenario_name, ops):
+        return getattr(self, "t_" + scenario_name.replace("-", "_"))(ops)
 
-        method = getattr(self, "t_" + scenario_name.replace("-", "_"))
-        if scenario_name == "memory":
-            return Trial(run=lambda ops: method(ops, options or {}))
-        return method(ops)
+    # -- (a) ---------------------------------------------------------------------
 
-    # -- (a), (b) ---------------------------------------------------------------
-
-    def _send_trial(self, ops):
+    def t_send(self, ops):
         from .harness import Trial
 
         layer, keeper, channel = self.layer, self.keeper, SEND_CHANNEL
@@ -185,24 +156,18 @@ class LayerTrials(object):
 
         return Trial(op, prepare=lambda: keeper.purge(channel), finish=finish)
 
-    t_send = _send_trial
-    t_send_8t = _send_trial
-
     # -- (c), (d) ---------------------------------------------------------------
 
-    def _receive_trial(self, ops, channels, full, stored=None):
-        """``stored``: where ``full``'s messages are kept, if not under its own
-        name (a process-local channel's base)."""
+    def _receive_trial(self, ops, channels, full):
         from .harness import Trial
 
         layer, keeper = self.layer, self.keeper
-        stored = stored or full
 
         def prepare():
             for channel in channels:
                 keeper.purge(channel)
             keeper.fill(full, ops)
-            seen = keeper.wait_depth(stored, ops)
+            seen = keeper.wait_depth(full, ops)
             if seen is not None and seen != ops:
                 raise RuntimeError("filled %s with %d messages, it holds %s" % (full, ops, seen))
 
@@ -211,9 +176,9 @@ class LayerTrials(object):
             return got == full and message is not None
 
         def finish():
-            left = keeper.depth(stored)
+            left = keeper.depth(full)
             if left:
-                keeper.purge(stored)
+                keeper.purge(full)
                 return ["%d messages left after %d receives" % (left, ops)]
             return []
 
@@ -225,15 +190,12 @@ class LayerTrials(object):
     def t_receive_10(self, ops):
         return self._receive_trial(ops, list(MULTI_CHANNELS), MULTI_FULL)
 
-    def t_receive_local(self, ops):
-        return self._receive_trial(ops, [LOCAL_BASE], LOCAL_FULL, stored=LOCAL_BASE)
+    # -- (m) ---------------------------------------------------------------------
 
-    # -- (m), (n) ---------------------------------------------------------------
-
-    def _poll_trial(self, channels):
+    def t_poll_10(self, ops):
         from .harness import Trial
 
-        layer, keeper = self.layer, self.keeper
+        layer, keeper, channels = self.layer, self.keeper, list(EMPTY_CHANNELS)
 
         def prepare():
             for channel in channels:
@@ -243,27 +205,6 @@ class LayerTrials(object):
             return layer.receive(channels, block=False) == (None, None)
 
         return Trial(op, prepare=prepare, finish=lambda: [])
-
-    def t_poll_10(self, ops):
-        return self._poll_trial(list(EMPTY_CHANNELS))
-
-    def t_poll_local(self, ops):
-        return self._poll_trial([LOCAL_BASE])
-
-    # -- (e) -----------------------------------------------------------------------
-
-    def t_roundtrip(self, ops):
-        from .harness import Trial
-
-        layer, keeper, channel = self.layer, self.keeper, ROUNDTRIP_CHANNEL
-        channels = [channel]
-
-        def op(_i):
-            layer.send(channel, MESSAGE)
-            got, message = layer.receive(channels, block=True)
-            return got == channel and message is not None
-
-        return Trial(op, prepare=lambda: keeper.purge(channel), finish=lambda: [])
 
     # -- (f) -----------------------------------------------------------------------
 
@@ -302,7 +243,7 @@ class LayerTrials(object):
         trial = Trial(op, prepare=prepare, finish=finish)
         return trial
 
-    # -- (i)-(l) ---------------------------------------------------------------------
+    # -- (i), (j) ---------------------------------------------------------------------
 
     def _membership_trial(self, ops, discard):
         from .harness import Trial
@@ -347,9 +288,6 @@ class LayerTrials(object):
     def t_group_discard(self, ops):
         return self._membership_trial(ops, discard=True)
 
-    t_group_add_8t = t_group_add
-    t_group_discard_8t = t_group_discard
-
     # -- (g) -----------------------------------------------------------------------
 
     def t_wakeup(self, ops):
@@ -372,11 +310,6 @@ class LayerTrials(object):
         return Trial(
             receive=receive, send=send, prepare=lambda: keeper.purge(channel), finish=lambda: []
         )
-
-    # -- (h) -----------------------------------------------------------------------
-
-    def t_memory(self, ops, options):
-        return run_memory(self.layer, options, progress=options.get("progress"))
 
 
 def check_membership_round(send_group, keeper, pairs, kept, present):
@@ -413,114 +346,3 @@ def check_membership_round(send_group, keeper, pairs, kept, present):
     if kept:
         problems += keeper.check_memberships(kept, True)
     return problems
-
-
-def rss_bytes():
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def run_memory(layer, options, progress=None):
-    """Send and receive ``options["to"]`` messages, recording RSS every
-    ``options["step"]`` messages received; samples: seq = checkpoint,
-    value = RSS bytes, dur = time since the previous checkpoint."""
-    total = int(options.get("to", 300000))
-    step = int(options.get("step", 10000))
-    senders = int(options.get("senders", 4))
-    receivers = int(options.get("receivers", 2))
-    window = threading.BoundedSemaphore(int(options.get("window", 2000)))
-    channels = list(MEMORY_CHANNELS)
-    lock = threading.Lock()
-    state = {"sent": 0, "received": 0, "next": step}
-    errors = []
-    stop = threading.Event()
-    perf = time.perf_counter_ns
-    checkpoints = []  # (t_ns, dur_ns, received, rss)
-    begin = perf()
-    last = [begin]
-    checkpoints.append((begin, 0, 0, rss_bytes()))
-
-    def send_loop(k):
-        n = 0
-        while not stop.is_set():
-            with lock:
-                if state["sent"] >= total:
-                    return
-                state["sent"] += 1
-            while not window.acquire(timeout=1):
-                if stop.is_set():
-                    return
-            try:
-                layer.send(channels[n % len(channels)], MESSAGE)
-            except Exception as exc:
-                errors.append("send: %s: %s" % (type(exc).__name__, exc))
-                window.release()
-                if len(errors) > 20:
-                    stop.set()
-            n += 1
-
-    def receive_loop():
-        while not stop.is_set():
-            try:
-                got, message = layer.receive(channels, block=True)
-            except Exception as exc:
-                errors.append("receive: %s: %s" % (type(exc).__name__, exc))
-                if len(errors) > 20:
-                    stop.set()
-                continue
-            if got is None:
-                with lock:
-                    if state["received"] >= total:
-                        return
-                continue
-            window.release()
-            with lock:
-                state["received"] += 1
-                received = state["received"]
-                checkpoint = received >= state["next"] or received >= total
-                if checkpoint:
-                    state["next"] += step
-            if checkpoint:
-                now = perf()
-                checkpoints.append((now, now - last[0], received, rss_bytes()))
-                last[0] = now
-                if progress:
-                    progress(received, total)
-            if received >= total:
-                stop.set()
-                return
-
-    threads = [threading.Thread(target=send_loop, args=(k,), daemon=True) for k in range(senders)]
-    threads += [threading.Thread(target=receive_loop, daemon=True) for _ in range(receivers)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + float(options.get("timeout", 3600))
-    while any(t.is_alive() for t in threads):
-        if time.monotonic() > deadline:
-            errors.append("timed out after %.0f s" % float(options.get("timeout", 3600)))
-            stop.set()
-            break
-        time.sleep(0.2)
-    stop.set()
-    for thread in threads:
-        thread.join(15)
-    wall = (perf() - begin) / 1e9
-    result = RoundResult(
-        len(checkpoints),
-        wall,
-        [c[0] for c in checkpoints],
-        [c[1] for c in checkpoints],
-        [True] * len(checkpoints),
-        errors[:20],
-        None,
-        [float(c[3]) for c in checkpoints],
-    )
-    result.units = state["received"]
-    result.extra = {
-        "seq": [c[2] for c in checkpoints],
-        "sent": state["sent"],
-        "received": state["received"],
-    }
-    if state["received"] < total:
-        result.problems.append("only %d of %d messages received" % (state["received"], total))
-    return result

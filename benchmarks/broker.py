@@ -187,10 +187,6 @@ class Admin(object):
     def bind(self, queue, exchange, routing_key=""):
         self._run("queue_bind", queue, exchange, routing_key=routing_key)
 
-    def depths(self, queues):
-        """Ready messages in each of ``queues`` (None for one that does not exist)."""
-        return [self.depth(queue) for queue in queues]
-
     def delete_many(self, queues=(), exchanges=()):
         """Delete ``queues`` and ``exchanges`` (gone already is fine), pipelined:
         every delete sent with nowait, then one synchronous call. True if the
@@ -358,29 +354,19 @@ class LayerKeeper(MembershipKeeping, Keeper):
     """Housekeeping for an AMQPChannelLayer on a housekeeping connection
     (``Admin``): queue names from the layer's ``topology``, passive declares
     for counts, ``queue.purge``, unconfirmed publishes for fills; the
-    membership checks read the broker's record (``MembershipKeeping``).
-    ``admin`` is an ``Admin``, or a URL for one opened at first use (so that
-    the memory scenario's process holds nothing but the layer)."""
+    membership checks read the broker's record (``MembershipKeeping``)."""
 
-    def __init__(self, layer, admin, management_url=None):
+    def __init__(self, layer, admin):
         super(LayerKeeper, self).__init__(layer)
-        self._admin = admin
-        self._management_url = management_url
+        self.admin = admin
         self.properties = pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack"
         )
         self.body = msgpack.packb(MESSAGE, use_bin_type=True)
         self.counter = 0
 
-    @property
-    def admin(self):
-        if isinstance(self._admin, str):
-            self._admin = Admin(self._admin, self._management_url)
-        return self._admin
-
     def close(self):
-        if not isinstance(self._admin, str):
-            self._admin.close()
+        self.admin.close()
 
     def _queue(self, channel):
         return self.layer.topology.channel_queue(channel)

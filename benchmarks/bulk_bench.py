@@ -1,29 +1,32 @@
 """The bulk suite: the same rows through the command line's bulk mode
-(``python -m asgi_amqp send --from FILE``), the PySpark sender
-(``asgi_amqp.spark.send_dataframe``) and ``layer.send_many`` in this
-process, against the pipelined-confirm ceiling (``raw-pika-async``'s
-publisher: raw pika, 1000 confirms outstanding, one queue), in one run
-(``python -m benchmarks --only bulk``).
+(``python -m asgi_amqp send --from FILE``, the whole process) and
+``layer.send_many`` in this process, against the pipelined-confirm ceiling
+(``PipelinedPublisher``: raw pika, 1000 confirms outstanding, one queue),
+in one run (``python -m benchmarks --only bulk``).
 
-Needs pyspark and Java (without them the suite is left out). Each round
-sends every row once per sender, alternating which goes first, into a fresh
-prefix, and checks that the channels' queues hold exactly the rows sent
-(passive declares on a connection of its own); the prefix's objects are
-deleted after each sender. Only public API and pika: the layer's internal
-modules differ between versions. Writes ``results/bulk.md`` and
+Each round sends every row once per sender, in an order that rotates, into
+a fresh prefix, and checks that the channels' queues hold exactly the rows
+sent (passive declares on a connection of its own); the prefix's objects
+are deleted after each sender. Only public API and pika: the layer's
+internal modules differ between versions. Writes ``results/bulk.md`` and
 ``bulk.json``.
 """
 
+import collections
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 
+import msgpack
+import pika
+
 from . import common
+from .broker import IOThreadConnection
+from .scenarios import MESSAGE
 
 CHANNELS = 100
 DEFAULT_ROUNDS = 1
@@ -92,22 +95,6 @@ def run_cli(path, prefix, capacity):
     return elapsed, (result.stderr.strip().splitlines() or [""])[-1]
 
 
-def run_spark(df, prefix, capacity):
-    from asgi_amqp.spark import send_dataframe
-
-    started = time.perf_counter()
-    result = send_dataframe(
-        df,
-        channel_col="channel",
-        message_col="message",
-        prefix=prefix,
-        capacity=capacity,
-        expiry=600,
-    )
-    elapsed = time.perf_counter() - started
-    return elapsed, result
-
-
 def run_send_many(url, prefix, capacity, count):
     layer = make_layer(url, prefix, capacity)
     try:
@@ -122,16 +109,127 @@ def run_send_many(url, prefix, capacity, count):
     return elapsed, "%d sent" % count
 
 
+class PipelinedPublisher(IOThreadConnection):
+    """Confirmed publishing as fast as pika goes: a ``SelectConnection`` owned
+    by an I/O thread of its own, publisher confirms on, up to ``window``
+    publishes unconfirmed.
+
+    ``publish(routing_key, count)`` packs the msgpack bodies in this thread,
+    in chunks of ``chunk``, and hands each chunk to the I/O thread with
+    ``add_callback_threadsafe`` (the only pika call another thread may make).
+    The I/O thread publishes while fewer than ``window`` are unconfirmed and
+    publishes more from the confirm callback. A ``Basic.Ack``/``Basic.Nack``
+    with ``multiple=True`` settles every unconfirmed tag up to and including
+    its own; unconfirmed tags are kept in publish order (acks may come out
+    of order), never counted by subtracting tags. The caller waits for the
+    last confirm. Publishes are ``mandatory``, like the layer's: a returned
+    message is counted.
+    """
+
+    def __init__(self, url, window=1000, chunk=1000, timeout=10.0):
+        self.window = window
+        self.chunk = chunk
+        self.channel = None
+        self.next_tag = 0
+        self.unconfirmed = collections.OrderedDict()  # delivery tag -> message index
+        self.pending = collections.deque()  # (index, body) handed over, not yet published
+        self.routing_key = None
+        self.acked = None
+        self.expected = self.settled = self.returned = 0
+        self.properties = pika.BasicProperties(
+            delivery_mode=1, content_type="application/x-msgpack"
+        )
+        self.open(url, "bulk-ceiling-io", timeout)
+
+    # -- the I/O thread ----------------------------------------------------------------
+
+    def _on_open(self, connection):
+        connection.channel(on_open_callback=self._on_channel)
+
+    def _on_channel(self, channel):
+        self.channel = channel
+        channel.add_on_close_callback(lambda _ch, exc: self._fail("channel closed: %r" % (exc,)))
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(
+            ack_nack_callback=self._on_confirm, callback=lambda _frame: self.ready.set()
+        )
+
+    def _on_return(self, _channel, _method, _properties, _body):
+        self.returned += 1
+
+    def _on_confirm(self, frame):
+        method = frame.method
+        ack = method.NAME == "Basic.Ack"
+        tag = method.delivery_tag
+        unconfirmed = self.unconfirmed
+        if method.multiple:
+            settled = []
+            while unconfirmed:
+                first = next(iter(unconfirmed))
+                if first > tag:
+                    break
+                settled.append(unconfirmed.popitem(last=False)[1])
+        else:
+            index = unconfirmed.pop(tag, None)
+            settled = [] if index is None else [index]
+        for index in settled:
+            self.acked[index] = ack
+        self.settled += len(settled)
+        self._pump()
+        if self.settled >= self.expected:
+            self.done.set()
+
+    def _submit(self, chunk):
+        self.pending.extend(chunk)
+        self._pump()
+
+    def _pump(self):
+        pending, unconfirmed = self.pending, self.unconfirmed
+        publish, properties = self.channel.basic_publish, self.properties
+        routing_key = self.routing_key
+        while pending and len(unconfirmed) < self.window:
+            index, body = pending.popleft()
+            self.next_tag += 1
+            unconfirmed[self.next_tag] = index
+            publish("", routing_key, body, properties, mandatory=True)
+
+    # -- the caller's thread ------------------------------------------------------------
+
+    def publish(self, routing_key, count, timeout=60.0):
+        """Publish ``count`` messages to ``routing_key`` (default exchange);
+        returns (acked, returned, errors): acked one per message."""
+        if self.error:
+            raise RuntimeError(self.error)
+        self.routing_key = routing_key
+        self.acked = [False] * count
+        self.expected, self.settled, self.returned = count, 0, 0
+        self.done.clear()
+        handover = self.connection.ioloop.add_callback_threadsafe
+        packb, chunk = msgpack.packb, self.chunk
+        for first in range(0, count, chunk):
+            bodies = [
+                (i, packb(MESSAGE, use_bin_type=True))
+                for i in range(first, min(count, first + chunk))
+            ]
+            handover(lambda bodies=bodies: self._submit(bodies))
+        errors = []
+        if not self.done.wait(timeout):
+            errors.append(
+                "%d of %d confirms missing after %.0f s" % (count - self.settled, count, timeout)
+            )
+        if self.error:
+            errors.append(self.error)
+        return self.acked, self.returned, errors
+
+
 def run_ceiling(url, admin, prefix, count):
     """The same number of messages through raw pika's pipelined confirms."""
-    from .contestants import PipelinedPublisher
-
     queue = "%s:ceiling" % prefix
     admin.declare(queue, None)
     publisher = PipelinedPublisher(url, window=1000, chunk=1000)
     try:
         started = time.perf_counter()
-        _, _, acked, returned, errors = publisher.publish(queue, count, timeout=600)
+        acked, returned, errors = publisher.publish(queue, count, timeout=600)
         elapsed = time.perf_counter() - started
     finally:
         publisher.close()
@@ -144,60 +242,28 @@ def run_ceiling(url, admin, prefix, count):
     return elapsed, "%d acked and queued" % count
 
 
-def missing():
-    """Why the suite cannot run here, or None."""
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed (pip install -e '.[bench]')"
-    if not shutil.which("java"):
-        return "no Java runtime (as root: make bench installs default-jre-headless)"
-    return None
-
-
 def run(args, ctx):
-    reason = missing()
-    if reason:
-        common.say("bulk: left out: %s" % reason)
-        return common.SuiteResult(0, "(left out: %s)" % reason, note="left out: " + reason)
     from .broker import Admin
 
     rounds = args.rounds or DEFAULT_ROUNDS
-    count, partitions = args.bulk_rows, args.bulk_partitions
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
+    count = args.bulk_rows
     capacity = count // CHANNELS + 10
-    spark = (
-        SparkSession.builder.master("local[%d]" % partitions)
-        .appName("asgi_amqp bulk bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
     admin = Admin(ctx.amqp_url)
     handle, path = tempfile.mkstemp(suffix=".jsonl")
-    figures = {"cli": [], "spark": [], "send_many": [], "ceiling": []}
+    figures = {"cli": [], "send_many": [], "ceiling": []}
     summaries = {}
     status = 0
     try:
-        data = [(channel, json.dumps(message)) for channel, message in rows(count)]
-        df = spark.createDataFrame(data, ["channel", "message"]).repartition(partitions).cache()
-        df.count()
         with os.fdopen(handle, "w") as out:
             for channel, message in rows(count):
                 out.write(json.dumps({"channel": channel, "message": message}) + "\n")
         for round_no in range(rounds):
-            for sender in common.rotate(["cli", "spark", "send_many", "ceiling"], round_no):
+            for sender in common.rotate(["cli", "send_many", "ceiling"], round_no):
                 prefix = "bulk-%s" % uuid.uuid4().hex[:8]
                 layer = make_layer(ctx.amqp_url, prefix, capacity)
                 try:
                     if sender == "cli":
                         elapsed, summary = run_cli(path, prefix, capacity)
-                    elif sender == "spark":
-                        elapsed, summary = run_spark(df, prefix, capacity)
                     elif sender == "send_many":
                         elapsed, summary = run_send_many(ctx.amqp_url, prefix, capacity, count)
                     else:
@@ -218,27 +284,19 @@ def run(args, ctx):
     finally:
         os.unlink(path)
         admin.close()
-        spark.stop()
     best = {name: sorted(values)[len(values) // 2] for name, values in figures.items()}
-    ratio = best["spark"] / best["cli"]
     table = (
         "| sender | rows/s (median of %d) | / ceiling |\n|---|---:|---:|\n"
         "| CLI bulk mode (`send --from`), whole process | %.0f | %.2fx |\n"
-        "| PySpark `send_dataframe`, %d partitions | %.0f | %.2fx |\n"
         "| `layer.send_many` in this process | %.0f | %.2fx |\n"
-        "| ceiling: raw pika, pipelined confirms, one queue | %.0f | 1.00x |\n"
-        "| Spark / CLI | %.2fx | |"
+        "| ceiling: raw pika, pipelined confirms, one queue | %.0f | 1.00x |"
         % (
             rounds,
             best["cli"],
             best["cli"] / best["ceiling"],
-            partitions,
-            best["spark"],
-            best["spark"] / best["ceiling"],
             best["send_many"],
             best["send_many"] / best["ceiling"],
             best["ceiling"],
-            ratio,
         )
     )
     common.say("\n" + table)
@@ -249,10 +307,8 @@ def run(args, ctx):
         "%s\n\nLast summaries: %s" % (table, json.dumps(summaries)),
         {
             "rows": count,
-            "partitions": partitions,
             "rows_per_second": best,
             "rounds": figures,
-            "spark_over_cli": ratio,
             "send_many_over_ceiling": best["send_many"] / best["ceiling"],
         },
         ctx.command,

@@ -35,12 +35,6 @@ runworker threads
     measurement). Every reply must come back. The check: the best
     asgi_amqp runworker handles at least 1.2x the messages/s of the best
     asgi_redis runworker (each at its own best thread count).
-runworker closed loop
-    ``channels_drive.py --threads 4`` keeps 32 messages in flight and sends
-    a new one for every reply: the worker with the driver and the broker
-    sharing the machine's cores with it. The share of 50 ms samples that
-    found the worker's queue empty says whether the worker or the driver
-    set the pace (with one worker, the queue stays full on both layers).
 
 Rounds alternate between the layers (AB, BA, ...) after a warm-up; the
 table shows the median round. Every frame sent must come back: a lost frame
@@ -175,7 +169,6 @@ class Contestant(object):
         self.flush = flush
         self.latencies = []  # per round: list of seconds
         self.throughput = []  # per round: result dicts
-        self.loop = []  # per round: channels_drive.py closed-loop results
         self.drain = []  # per round: channels_drive.py --drain results
         self.threads = {}  # runworker --threads N -> per round: --drain results
 
@@ -184,15 +177,6 @@ def _percentile(values, q):
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, int(round(q / 100.0 * (len(ordered) - 1)))))
     return ordered[index]
-
-
-def measure_closed_loop(contestant, duration, window, threads):
-    """The runworker fed in a closed loop straight through the layer (channels_drive.py)."""
-    return _drive(
-        contestant,
-        ["--seconds", str(duration), "--window", str(window), "--threads", str(threads)],
-        duration + 90,
-    )
 
 
 def measure_drain(contestant, count, threads=1):
@@ -243,11 +227,8 @@ def summarize(contestant):
         "daphne_cpu": _median_round(thr, lambda r: r["cpu"]["daphne"]) * 100,
         "worker_rate": _median_round(contestant.drain, lambda r: r["rate"]),
         "drain_cpu": _median_round(contestant.drain, lambda r: r["cpu"]) * 100,
-        "loop_rate": _median_round(contestant.loop, lambda r: r["rate"]),
-        "loop_idle": _median_round(contestant.loop, lambda r: r["backlog_empty"]) * 100,
         "lost": (
             sum(r["lost"] for r in thr)
-            + sum(r["lost"] for r in contestant.loop)
             + sum(r["lost"] for r in contestant.drain)
             + sum(r["lost"] for rounds in contestant.threads.values() for r in rounds)
         ),
@@ -263,7 +244,6 @@ def summarize(contestant):
         "rounds_p99_ms": [round(_percentile(r, 99) * 1000, 2) for r in lat],
         "rounds_rate": [round(r["rate"], 1) for r in thr],
         "rounds_worker_rate": [round(r["rate"], 1) for r in contestant.drain],
-        "rounds_loop_rate": [round(r["rate"], 1) for r in contestant.loop],
     }
     return row
 
@@ -272,13 +252,12 @@ def table(rows):
     header = (
         "| layer | daphne mode | RTT p50 ms | p95 ms | p99 ms "
         "| runworker drain msg/s (its CPU %) "
-        "| closed loop msg/s (worker queue empty) "
         "| via daphne msg/s (worker CPU %, daphne CPU %) | lost |"
     )
-    lines = [header, "|" + "---|" * 9]
+    lines = [header, "|" + "---|" * 8]
     for r in rows:
         lines.append(
-            "| %s | %s | %.2f | %.2f | %.2f | %.0f (%.0f%%) | %.0f (%.0f%%) "
+            "| %s | %s | %.2f | %.2f | %.2f | %.0f (%.0f%%) "
             "| %.0f (%.0f%%, %.0f%%) | %d |"
             % (
                 r["layer"],
@@ -288,8 +267,6 @@ def table(rows):
                 r["p99_ms"],
                 r["worker_rate"],
                 r["drain_cpu"],
-                r["loop_rate"],
-                r["loop_idle"],
                 r["rate"],
                 r["worker_cpu"],
                 r["daphne_cpu"],
@@ -466,26 +443,21 @@ def run(args, ctx):
         for c in contestants:  # warm-up, not recorded
             measure_latency(c.stack, 100)
             measure_throughput(c.stack, opts.clients, opts.window, 1.0)
-            measure_closed_loop(c, 1.0, opts.clients * opts.window, opts.driver_threads)
             measure_drain(c, min(500, opts.drain_count))
 
         for round_no in range(rounds):
             for c in common.rotate(contestants, round_no):
                 lat = measure_latency(c.stack, opts.latency_ops)
                 thr = measure_throughput(c.stack, opts.clients, opts.window, opts.duration)
-                loop = measure_closed_loop(
-                    c, opts.duration, opts.clients * opts.window, opts.driver_threads
-                )
                 drained = measure_drain(c, opts.drain_count)
                 c.latencies.append(lat)
                 c.throughput.append(thr)
-                c.loop.append(loop)
                 c.drain.append(drained)
-                lost = thr["lost"] + loop["lost"] + drained["lost"]
+                lost = thr["lost"] + drained["lost"]
                 say(
                     "  round %d %-10s RTT p50 %6.2f ms p99 %6.2f ms | runworker drain %5.0f "
-                    "msg/s (CPU %3.0f%%) | closed loop %5.0f msg/s (worker queue empty %3.0f%%) "
-                    "| via daphne %5.0f msg/s (worker %3.0f%%, daphne %3.0f%%)%s"
+                    "msg/s (CPU %3.0f%%) | via daphne %5.0f msg/s "
+                    "(worker %3.0f%%, daphne %3.0f%%)%s"
                     % (
                         round_no + 1,
                         c.name,
@@ -493,8 +465,6 @@ def run(args, ctx):
                         _percentile(lat, 99) * 1000,
                         drained["rate"],
                         drained["cpu"] * 100,
-                        loop["rate"],
-                        loop["backlog_empty"] * 100,
                         thr["rate"],
                         thr["cpu"]["worker"] * 100,
                         thr["cpu"]["daphne"] * 100,
@@ -584,7 +554,6 @@ class _Opts(object):
         self.clients = args.channels_clients
         self.window = args.channels_window
         self.drain_count = args.channels_drain_count
-        self.driver_threads = args.channels_driver_threads
         self.thread_counts = list(getattr(args, "channels_threads", None) or [])
 
 
@@ -604,9 +573,8 @@ def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
         "via daphne: %d clients x %d frames in flight for %.0f s per round; runworker drain: "
         "benchmarks/channels_drive.py queues %d websocket.receive messages for the stopped "
         "worker straight through the layer (no daphne), continues it and times it until every "
-        "reply is queued (channel capacity %s on both layers); closed loop: the same driver "
-        "keeps %d messages in flight from %d threads for %.0f s and samples the worker's queue "
-        "every 50 ms; %d rounds, alternating, median round shown."
+        "reply is queued (channel capacity %s on both layers); %d rounds, alternating, "
+        "median round shown."
         % (
             opts.latency_ops,
             opts.clients,
@@ -614,9 +582,6 @@ def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
             opts.duration,
             opts.drain_count,
             max(100, 2 * opts.drain_count),
-            opts.clients * opts.window,
-            opts.driver_threads,
-            opts.duration,
             opts.rounds,
         ),
         "",
@@ -640,14 +605,12 @@ def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
             "",
             "Rounds: "
             + "; ".join(
-                "%s p50 %s ms, p99 %s ms, runworker drain msg/s %s, closed loop msg/s %s, "
-                "via daphne msg/s %s"
+                "%s p50 %s ms, p99 %s ms, runworker drain msg/s %s, via daphne msg/s %s"
                 % (
                     r["layer"],
                     r["rounds_p50_ms"],
                     r["rounds_p99_ms"],
                     r["rounds_worker_rate"],
-                    r["rounds_loop_rate"],
                     r["rounds_rate"],
                 )
                 for r in rows

@@ -1,16 +1,15 @@
 """Feed one runworker directly through the channel layer (no daphne) and
-count what it handles; run by channels_bench.py with each layer's interpreter.
+time what it handles; run by channels_bench.py with each layer's interpreter.
 
     python benchmarks/channels_drive.py --worker-pid PID --drain 3000
     python benchmarks/channels_drive.py --worker-pid PID --drain 3000 --worker-threads 4
-    python benchmarks/channels_drive.py --worker-pid PID --seconds 3 --window 32
 
 The layer is the project's (``DJANGO_SETTINGS_MODULE``, ``CHAT_LAYER_PREFIX``
 and the broker variables come from the environment, as for the stack). Each
 message is a ``websocket.receive`` for the ``/echo/`` route, replying to
 this process's own process-local channel.
 
-``--drain COUNT`` (the runworker figure): the worker is stopped (SIGSTOP, by
+``--drain COUNT``: the worker is stopped (SIGSTOP, by
 its pid) while COUNT messages are queued for it, then continued and timed
 until all COUNT replies are queued; the counts are read with the broker's
 own client (a passive ``queue.declare``, a Redis ``LLEN``), not with
@@ -18,26 +17,15 @@ statistics that lag by seconds. The channel capacity must hold COUNT.
 ``--worker-threads N`` is the worker's ``runworker --threads``: stopped, it
 may hold one pushed message per thread.
 
-Without it, a closed loop: ``--window`` messages in flight, a new one sent
-for every reply, for ``--seconds``, from ``--threads`` threads sharing the
-window. A probe samples the worker's queue every 50 ms and the output says
-how often it found none waiting: a worker that sets the pace always has
-messages waiting (with one runworker, both layers' queues stay full), while
-an empty queue means the driver was the limit.
-
 Prints one JSON object: messages per second, the worker's CPU share, frames
-lost (and for the closed loop this process's CPU share and the backlog
-samples' median and empty share). The exit status is 1 if a driver thread
-failed.
+lost.
 """
 
 import argparse
 import json
 import os
 import signal
-import statistics
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,9 +41,11 @@ def _cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
 
 
-def backlog_probe(layer, channel):
+def backlog_probe(layer, channel, message=None):
     """A function giving the number of messages waiting in ``channel``, read
-    straight from the broker (not from statistics that lag by seconds)."""
+    straight from the broker (not from statistics that lag by seconds).
+    ``message``: one the driver sends, which names the queue of an ordered
+    channel (its reply channel's shard) on asgi_amqp."""
     topology = getattr(layer, "topology", None)
     if topology is not None:  # asgi_amqp: a passive declare on a connection of its own
         import pika
@@ -65,7 +55,7 @@ def backlog_probe(layer, channel):
         url = os.environ["AMQP_URL"]  # set by the stack, like the layer's own
         connection = pika.BlockingConnection(parse_urls(url)[0])
         pika_channel = connection.channel()
-        queue = topology.channel_queue(channel)
+        queue = topology.send_queue(channel, message)
 
         def amqp_depth():
             return pika_channel.queue_declare(queue, passive=True).method.message_count
@@ -90,39 +80,20 @@ class Driver(object):
         self.layer = layer
         self.reply_prefix = reply_prefix
         self.reply_channel = "%sp%d" % (reply_prefix, os.getpid())
-        self._lock = threading.Lock()
         self.sent = 0
         self.received = 0
-        self.stop = threading.Event()
-        self.errors = []
+
+    def message(self, order):
+        return {
+            "reply_channel": self.reply_channel,
+            "path": "/echo/",
+            "order": order,
+            "text": "%d %s" % (order, PAYLOAD),
+        }
 
     def send_one(self):
-        with self._lock:
-            self.sent += 1
-            order = self.sent
-        self.layer.send(
-            WORKER_CHANNEL,
-            {
-                "reply_channel": self.reply_channel,
-                "path": "/echo/",
-                "order": order,
-                "text": "%d %s" % (order, PAYLOAD),
-            },
-        )
-
-    def run(self):
-        """One thread's loop: a new message for every reply."""
-        try:
-            while not self.stop.is_set():
-                channel, _ = self.layer.receive([self.reply_prefix], block=True)
-                if channel is None:
-                    continue
-                with self._lock:
-                    self.received += 1
-                self.send_one()
-        except Exception as exc:  # reported, and the run fails
-            self.errors.append(repr(exc))
-            self.stop.set()
+        self.sent += 1
+        self.layer.send(WORKER_CHANNEL, self.message(self.sent))
 
 
 def _state(pid):
@@ -150,7 +121,7 @@ def drain(layer, driver, worker_pid, count, worker_threads=1):
     message per thread (a consumer's prefetch window, a BRPOP each).
     """
     layer.receive([driver.reply_prefix], block=False)  # declares its queue, on asgi_amqp
-    inbox = backlog_probe(layer, WORKER_CHANNEL)
+    inbox = backlog_probe(layer, WORKER_CHANNEL, driver.message(1))
     replies = backlog_probe(layer, driver.reply_channel)
     try:
         os.kill(worker_pid, signal.SIGSTOP)
@@ -198,10 +169,6 @@ def drain(layer, driver, worker_pid, count, worker_threads=1):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker-pid", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--warmup", type=float, default=0.5)
-    parser.add_argument("--window", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=4)
     parser.add_argument(
         "--worker-threads",
         type=int,
@@ -211,9 +178,9 @@ def main():
     parser.add_argument(
         "--drain",
         type=int,
-        default=0,
+        required=True,
         metavar="COUNT",
-        help="time the worker through COUNT queued messages instead",
+        help="time the worker through COUNT queued messages",
     )
     args = parser.parse_args()
 
@@ -225,59 +192,12 @@ def main():
 
     layer = get_channel_layer()
     driver = Driver(layer, "bench.drive!")  # a process-local channel: received by its prefix
-    if args.drain:
-        result = drain(layer, driver, args.worker_pid, args.drain, args.worker_threads)
-        print(json.dumps(result))
-        close = getattr(layer, "close", None)
-        if close:
-            close()
-        return 0
-    depth = backlog_probe(layer, WORKER_CHANNEL)
-    for _ in range(args.window):
-        driver.send_one()
-    threads = [threading.Thread(target=driver.run, daemon=True) for _ in range(args.threads)]
-    for thread in threads:
-        thread.start()
-
-    time.sleep(args.warmup)
-    cpu_start, own_cpu_start = _cpu_seconds(args.worker_pid), time.process_time()
-    received_at_start, t0 = driver.received, time.perf_counter()
-    backlog = []
-    while time.perf_counter() - t0 < args.seconds and not driver.stop.is_set():
-        backlog.append(depth())
-        time.sleep(0.05)
-    elapsed = time.perf_counter() - t0
-    handled = driver.received - received_at_start
-    cpu = (_cpu_seconds(args.worker_pid) - cpu_start) / elapsed
-    own_cpu = (time.process_time() - own_cpu_start) / elapsed
-    driver.stop.set()
-    for thread in threads:
-        thread.join(30)
-    # Drain what is still in flight.
-    deadline = time.monotonic() + 15
-    while driver.received < driver.sent and time.monotonic() < deadline:
-        channel, _ = layer.receive([driver.reply_prefix], block=True)
-        if channel is not None:
-            driver.received += 1
-    depth.close()
-    print(
-        json.dumps(
-            {
-                "rate": handled / elapsed,
-                "cpu": cpu,
-                "driver_cpu": own_cpu,
-                "backlog_median": statistics.median(backlog) if backlog else 0,
-                "backlog_empty": sum(1 for b in backlog if not b) / float(len(backlog) or 1),
-                "lost": driver.sent - driver.received,
-                "sent": driver.sent,
-                "errors": driver.errors,
-            }
-        )
-    )
+    result = drain(layer, driver, args.worker_pid, args.drain, args.worker_threads)
+    print(json.dumps(result))
     close = getattr(layer, "close", None)
     if close:
         close()
-    return 1 if driver.errors else 0
+    return 0
 
 
 if __name__ == "__main__":

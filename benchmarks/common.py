@@ -8,8 +8,7 @@
 * **Redis**: :class:`RedisServer`, the one way to find or start it:
   ``--redis-url``, ``$BENCH_REDIS_URL`` or ``$REDIS_URL``, else the Redis
   answering on 127.0.0.1:6379, else a private ``redis-server`` on a free
-  port, stopped at the end. :func:`install_deps` installs ``redis-server``
-  and a Java runtime with apt-get (``make redis-deps``, ``make bench``).
+  port, stopped at the end.
 * **asgi_redis's virtualenv**: :func:`redis_python` (``.venv-redis``, the
   recipe of ``make redis-venv``).
 * **Worker processes** (:class:`Worker`, JSON lines over a pipe) and **the
@@ -202,20 +201,6 @@ class RedisServer(object):
             self._dir = None
 
 
-# -- system packages ------------------------------------------------------------------------
-
-APT_PACKAGES = ("redis", "java")
-
-
-def install_deps(names, log=say):
-    """Install what is missing of ``names`` (``redis``, ``java``) with
-    ``devtools.install``; never fails: without Redis asgi_redis is left out,
-    without Java the PySpark parts are. Returns the names still missing."""
-    from devtools import install
-
-    return install.ensure(list(names), lambda text: log("bench: " + text))
-
-
 # -- asgi_redis's virtualenv -------------------------------------------------------------------
 
 REDIS_VENV = os.path.join(ROOT, ".venv-redis")
@@ -382,7 +367,7 @@ class Worker(object):
             bufsize=1,
         )
 
-    def request(self, obj, on_progress=None):
+    def request(self, obj):
         if self.process.poll() is not None:
             raise WorkerError("%s exited with %s" % (self.name, self.process.returncode))
         self.process.stdin.write(json.dumps(obj) + "\n")
@@ -395,10 +380,6 @@ class Worker(object):
                     % (self.name, self.process.wait(), obj.get("cmd"))
                 )
             reply = json.loads(line)
-            if "progress" in reply:
-                if on_progress is not None:
-                    on_progress(*reply["progress"])
-                continue
             if not reply.get("ok"):
                 raise WorkerError("%s: %s" % (self.name, reply.get("error")))
             return reply
@@ -476,7 +457,6 @@ class Context(object):
         self.args = args
         self.amqp_url = broker.amqp_url
         self.management_url = broker.management_url
-        self.broker_description = broker.description
         self.command = command
         self.results = args.results
         self.progress = not args.no_progress

@@ -1,11 +1,12 @@
-"""The echo suite: how fast can one worker echo messages, layer by layer,
-without Django? (``python -m benchmarks --only echo``, ``make bench-echo``)
+"""The echo suite: how fast can one worker process echo messages, layer by
+layer, without Django? (``python -m benchmarks --only echo``, ``make bench-echo``)
 
 The Channels suite measures a real ``runworker``; this takes Channels
-out and asks where the rest of the time goes. One worker process loops
-"receive one message from ``echo.w`` (blocking), send a reply to
-``echo.r``", while a driver process keeps 32 messages in flight and counts
-replies per second. Contestants, in alternating order:
+out and asks where the rest of the time goes. ``--echo-drain COUNT``
+messages are queued first; one process then times its worker through
+them, each worker thread looping "receive one message from ``echo.w``
+(blocking), send a reply to ``echo.r``" until it takes a stop message of
+its own. Contestants, in rotating order:
 
 ``raw-pika``
     one thread, pika's BlockingConnection: a prefetch-1 consumer, an ack and
@@ -22,43 +23,29 @@ replies per second. Contestants, in alternating order:
     hand-off goes through one list under a lock, with one
     ``add_callback_threadsafe`` per batch.
 ``asgi_amqp``
-    the layer, fed by the same raw pika driver as the two rows above (on the
-    layer's queues), so the three AMQP workers are compared alone.
-``asgi_amqp+own-driver``
-    the layer as worker *and* driver, as ``asgi_redis`` is: what a whole
-    system of layer processes does on these two cores.
+    the layer.
 ``asgi_redis``
-    asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis,
-    worker and driver.
+    asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis.
 ``asgi_amqp@baseline``
     with ``--baseline-src DIR``: the ``asgi_amqp`` row with the layer
-    imported from DIR (``common.LayerSource``), in the echo and drain tables.
+    imported from DIR (``common.LayerSource``).
 
-Every message body is a msgpack'd dict of the size a ``websocket.receive``
-has. The worker reports its CPU per message (process time from its first
-message to the stop message, all threads). The table gives the median round.
+``raw-pika`` runs one thread; the others run each thread count of
+``--echo-threads`` (default 1,2,4,8), as ``runworker --threads N`` runs
+them, the layers with a capacity that holds the queue. Every message body
+is a msgpack'd dict of the size a ``websocket.receive`` has. The worker
+reports its CPU per message (process time over the drain, all threads).
+After the clock stops, every reply is counted in the reply channel (the
+broker's count for raw pika, a receive of each for the layers): one
+missing fails the round. The table gives each thread count's median
+round, each contestant's best, and the ratios best asgi_amqp / best
+asgi_redis (the target is 1.2x) and best asgi_amqp / best
+``raw-pika-pipelined`` (the share of the ceiling the layer reaches).
 
-The driver above is a closed loop from one thread in a process of its own,
-sharing the machine's cores with the worker (one worker thread each). A
-second table takes it out: ``--drain COUNT`` messages are queued first and
-one process then times its worker through them, each worker thread looping
-blocking receive -> send reply until it takes a stop message of its own
-(``raw-pika``, one thread only; ``raw-pika-pipelined``, ``asgi_amqp`` and
-``asgi_redis`` with each thread count of ``--echo-threads``, default
-1,2,4,8, as ``runworker --threads N`` runs them; the layers with a capacity
-that holds the queue). That is each worker process's own pace with a full
-queue, the figure ``make bench-channels`` gives for a real runworker. After
-the clock stops, every reply is counted in the reply channel (the broker's
-count for raw pika, a receive of each for the layers): one missing fails
-the round. The table gives each thread count's median round, each
-contestant's best, and the ratios best asgi_amqp / best asgi_redis (the
-target is 1.2x) and best asgi_amqp / best ``raw-pika-pipelined`` (the
-share of the ceiling the layer reaches).
-
-The sides run in child processes (``python -m benchmarks.echo_ceiling
---child KIND --role ROLE``); only the standard library is imported at module
-level, because asgi_redis's children run in its own virtualenv. Writes
-``results/echo_ceiling.md``.
+Each drain runs in a child process (``python -m benchmarks.echo_ceiling
+--child KIND --role drain``); only the standard library is imported at
+module level, because asgi_redis's children run in its own virtualenv.
+Writes ``results/echo_ceiling.md``.
 """
 
 import argparse
@@ -80,11 +67,9 @@ PROJECT_DIR = os.path.join(ROOT, "tests", "project")
 DEFAULT_ROUNDS = 5
 BASELINE = "asgi_amqp@baseline"
 
-WINDOW = 32
 MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
 PIPELINED = "raw-pika-pipelined"
-KINDS = ("raw-pika", PIPELINED, "asgi_amqp", "asgi_amqp+own-driver", "asgi_redis")
-DRAIN_KINDS = ("raw-pika", PIPELINED, "asgi_amqp", "asgi_redis")
+KINDS = ("raw-pika", PIPELINED, "asgi_amqp", "asgi_redis")
 DEFAULT_THREADS = (1, 2, 4, 8)
 SINGLE_THREADED = ("raw-pika",)  # BlockingConnection: one thread only
 TARGET = 1.2  # best asgi_amqp worker process over best asgi_redis worker process
@@ -132,12 +117,6 @@ class LayerSide(object):
             for message in messages:
                 self.send(message)
 
-    def replies(self):
-        while True:
-            channel, message = self.layer.receive(["echo.r"], block=True)
-            if channel is not None:
-                yield message
-
     def close(self):
         if hasattr(self.layer, "flush"):
             self.layer.flush()
@@ -156,7 +135,7 @@ RAW_QUEUE_ARGUMENTS = {"x-expires": 60000}
 class RawSide(object):
     """pika's BlockingConnection, one thread."""
 
-    def __init__(self, prefix, queues=None):
+    def __init__(self, prefix):
         import msgpack
         import pika
 
@@ -164,10 +143,9 @@ class RawSide(object):
         self.connection = pika.BlockingConnection(pika.URLParameters(os.environ["AMQP_URL"]))
         self.channel = self.connection.channel()
         self.channel.confirm_delivery()
-        self.queues = queues or _raw_queues(prefix)
-        if queues is None:
-            for queue in self.queues:
-                self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
+        self.queues = _raw_queues(prefix)
+        for queue in self.queues:
+            self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
 
     def serve(self, handled):
         self.channel.basic_qos(prefetch_count=1)
@@ -188,10 +166,6 @@ class RawSide(object):
     def feed(self, messages):
         for message in messages:
             self.send(message)
-
-    def replies(self):
-        for _method, _properties, body in self.channel.consume(self.queues[1], auto_ack=True):
-            yield self.msgpack.unpackb(body)
 
     def close(self):
         self.connection.close()
@@ -324,37 +298,6 @@ class PipelinedSide(object):
         self.thread.join(5)
 
 
-def _raw_driver_for_the_layer(prefix):
-    """A raw pika driver on an asgi_amqp worker's queues.
-
-    One message echoed through the layer first makes the worker declare
-    both queues with the layer's arguments; then raw pika takes over.
-    """
-    layer = _layer("asgi_amqp", prefix, None)
-    try:
-        layer.send("echo.w", dict(MESSAGE))
-        if layer.receive(["echo.r"], block=True)[0] is None:
-            raise RuntimeError("the asgi_amqp worker did not answer")
-        queues = (layer.topology.channel_queue("echo.w"), layer.topology.channel_queue("echo.r"))
-    finally:
-        layer.close()
-    return RawSide(prefix, queues)
-
-
-def _side(kind, role, prefix, redis_url):
-    if kind == BASELINE:  # the same, with asgi_amqp from $BENCH_LAYER_SRC
-        kind = "asgi_amqp"
-    if kind == "asgi_amqp" and role == "drive":
-        return _raw_driver_for_the_layer(prefix)
-    if kind == "asgi_amqp+own-driver":
-        kind = "asgi_amqp"
-    if kind == "raw-pika" or (kind == PIPELINED and role == "drive"):
-        return RawSide(prefix)
-    if kind == PIPELINED:
-        return PipelinedSide(prefix)
-    return LayerSide(kind, prefix, redis_url)
-
-
 class Handled(object):
     """Messages echoed, and the CPU they took (start-up and imports left out);
     shared by a worker's threads."""
@@ -411,41 +354,7 @@ def count_replies(side, count, timeout):
     return len(orders)
 
 
-def child_worker(kind, prefix, redis_url):
-    side = _side(kind, "worker", prefix, redis_url)
-    handled = Handled()
-    print("ready", flush=True)
-    side.serve(handled)
-    print(json.dumps({"cpu_us": handled.cpu_us(), "handled": handled.count}), flush=True)
-    side.close()
-
-
-def child_drive(kind, prefix, redis_url, seconds, warmup=0.5):
-    side = _side(kind, "drive", prefix, redis_url)
-    sent = [0]
-
-    def send_one():
-        sent[0] += 1
-        message = dict(MESSAGE, order=sent[0])
-        side.send(message)
-
-    for _ in range(WINDOW):
-        send_one()
-    received, started, timed_from = 0, time.perf_counter(), None
-    for _reply in side.replies():
-        received += 1
-        now = time.perf_counter()
-        if timed_from is None and now - started >= warmup:
-            timed_from, received_before = now, received
-        if timed_from is not None and now - timed_from >= seconds:
-            break
-        send_one()
-    rate = (received - received_before) / (now - timed_from)
-    side.send({"stop": True})
-    print(json.dumps({"rate": rate}), flush=True)
-
-
-def child_drain(kind, prefix, redis_url, count, threads=1, announce=False):
+def child_drain(kind, prefix, redis_url, count, threads=1):
     """Queue ``count`` messages and a stop per thread, then time one worker
     process of ``threads`` threads through them; then count its replies."""
     if kind == BASELINE:
@@ -458,9 +367,6 @@ def child_drain(kind, prefix, redis_url, count, threads=1, announce=False):
         worker = LayerSide(kind, prefix, redis_url, capacity=count + threads + 10)
     feeder.feed([dict(MESSAGE, order=order) for order in range(count)])
     feeder.feed([{"stop": True}] * threads)  # after the others: send_many keeps the order
-    if announce:  # for a profiler, which may start now (py-spy record --pid)
-        sys.stderr.write("draining\n")
-        sys.stderr.flush()
     handled = Handled()
     handled.tick()  # the clock and the CPU count start now, not at the first message
     started = time.perf_counter()
@@ -518,44 +424,9 @@ def _child_argv(kind, python, prefix, redis_url):
     ]
 
 
-def _round(kind, python, seconds, redis_url, env, admin):
-    prefix = "echo-%s" % uuid.uuid4().hex[:8]
-    try:
-        return _echo_round(kind, python, seconds, redis_url, env, prefix)
-    finally:
-        _cleanup(admin, kind, prefix)
-
-
-def _echo_round(kind, python, seconds, redis_url, env, prefix):
-    argv = _child_argv(kind, python, prefix, redis_url)
-    worker = subprocess.Popen(
-        argv + ["--role", "worker"], stdout=subprocess.PIPE, cwd=ROOT, env=env
-    )
-    try:
-        if worker.stdout.readline().strip() != b"ready":
-            raise RuntimeError("the %s worker did not start" % kind)
-        drive = subprocess.run(
-            argv + ["--role", "drive", "--seconds", str(seconds)],
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
-            timeout=seconds + 60,
-            check=True,
-            env=env,
-        )
-        report = json.loads(worker.communicate(timeout=30)[0].decode().strip().splitlines()[-1])
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-    report.update(json.loads(drive.stdout.decode().strip().splitlines()[-1]))
-    return report
-
-
 def _drain_round(kind, python, count, redis_url, env, admin, threads=1):
     prefix = "drain-%s" % uuid.uuid4().hex[:8]
     argv = _child_argv(kind, python, prefix, redis_url) + [
-        "--role",
-        "drain",
         "--drain",
         str(count),
         "--threads",
@@ -644,33 +515,9 @@ def sweep_table(sweep, kinds, thread_counts):
     return "\n".join(lines) + "\n\n" + "".join("* %s\n" % r for r in ratios if r)
 
 
-def _table(results, kinds, unit="echoes/s"):
-    kinds = [k for k in kinds if results.get(k)]
-    redis = results.get("asgi_redis")
-    redis_rate = statistics.median(r["rate"] for r in redis) if redis else None
-    lines = [
-        "| worker | %s | vs asgi_redis | worker CPU per message | rounds |" % unit,
-        "|---|---|---|---|---|",
-    ]
-    for kind in kinds:
-        rates = [r["rate"] for r in results[kind]]
-        cpu = statistics.median(r["cpu_us"] for r in results[kind])
-        lines.append(
-            "| %s | %.0f | %s | %.0f us | %s |"
-            % (
-                kind,
-                statistics.median(rates),
-                "%.2fx" % (statistics.median(rates) / redis_rate) if redis_rate else "-",
-                cpu,
-                ", ".join("%.0f" % rate for rate in rates),
-            )
-        )
-    return "\n".join(lines)
-
-
 def run(args, ctx):
     rounds = args.rounds or DEFAULT_ROUNDS
-    kinds, drain_kinds = list(KINDS), list(DRAIN_KINDS)
+    kinds = list(KINDS)
     pythons = dict.fromkeys(KINDS, sys.executable)
     envs = dict.fromkeys(KINDS, None)
     notes = []
@@ -683,12 +530,10 @@ def run(args, ctx):
         pythons["asgi_redis"] = python
     else:
         kinds.remove("asgi_redis")
-        drain_kinds.remove("asgi_redis")
         notes.append("asgi_redis left out: %s" % reason)
         common.say("echo: asgi_redis left out: %s" % reason)
     if ctx.baseline is not None:
-        for group in (kinds, drain_kinds):
-            group.insert(group.index("asgi_amqp") + 1, BASELINE)
+        kinds.insert(kinds.index("asgi_amqp") + 1, BASELINE)
         pythons[BASELINE] = sys.executable
         envs[BASELINE] = ctx.baseline.environ()
         notes.append("%s: the layer from %s" % (BASELINE, ctx.baseline.describe()))
@@ -696,22 +541,11 @@ def run(args, ctx):
 
     admin = Admin(ctx.amqp_url)
     thread_counts = list(getattr(args, "echo_threads", None) or DEFAULT_THREADS)
-    results = collections.defaultdict(list)
     drained = collections.defaultdict(list)  # (kind, threads) -> reports
     try:
         for number in range(rounds):
-            for kind in common.rotate(kinds, number):
-                report = _round(
-                    kind, pythons[kind], args.echo_seconds, redis_url, envs[kind], admin
-                )
-                results[kind].append(report)
-                common.say(
-                    "  round %d %-20s %6.0f echoes/s  worker CPU %4.0f us/message"
-                    % (number + 1, kind, report["rate"], report["cpu_us"])
-                )
-        for number in range(rounds if args.echo_drain else 0):
             for threads in thread_counts:
-                kinds_now = [k for k in drain_kinds if threads == 1 or k not in SINGLE_THREADED]
+                kinds_now = [k for k in kinds if threads == 1 or k not in SINGLE_THREADED]
                 for kind in common.rotate(kinds_now, number):
                     report = _drain_round(
                         kind, pythons[kind], args.echo_drain, redis_url, envs[kind], admin, threads
@@ -730,25 +564,15 @@ def run(args, ctx):
                     )
     finally:
         admin.close()
-    table = _table(results, kinds)
+    headline = sweep_table(drained, kinds, thread_counts)
     common.say()
-    common.say(table)
+    common.say(headline)
     text = (
-        "%d rounds of %.0f s, median round; the driver is a closed loop from one thread."
-        "\n\n%s\n" % (rounds, args.echo_seconds, table)
+        "## Drain: %d messages queued first, one worker process of N threads timed "
+        "through them\n\nEach thread loops blocking receive -> send reply; every reply "
+        "was counted in its queue afterwards. Drain msg/s, median of %d rounds.\n\n%s\n"
+        % (args.echo_drain, rounds, headline)
     )
-    headline = table
-    if drained:
-        drain_table = sweep_table(drained, drain_kinds, thread_counts)
-        common.say()
-        common.say(drain_table)
-        text += (
-            "\n## Drain: %d messages queued first, one worker process of N threads timed "
-            "through them\n\nEach thread loops blocking receive -> send reply; every reply "
-            "was counted in its queue afterwards. Drain msg/s, median round.\n\n%s\n"
-            % (args.echo_drain, drain_table)
-        )
-        headline += "\n\n" + drain_table
     if notes:
         text += "\n" + "".join("* %s\n" % n for n in notes)
     paths = common.write_result(
@@ -757,7 +581,6 @@ def run(args, ctx):
         "One worker echoing, without Django",
         text,
         {
-            "echo": dict(results),
             "drain": {"%s@%d" % key: reports for key, reports in drained.items()},
             "notes": notes,
         },
@@ -767,29 +590,17 @@ def run(args, ctx):
 
 
 def child_main(argv=None):
-    parser = argparse.ArgumentParser(description="one side of an echo round (a child process)")
+    parser = argparse.ArgumentParser(description="one drain of the echo suite (a child process)")
     parser.add_argument("--child", required=True, choices=KINDS + (BASELINE,))
-    parser.add_argument("--role", required=True, choices=("worker", "drive", "drain"))
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--redis-url", default="")
-    parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--drain", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--announce", action="store_true", help="say 'draining' on stderr when the clock starts"
-    )
     args = parser.parse_args(argv)
     common.apply_layer_source()
     if args.child == BASELINE:
         common.check_layer_source()
-    if args.role == "worker":
-        child_worker(args.child, args.prefix, args.redis_url)
-    elif args.role == "drain":
-        child_drain(
-            args.child, args.prefix, args.redis_url, args.drain, args.threads, args.announce
-        )
-    else:
-        child_drive(args.child, args.prefix, args.redis_url, args.seconds)
+    child_drain(args.child, args.prefix, args.redis_url, args.drain, args.threads)
     return 0
 
 

@@ -4,10 +4,10 @@ Vocabulary
 ----------
 scenario
     *What* is measured: a name, a title, the metric it reports (``send/s``),
-    its kind (``rate``, ``latency`` or ``memory``) and a *runner* that drives
-    one round (``run_sequential`` calls ``trial.op`` ``ops`` times in one
-    thread; ``threaded_runner(8)`` splits them over 8 threads; ``run_wakeup``
-    times a blocking receive woken by a send from another thread).
+    its kind (``rate`` or ``latency``) and a *runner* that drives one round
+    (``run_sequential`` calls ``trial.op`` ``ops`` times in one thread;
+    ``run_wakeup`` times a blocking receive woken by a send from another
+    thread).
     Scenarios live in ``SCENARIOS`` (see ``scenarios.py``).
 contestant
     *Who* is measured: an object with ``setup(env)``, ``teardown(env)`` and,
@@ -53,11 +53,10 @@ class Scenario(object):
     """What is measured.
 
     ``kind``: ``"rate"`` (headline: median per-round ops/s, higher is
-    better), ``"latency"`` (headline: p50 per-op duration in ms, lower is
-    better) or ``"memory"`` (one long round; samples are RSS checkpoints).
-    ``fanout``: deliveries per op (send_group to N members), reported as a
-    second rate. ``default_ops``/``default_rounds`` override the run's
-    ``--ops``/``--rounds`` for scenarios whose ops are much slower or faster.
+    better) or ``"latency"`` (headline: p50 per-op duration in ms, lower is
+    better). ``fanout``: deliveries per op (send_group to N members),
+    reported as a second rate. ``default_ops`` overrides the run's ``--ops``
+    for scenarios whose ops are much slower or faster.
     """
 
     def __init__(
@@ -70,10 +69,8 @@ class Scenario(object):
         kind="rate",
         description="",
         default_ops=None,
-        default_rounds=None,
         letter="",
         fanout=None,
-        default=True,
     ):
         self.name = name
         self.title = title
@@ -83,10 +80,8 @@ class Scenario(object):
         self.kind = kind
         self.description = description
         self.default_ops = default_ops
-        self.default_rounds = default_rounds
         self.letter = letter
         self.fanout = fanout
-        self.default = default
 
     @property
     def method_name(self):
@@ -173,10 +168,8 @@ class Env(object):
 
 
 class RoundResult(object):
-    """What one round produced. ``values`` is an optional per-op number (RSS
-    bytes for memory checkpoints, the send's own duration in ms for wake-ups);
-    ``units`` overrides the number of operations counted in the rate
-    (messages for the memory scenario, whose ops are checkpoints)."""
+    """What one round produced. ``values`` is an optional per-op number (the
+    send's own duration in ms for wake-ups)."""
 
     FIELDS = (
         "ops_done",
@@ -185,29 +178,21 @@ class RoundResult(object):
         "durations_ns",
         "oks",
         "errors",
-        "thread_ids",
         "values",
         "problems",
         "delivered",
-        "units",
-        "extra",
     )
 
-    def __init__(
-        self, ops_done, wall_s, starts_ns, durations_ns, oks, errors, thread_ids, values=None
-    ):
+    def __init__(self, ops_done, wall_s, starts_ns, durations_ns, oks, errors, values=None):
         self.ops_done = ops_done
         self.wall_s = wall_s
         self.starts_ns = starts_ns
         self.durations_ns = durations_ns
         self.oks = oks
         self.errors = errors  # list of "ExceptionName: text"
-        self.thread_ids = thread_ids  # one per op, or None for a single thread
         self.values = values  # one per op, or None
         self.problems = []  # from trial.finish()
         self.delivered = None  # from trial.delivered
-        self.units = None
-        self.extra = {}
 
     @property
     def misses(self):
@@ -215,7 +200,7 @@ class RoundResult(object):
 
     @property
     def good(self):
-        return self.units if self.units is not None else self.ops_done - self.misses
+        return self.ops_done - self.misses
 
     @property
     def rate(self):
@@ -233,18 +218,15 @@ class RoundResult(object):
             data["durations_ns"],
             data["oks"],
             data["errors"],
-            data.get("thread_ids"),
             data.get("values"),
         )
         result.problems = data.get("problems") or []
         result.delivered = data.get("delivered")
-        result.units = data.get("units")
-        result.extra = data.get("extra") or {}
         return result
 
     @classmethod
     def failed(cls, text):
-        return cls(0, 0.0, [], [], [], [text], None)
+        return cls(0, 0.0, [], [], [], [text])
 
 
 def _error_text(exc):
@@ -272,73 +254,7 @@ def run_sequential(trial, ops):
             errors.append("round abandoned after %d errors" % len(errors))
             break
     wall = (perf() - begin) / 1e9
-    return RoundResult(len(oks), wall, starts, durations, oks, errors, None)
-
-
-def threaded_runner(threads):
-    """A runner that splits ``ops`` over ``threads`` threads calling ``trial.op``
-    at once (all released together by a barrier); the wall time runs from the
-    release to the last thread's end."""
-
-    def run_threaded(trial, ops):
-        perf = time.perf_counter_ns
-        op = trial.op
-        counts = [ops // threads + (1 if k < ops % threads else 0) for k in range(threads)]
-        barrier = threading.Barrier(threads + 1)
-        per_thread = [None] * threads
-
-        def work(k, first, count):
-            starts, durations, oks, errors = [], [], [], []
-            ident = threading.get_ident()
-            barrier.wait()
-            for i in range(first, first + count):
-                start = perf()
-                try:
-                    ok = op(i) is not False
-                except Exception as exc:
-                    ok = False
-                    errors.append(_error_text(exc))
-                end = perf()
-                starts.append(start)
-                durations.append(end - start)
-                oks.append(ok)
-                if len(errors) > MAX_ERRORS_PER_ROUND:
-                    break
-            per_thread[k] = (starts, durations, oks, errors, ident)
-
-        workers, first = [], 0
-        for k in range(threads):
-            workers.append(
-                threading.Thread(
-                    target=work, args=(k, first, counts[k]), name="bench-%d" % k, daemon=True
-                )
-            )
-            first += counts[k]
-        for worker in workers:
-            worker.start()
-        barrier.wait()
-        begin = perf()
-        for worker in workers:
-            worker.join()
-        wall = (perf() - begin) / 1e9
-        rows = []
-        errors = []
-        for starts, durations, oks, errs, ident in per_thread:
-            rows += zip(starts, durations, oks, [ident] * len(starts))
-            errors += errs
-        rows.sort()
-        return RoundResult(
-            len(rows),
-            wall,
-            [r[0] for r in rows],
-            [r[1] for r in rows],
-            [r[2] for r in rows],
-            errors,
-            [r[3] for r in rows],
-        )
-
-    run_threaded.threads = threads
-    return run_threaded
+    return RoundResult(len(oks), wall, starts, durations, oks, errors)
 
 
 WAKEUP_DELAY_S = 0.050
@@ -428,12 +344,7 @@ def run_wakeup(trial, ops, delay_s=WAKEUP_DELAY_S):
         requests.put(None)
         thread.join(10)
     wall = (perf() - begin) / 1e9
-    return RoundResult(len(oks), wall, starts, durations, oks, errors, None, values)
-
-
-def run_custom(trial, ops):
-    """For scenarios whose trials always bring their own ``run``."""
-    raise RuntimeError("this scenario needs a trial with its own run()")
+    return RoundResult(len(oks), wall, starts, durations, oks, errors, values)
 
 
 # -- the run -------------------------------------------------------------------------
@@ -452,7 +363,6 @@ class Recorder(object):
         "t_ns",
         "dur_ns",
         "ok",
-        "thread",
         "value",
     )
     ROUND_COLUMNS = (
@@ -482,9 +392,7 @@ class Recorder(object):
     def add(self, scenario, contestant, round_no, slot, ops_asked, result, epoch_anchor):
         # perf_counter_ns is CLOCK_MONOTONIC: the same clock in worker processes.
         epoch_ns, perf_ns = epoch_anchor
-        main_thread = threading.get_ident()
         values = result.values
-        seqs = result.extra.get("seq") if result.extra else None  # memory: messages so far
         for seq in range(result.ops_done):
             self.samples.append(
                 (
@@ -493,11 +401,10 @@ class Recorder(object):
                     contestant.name,
                     round_no,
                     slot,
-                    seqs[seq] if seqs else seq,
+                    seq,
                     epoch_ns + (result.starts_ns[seq] - perf_ns),
                     result.durations_ns[seq],
                     bool(result.oks[seq]),
-                    result.thread_ids[seq] if result.thread_ids else main_thread,
                     float(values[seq]) if values is not None and values[seq] is not None else None,
                 )
             )
@@ -519,7 +426,6 @@ class Recorder(object):
                 "problem_count": len(result.problems),
                 "errors": result.errors[:10],
                 "problems": result.problems[:10],
-                "extra": {k: v for k, v in (result.extra or {}).items() if k != "seq"},
             }
         )
 
@@ -536,7 +442,7 @@ def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, 
     if not taking_part:
         log("  (no contestant takes part in %s)" % scenario.name)
         return
-    if warmup_ops and scenario.kind != "memory":
+    if warmup_ops:
         for contestant in taking_part:
             try:
                 _one_round(scenario, contestant, env, min(warmup_ops, max(1, ops // 5)))
@@ -577,11 +483,6 @@ def _fmt_result(scenario, result):
     if scenario.kind == "latency":
         durs = sorted(d for d, ok in zip(result.durations_ns, result.oks) if ok)
         return "p50 %.3f ms" % (durs[len(durs) // 2] / 1e6) if durs else "-"
-    if scenario.kind == "memory":
-        values = [v for v in (result.values or []) if v]
-        if len(values) >= 2:
-            return "RSS %.1f -> %.1f MiB" % (values[0] / 2**20, values[-1] / 2**20)
-        return "-"
     text = "{:,.0f}/s".format(result.rate)
     if scenario.fanout and result.delivered is not None and result.wall_s > 0:
         text += " ({:,.0f} deliveries/s)".format(result.delivered / result.wall_s)

@@ -1,5 +1,5 @@
-"""The layer suite: scenarios (a)-(o), asgi_amqp side by side with asgi_redis,
-asgiref.inmemory and raw pika (``python -m benchmarks --only layer``).
+"""The layer suite: scenarios (a)-(m), asgi_amqp side by side with asgi_redis
+and raw pika (``python -m benchmarks --only layer``).
 
 Everything the run creates on the broker lives under a unique prefix
 (``bench-<stamp>-<pid>``; on Redis under the same key prefix) and is deleted
@@ -48,12 +48,8 @@ DEFAULT_ROUNDS = 5
 
 def check_args(parser, args):
     """Validate and complete the layer suite's options (called by the entry point)."""
-    if args.full:
-        args.memory_to = max(args.memory_to, 1000000)
     if args.ops < 1 or args.warmup < 0:
         parser.error("--ops must be at least 1, --warmup at least 0")
-    if not 0 < args.memory_from < args.memory_to or args.memory_step < 1:
-        parser.error("need 0 < --memory-from < --memory-to and --memory-step >= 1")
     args.scenario_ops = {}
     for item in args.set_ops:
         for part in item.split(","):
@@ -126,37 +122,6 @@ class Progress(object):
             self.bar.close()
 
 
-class MemoryProgress(object):
-    """A tqdm bar for the memory scenario's messages (fed by the worker)."""
-
-    def __init__(self, enabled):
-        self.enabled = enabled
-        self.bar = None
-
-    def __call__(self, done, total):
-        if not self.enabled:
-            return
-        if self.bar is None:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                self.enabled = False
-                return
-            self.bar = tqdm(
-                total=total,
-                unit="msg",
-                unit_scale=True,
-                leave=False,
-                desc="(h) messages",
-                position=1,
-                dynamic_ncols=True,
-            )
-        self.bar.update(done - self.bar.n)
-        if done >= total:
-            self.bar.close()
-            self.bar = None
-
-
 def run(args, ctx):
     """Play the selected scenarios; a ``common.SuiteResult``."""
     if ctx.baseline is not None and "layer@baseline" not in CONTESTANTS:
@@ -192,8 +157,7 @@ def run(args, ctx):
         if redis.url:
             python, reason = ctx.redis_python()
             args.redis_python_resolved, args.redis_python_reason = python, reason
-    options = _Options(args, rounds)
-    options.memory_progress = MemoryProgress(ctx.progress)
+    options = _Options(args)
     env = Env(url, prefix, admin, management_url, options=options)
     machine = report.machine_info(admin)
     common.say("broker %s at %s, prefix %s" % (machine["broker"], common.redact(url), prefix))
@@ -236,9 +200,7 @@ def run(args, ctx):
                     pass
                 continue
             players.append(contestant)
-        total = sum(
-            _rounds(s, options) * sum(1 for c in players if c.takes_part(s)) for s in scenarios
-        )
+        total = sum(rounds * sum(1 for c in players if c.takes_part(s)) for s in scenarios)
         progress = Progress(total, ctx.progress)
         for scenario in scenarios:
             progress.log("\n%s" % scenario.title)
@@ -248,7 +210,7 @@ def run(args, ctx):
                 players,
                 env,
                 _ops(scenario, options),
-                _rounds(scenario, options),
+                rounds,
                 args.warmup,
                 recorder,
                 progress.log,
@@ -288,10 +250,6 @@ def run(args, ctx):
             "rounds": rounds,
             "warmup_ops": args.warmup,
             "scenario_ops": {s.name: _ops(s, options) for s in scenarios},
-            "scenario_rounds": {s.name: _rounds(s, options) for s in scenarios},
-            "memory_from": args.memory_from,
-            "memory_to": args.memory_to,
-            "memory_step": args.memory_step,
         },
         "scenarios": [s.describe() for s in scenarios],
         "targets": [t.describe() for t in TARGETS if t.scenario in {s.name for s in scenarios}],
@@ -366,27 +324,16 @@ def _headline(summary_path):
 class _Options(object):
     """The options contestants and scenarios read (``env.options``)."""
 
-    def __init__(self, args, rounds):
+    def __init__(self, args):
         self.ops = args.ops
-        self.rounds = rounds
         self.scenario_ops = args.scenario_ops
-        self.memory_from = args.memory_from
-        self.memory_to = args.memory_to
-        self.memory_step = args.memory_step
         self.redis_url = getattr(args, "redis_url_resolved", None)
         self.redis_reason = getattr(args, "redis_reason", None)
         self.redis_python = getattr(args, "redis_python_resolved", None)
         self.redis_python_reason = getattr(args, "redis_python_reason", None)
-        self.memory_progress = None
 
 
 def _ops(scenario, options):
     if scenario.name in options.scenario_ops:
         return options.scenario_ops[scenario.name]
-    if scenario.kind == "memory":
-        return options.memory_to
     return scenario.default_ops or options.ops
-
-
-def _rounds(scenario, options):
-    return scenario.default_rounds or options.rounds

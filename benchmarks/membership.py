@@ -1,12 +1,12 @@
 """The broker work of one group membership, as the layer does it, as data.
 
-``add_phases`` and ``discard_calls`` spell out, call by call, what
+``add_phases`` and ``discard_runs`` spell out, call by call, what
 ``AMQPChannelLayer.group_add`` and ``group_discard`` ask of the broker
 (asgi_amqp.groups, with the names and arguments of
 ``asgi_amqp.naming.Topology``); ``PipelinedChannel`` runs such calls on a
 pika ``BlockingChannel``, sent together and waited for together. The
-group-membership ceiling (``contestants.RawMembershipContestant``) and
-``broker_costs`` both use them, so that they do the layer's work, no less.
+group-membership ceiling (``contestants.RawMembershipContestant``) uses
+them, so that it does the layer's work, no less.
 
 What each call does besides its answer, and so how far it can be pipelined:
 
@@ -53,8 +53,6 @@ import itertools
 import time
 
 import pika
-
-from .broker import IOThreadConnection
 
 _IDS = itertools.count(1)
 
@@ -213,20 +211,17 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     return [phase for phase in (first, second) if phase]
 
 
-def discard_runs(topology, group, channel, stamps=None):
+def discard_runs(topology, group, channel):
     """``group_discard(group, channel)`` as the layer sends it: ``(unbinds,
     notices)``, sent together and waited for together (``PipelinedChannel.
     run_beside``). The unbinds: every live stamp's binding, nowait, the
     last one answered; the notices: a process-local channel's leave notice,
-    which the layer publishes on its publishing connection at the same time.
-
-    ``stamps``: unbind only these stamps' bindings (the floor of a discard,
-    ``contestants.RawOneUnbindContestant``)."""
+    which the layer publishes on its publishing connection at the same time."""
     from asgi_amqp import naming
 
     group_exchange = topology.group_exchange(group)
     unbinds = []
-    for stamp in topology.live_stamps() if stamps is None else stamps:
+    for stamp in topology.live_stamps():
         member, arguments = topology.membership_binding(channel, stamp)
         unbinds.append(
             Call(
@@ -243,22 +238,8 @@ def discard_runs(topology, group, channel, stamps=None):
     return unbinds, notices
 
 
-def discard_calls(topology, group, channel, stamps=None):
-    """``discard_runs`` as one run on one channel (``broker_costs``: the
-    same broker work): a process-local channel's notice after the unbinds,
-    its confirm ending them (the broker ran the unbinds before it)."""
-    unbinds, notices = discard_runs(topology, group, channel, stamps)
-    if notices:
-        unbinds[-1] = unbinds[-1]._replace(answered=False)
-    return unbinds + notices
-
-
 class Refused(Exception):
     """The broker nacked or returned a publish it had to take."""
-
-
-# AMQP 0-9-1 methods without a nowait field: always a synchronous request.
-NO_NOWAIT = ("queue_unbind",)
 
 
 class PipelinedChannel(object):
@@ -267,27 +248,18 @@ class PipelinedChannel(object):
     Publisher confirms are kept here, on the channel's ``_impl`` (a
     ``BlockingChannel`` in confirm mode waits for each publish on its own):
     ``run(calls)`` sends every call (publishes, RPCs with ``nowait`` unless
-    answered; a method without nowait, ``NO_NOWAIT``, on a side channel of
-    its own) and then waits for every confirm and every answer. A channel
+    answered) and then waits for every confirm and every answer. A channel
     error raises ``ChannelClosedByBroker`` (the channels are opened again
     for the next call); a nacked publish raises ``Refused``, and a returned
     one has its queue made (``Call.remedy``) and is sent again, once.
-    ``confirms=False``: publishes are not confirmed (``broker_costs``).
     """
 
-    def __init__(self, connection, confirms=True):
+    def __init__(self, connection):
         self.connection = connection
-        self.confirms = confirms
-        self._side = []  # BlockingChannels for NO_NOWAIT methods, one per call of a phase
         self.beside = None  # a PipelinedChannel of the same connection, for run_beside
         self._open()
 
     def _open(self):
-        for side in self._side:
-            if side.is_open:
-                side.close()
-        self._side = []
-        self._side_used = 0
         self.channel = self.connection.channel()
         impl = self.channel._impl
         self._next_tag = 0
@@ -296,19 +268,17 @@ class PipelinedChannel(object):
         self._returned = []  # message_ids
         self._answers = 0  # answered RPCs not answered yet
         impl.add_on_return_callback(self._on_return)
-        if self.confirms:
-            selected = []
-            impl.confirm_delivery(self._on_confirm, callback=selected.append)
-            self.channel._flush_output(lambda: bool(selected))
+        selected = []
+        impl.confirm_delivery(self._on_confirm, callback=selected.append)
+        self.channel._flush_output(lambda: bool(selected))
 
     @property
     def is_open(self):
         return self.channel.is_open
 
     def close(self):
-        for channel in self._side + [self.channel]:
-            if channel.is_open:
-                channel.close()
+        if self.channel.is_open:
+            self.channel.close()
         if self.beside is not None:
             self.beside.close()
 
@@ -332,34 +302,23 @@ class PipelinedChannel(object):
 
     # -- calls --------------------------------------------------------------------------
 
-    def send(self, call, answered=None):
-        """Send one call; ``answered`` overrides ``call.answered`` (an RPC)."""
+    def send(self, call):
+        """Send one call."""
         impl = self.channel._impl
         if call.method == "basic_publish":
             impl.basic_publish(**call.kwargs)
-            if self.confirms:
-                self._next_tag += 1
-                self._unsettled[self._next_tag] = call.kwargs["properties"].message_id
+            self._next_tag += 1
+            self._unsettled[self._next_tag] = call.kwargs["properties"].message_id
             return
-        answered = call.answered if answered is None else answered
-        if call.method in NO_NOWAIT and not answered:
-            # Synchronous anyway: on a channel of its own, so that it waits
-            # for nobody and nobody for it.
-            if self._side_used == len(self._side):
-                self._side.append(self.connection.channel())
-            impl = self._side[self._side_used]._impl
-            self._side_used += 1
-            answered = True
-        if answered:
+        if call.answered:
             self._answers += 1
             getattr(impl, call.method)(callback=self._on_answer, **call.kwargs)
         else:
             getattr(impl, call.method)(callback=None, **call.kwargs)
 
     def _settled(self):
-        """Every confirm and answer is in, or a channel was closed."""
-        channels = [self.channel] + self._side
-        if any(channel.is_closed for channel in channels):
+        """Every confirm and answer is in, or the channel was closed."""
+        if self.channel.is_closed:
             return True
         return not self._unsettled and not self._answers
 
@@ -370,11 +329,8 @@ class PipelinedChannel(object):
 
     def _check(self):
         """After a wait: raise for a closed channel or a nacked publish."""
-        channels = [self.channel] + self._side
-        self._side_used = 0
-        closed = [channel for channel in channels if channel.is_closed]
-        if closed:
-            reason = getattr(closed[0], "_closing_reason", None)
+        if self.channel.is_closed:
+            reason = getattr(self.channel, "_closing_reason", None)
             self._open()
             if isinstance(reason, Exception):
                 raise reason
@@ -391,7 +347,7 @@ class PipelinedChannel(object):
         leave notice on its publishing one."""
         beside = self.beside
         if beside is None:
-            beside = self.beside = PipelinedChannel(self.connection, self.confirms)
+            beside = self.beside = PipelinedChannel(self.connection)
         self._returned = []
         beside._returned = []
         for call in calls:
@@ -405,25 +361,16 @@ class PipelinedChannel(object):
             beside._check()
         beside._send_returned(publishes, True)
 
-    def run(self, calls, one_by_one=False):
-        """Send ``calls`` together and wait for them (``one_by_one``: each
-        call waited for before the next, every RPC answered)."""
-        if one_by_one:
-            for call in calls:
-                self._run([call], True)
-        else:
-            self._run(calls, None)
-
-    def _run(self, calls, answered, again=True):
+    def run(self, calls, again=True):
+        """Send ``calls`` together and wait for them."""
         self._returned = []
         after_answered = False
         for call in calls:
             if call.method == "basic_publish" and after_answered:
                 # pika would send it ahead of the RPCs it holds back.
                 raise ValueError("a publish after an answered call in one phase")
-            self.send(call, answered)
-            if call.method not in NO_NOWAIT:
-                after_answered = after_answered or bool(answered or call.answered)
+            self.send(call)
+            after_answered = after_answered or call.answered
         self.wait()
         self._send_returned(calls, again)
 
@@ -446,160 +393,9 @@ class PipelinedChannel(object):
         for call in mandatory:
             # Its queue did not exist (new, expired or flushed): make it, send again.
             if call.remedy:
-                self._run(call.remedy, None, again=False)
-            self._run([call], None, again=False)
+                self.run(call.remedy, again=False)
+            self.run([call], again=False)
 
     def publish(self, exchange, routing_key, body, properties, mandatory=False):
         """One confirmed publish, waited for."""
         self.run([_publish(exchange, routing_key, properties, body, mandatory)])
-
-    def sync(self):
-        """One synchronous call (``basic.qos``) after every call sent so far."""
-        try:
-            self.channel.basic_qos(prefetch_count=0)
-        except pika.exceptions.ChannelClosed:
-            self._open()
-            raise
-
-
-class AsyncMemberships(IOThreadConnection):
-    """Memberships as fast as pika goes with ``concurrency`` of them in
-    flight: a ``SelectConnection`` owned by an I/O thread of its own, one
-    confirming channel for every publish and an admin channel per
-    membership in flight, no thread hand-off per call.
-
-    The ceiling of the threaded membership scenarios: their layer has 8
-    threads each waiting for its call, through one connection and one I/O
-    thread; 8 threads each on a ``BlockingConnection`` of its own
-    (``PipelinedChannel``) spend their time in pika's framing under the
-    GIL, so on a slow machine the layer beat them.
-
-    ``run(count, phases_of)``: membership ``i``'s phases are
-    ``phases_of(i)`` (called on the I/O thread when it starts: the layer
-    builds its calls inside its own call too), each a list of ``Call``s
-    sent together, publishes on the confirming channel and the rest on the
-    membership's admin channel (nowait unless answered), and waited for
-    together: every confirm and every answer, then the next phase. A
-    nack, a returned publish (its queue must exist: ``remedy`` is not
-    used here) or a closed channel is an error and ends the run.
-    """
-
-    def __init__(self, url, concurrency, timeout=10.0):
-        self.concurrency = concurrency
-        self.publisher = None
-        self.admin = []  # pika Channels, one per membership in flight
-        self._opening = 0
-        self._tags = {}  # delivery tag -> the job awaiting its confirm
-        self._next_tag = 0
-        self.open(url, "async-memberships-io", timeout)
-
-    # -- the I/O thread ----------------------------------------------------------------
-
-    def _on_open(self, connection):
-        self._opening = self.concurrency + 1
-        connection.channel(on_open_callback=self._on_publisher)
-        for _ in range(self.concurrency):
-            connection.channel(on_open_callback=self._on_admin)
-
-    def _watch(self, channel):
-        channel.add_on_close_callback(lambda _ch, exc: self._fail("channel closed: %r" % (exc,)))
-
-    def _opened(self, _frame=None):
-        self._opening -= 1
-        if self._opening == 0:
-            self.ready.set()
-
-    def _on_publisher(self, channel):
-        self._watch(channel)
-        self.publisher = channel
-        channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._opened)
-
-    def _on_admin(self, channel):
-        self._watch(channel)
-        self.admin.append(channel)
-        self._opened()
-
-    def _on_return(self, _channel, method, _properties, _body):
-        self._fail("a publish was returned: %s %s" % (method.exchange, method.routing_key))
-
-    def _on_confirm(self, frame):
-        method = frame.method
-        tag = method.delivery_tag
-        if method.multiple:
-            tags = [t for t in self._tags if t <= tag]
-        else:
-            tags = [tag] if tag in self._tags else []
-        if method.NAME != "Basic.Ack":
-            self._fail("%d publishes nacked" % len(tags))
-            return
-        for settled in tags:
-            self._settle(self._tags.pop(settled))
-
-    def _settle(self, job):
-        job["waiting"] -= 1
-        if job["waiting"] == 0 and not self.done.is_set():
-            self._next_phase(job)
-
-    def _start(self, channel):
-        """Start the next membership on ``channel``, if any is left."""
-        index = self._next
-        if index >= self._count:
-            if self._finished == self._count:
-                self.done.set()
-            return
-        self._next += 1
-        self._starts[index] = time.perf_counter_ns()
-        job = {"index": index, "channel": channel, "phases": list(self._phases_of(index))}
-        job["phases"].reverse()
-        self._next_phase(job)
-
-    def _next_phase(self, job):
-        if not job["phases"]:
-            self._ends[job["index"]] = time.perf_counter_ns()
-            self._finished += 1
-            self._start(job["channel"])  # done once the last one finished
-            return
-        calls = job["phases"].pop()
-        channel = job["channel"]
-        job["waiting"] = 1  # released below, once every call is sent
-        for call in calls:
-            if call.method == "basic_publish":
-                self.publisher.basic_publish(**call.kwargs)
-                self._next_tag += 1
-                self._tags[self._next_tag] = job
-                job["waiting"] += 1
-            elif call.answered:
-                job["waiting"] += 1
-                getattr(channel, call.method)(
-                    callback=lambda _frame, job=job: self._settle(job), **call.kwargs
-                )
-            else:
-                getattr(channel, call.method)(callback=None, **call.kwargs)
-        self._settle(job)
-
-    def _begin(self):
-        for channel in self.admin:
-            self._start(channel)
-
-    # -- the caller's thread -----------------------------------------------------------
-
-    def run(self, count, phases_of, timeout=120.0):
-        """Make ``count`` memberships; ``(starts, ends)`` in ns, 0 for one not
-        finished. Raises ``RuntimeError`` for an error or a timeout."""
-        if self.error:
-            raise RuntimeError(self.error)
-        self._count, self._next, self._finished = count, 0, 0
-        self._phases_of = phases_of
-        self._starts, self._ends = [0] * count, [0] * count
-        self.done.clear()
-        if count == 0:
-            return [], []
-        self.connection.ioloop.add_callback_threadsafe(self._begin)
-        if not self.done.wait(timeout):
-            self._fail(
-                "%d of %d memberships not done in %.0f s" % (count - self._finished, count, timeout)
-            )
-        if self.error:
-            raise RuntimeError(self.error)
-        return self._starts, self._ends

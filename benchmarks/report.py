@@ -143,14 +143,8 @@ def aggregate_python(samples, rounds, run):
     durations = collections.defaultdict(list)
     after_send = collections.defaultdict(list)
     misses = collections.Counter()
-    memory = collections.defaultdict(list)
-    kinds = {s["name"]: s["kind"] for s in run["scenarios"]}
     for row in samples:
         key = (row["scenario"], row["contestant"])
-        if kinds.get(row["scenario"]) == "memory":
-            if row["value"] is not None:
-                memory[key].append((row["seq"], row["value"]))
-            continue
         if row["ok"]:
             durations[key].append(row["dur_ns"])
             if row["value"] is not None:
@@ -190,27 +184,8 @@ def aggregate_python(samples, rounds, run):
         after = sorted(after_send.get((scenario, contestant), []))
         for fraction in AFTER_SEND_PERCENTILES:
             entry["after_send_p%d_ms" % round(fraction * 100)] = _ms(percentile(after, fraction))
-        points = sorted(memory.get((scenario, contestant), []))
-        if points:
-            entry.update(_memory_figures(points, run["options"]["memory_from"]))
         stats.setdefault(scenario, {})[contestant] = entry
     return finish_stats(stats, run)
-
-
-def _memory_figures(points, start):
-    """Growth of RSS from the first checkpoint at or after ``start`` messages
-    to the last checkpoint."""
-    base = [p for p in points if p[0] >= start] or points[-1:]
-    first, last = base[0], points[-1]
-    return {
-        "rss_from_messages": int(first[0]),
-        "rss_from_mib": round(first[1] / 2**20, 2),
-        "rss_to_messages": int(last[0]),
-        "rss_to_mib": round(last[1] / 2**20, 2),
-        "rss_start_mib": round(points[0][1] / 2**20, 2),
-        "rss_growth_pct": round(100.0 * (last[1] - first[1]) / first[1], 2) if first[1] else None,
-        "rss_points": [[int(m), round(v / 2**20, 2)] for m, v in points],
-    }
 
 
 def finish_stats(stats, run):
@@ -221,8 +196,6 @@ def finish_stats(stats, run):
         for entry in per.values():
             if info.get("kind") == "latency":
                 entry["headline"] = entry.get("p50_ms")
-            elif info.get("kind") == "memory":
-                entry["headline"] = entry.get("rss_growth_pct")
             else:
                 entry["headline"] = entry.get("rate_median")
         base = per.get(info.get("baseline"))
@@ -242,7 +215,6 @@ _STAT_KEYS = {
     "p50": "p50_ms",
     "p95": "p95_ms",
     "p99": "p99_ms",
-    "growth": "rss_growth_pct",
 }
 
 
@@ -256,8 +228,7 @@ def evaluate_targets(stats, run):
         row["against"] = None
         row["value"] = None
         if target.get("other"):
-            other_scenario = target.get("other_scenario") or target["scenario"]
-            against = stats.get(other_scenario, {}).get(target["other"], {}).get(key)
+            against = stats.get(target["scenario"], {}).get(target["other"], {}).get(key)
             row["against"] = against
             if subject is not None and against:
                 row["value"] = subject / against
@@ -281,8 +252,6 @@ def _fmt_number(value, unit=""):
         return "-"
     if unit == "ms":
         return "%.3f ms" % value
-    if unit == "%":
-        return "%.1f%%" % value
     if abs(value) >= 100:
         return "{:,.0f}".format(value)
     return "%.3g" % value
@@ -302,13 +271,7 @@ def targets_table(rows, stats, run):
             else "-"
         )
         if row.get("other"):
-            other_what = _stat_label(
-                row["stat"], scenarios.get(row.get("other_scenario") or row["scenario"], {})
-            )
-            where = row["other"] + (
-                " (%s)" % row["other_scenario"] if row.get("other_scenario") else ""
-            )
-            against = "%s: %s %s" % (where, _fmt_number(row["against"], unit), other_what)
+            against = "%s: %s %s" % (row["other"], _fmt_number(row["against"], unit), what)
             value = "-" if row["value"] is None else "%.2fx" % row["value"]
             goal = "%s %sx" % (row["op"], _fmt_goal(row["goal"]))
         else:
@@ -330,8 +293,6 @@ def _stat_label(stat, scenario):
         return stat
     if stat == "deliveries":
         return "deliveries/s"
-    if stat == "growth":
-        return "RSS growth"
     if scenario.get("kind") == "latency":
         return "p50"
     return scenario.get("metric", "")
@@ -374,32 +335,6 @@ def summary_table(stats, run):
                             for n in names
                         ]
                     )
-        elif scenario["kind"] == "memory":
-            rows.append(
-                [label, "RSS growth %"]
-                + [_fmt(per.get(n, {}).get("rss_growth_pct"), "%.1f%%") for n in names]
-            )
-            rows.append(
-                ["", "RSS MiB (from -> to msgs)"]
-                + [
-                    (
-                        "%.1f -> %.1f (%dk -> %dk)"
-                        % (
-                            per[n]["rss_from_mib"],
-                            per[n]["rss_to_mib"],
-                            per[n]["rss_from_messages"] // 1000,
-                            per[n]["rss_to_messages"] // 1000,
-                        )
-                        if n in per and per[n].get("rss_from_mib") is not None
-                        else "-"
-                    )
-                    for n in names
-                ]
-            )
-            rows.append(
-                ["", "msg/s (send+receive)"]
-                + [_fmt(per.get(n, {}).get("rate_median"), "{:,.0f}") for n in names]
-            )
         else:
             rows.append(
                 [label, scenario["metric"] + " median"]
@@ -415,17 +350,14 @@ def summary_table(stats, run):
 
 def ratio_subjects(run):
     """(subject, others) pairs for ratio tables: ``layer`` against every
-    other contestant, and with a baseline, ``layer@current`` and the
-    discard floor against ``layer@baseline``."""
+    other contestant, and with a baseline, ``layer@current`` against
+    ``layer@baseline``."""
     names = [c["name"] for c in run["contestants"]]
     pairs = []
     if "layer" in names:
         pairs.append(("layer", [n for n in names if n != "layer"]))
     if "layer@current" in names and "layer@baseline" in names:
         pairs.append(("layer@current", ["layer@baseline"]))
-    if "raw-pika-one-unbind" in names and "layer@baseline" in names:
-        # How far any discard of the layer's design could go past the design before.
-        pairs.append(("raw-pika-one-unbind", ["layer@baseline"]))  # scenarios.DISCARD_FLOOR
     return pairs
 
 
@@ -448,8 +380,6 @@ def ratio_table(stats, run, subject, others):
         label = "(%s) %s" % (scenario["letter"], scenario["name"])
         if scenario["kind"] == "latency":
             figures = [("p50 ms", "p50_ms"), ("p99 ms", "p99_ms")]
-        elif scenario["kind"] == "memory":
-            continue
         else:
             figures = [(scenario["metric"], "rate_median")]
             if scenario.get("fanout"):
@@ -557,7 +487,6 @@ def write_raw(recorder, run, directory, stamp):
                 ("t_ns", pyarrow.int64()),
                 ("dur_ns", pyarrow.int64()),
                 ("ok", pyarrow.bool_()),
-                ("thread", pyarrow.int64()),
                 ("value", pyarrow.float64()),
             ]
         )
@@ -604,12 +533,9 @@ def write_raw(recorder, run, directory, stamp):
     run["samples_file"] = os.path.basename(samples_path)
     run["rounds_file"] = os.path.basename(rounds_path)
     run["round_details"] = [
-        {
-            k: r[k]
-            for k in ("scenario", "contestant", "round", "slot", "errors", "problems", "extra")
-        }
+        {k: r[k] for k in ("scenario", "contestant", "round", "slot", "errors", "problems")}
         for r in recorder.rounds
-        if r["errors"] or r["problems"] or r.get("extra")
+        if r["errors"] or r["problems"]
     ]
     run_path = os.path.join(directory, "run-%s.json" % stamp)
     with open(run_path, "w") as handle:
@@ -731,23 +657,14 @@ def render_summary_md(stats, run, targets, charts, engine):
             render_markdown(detail_table(scenario, per, run)),
             "",
         ]
-        if scenario["kind"] != "memory":
-            lines += [
-                "Per-round rates: "
-                + "; ".join(
-                    "%s %s" % (name, ", ".join("{:,.0f}".format(r) for r in per[name]["rates"]))
-                    for name in _order(run, per)
-                ),
-                "",
-            ]
-        else:
-            for name in _order(run, per):
-                points = per[name].get("rss_points") or []
-                lines += [
-                    "RSS of %s (messages: MiB): %s"
-                    % (name, ", ".join("%dk: %.1f" % (m // 1000, v) for m, v in points)),
-                    "",
-                ]
+        lines += [
+            "Per-round rates: "
+            + "; ".join(
+                "%s %s" % (name, ", ".join("{:,.0f}".format(r) for r in per[name]["rates"]))
+                for name in _order(run, per)
+            ),
+            "",
+        ]
         problems = [
             d
             for d in run.get("round_details", [])
@@ -853,34 +770,6 @@ def write_charts(stats, run, results_dir):
         fig.savefig(os.path.join(results_dir, "latency.png"), dpi=100)
         plt.close(fig)
         written.append("latency.png")
-
-    # Memory: RSS against messages sent and received.
-    mem = [s for s in run["scenarios"] if s["kind"] == "memory" and stats.get(s["name"])]
-    if mem:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for scenario in mem:
-            for name, entry in stats[scenario["name"]].items():
-                points = entry.get("rss_points") or []
-                if points:
-                    ax.plot(
-                        [p[0] for p in points],
-                        [p[1] for p in points],
-                        marker=".",
-                        label=name,
-                        color=colors.get(name),
-                    )
-                    if entry.get("rss_from_messages") is not None:
-                        ax.axvline(entry["rss_from_messages"], color="grey", ls=":", lw=1)
-        ax.set_xlabel("messages sent and received")
-        ax.set_ylabel("RSS, MiB")
-        ax.set_ylim(bottom=0)
-        ax.set_title("(h) resident memory of the layer's process")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(results_dir, "memory.png"), dpi=100)
-        plt.close(fig)
-        written.append("memory.png")
     return written
 
 

@@ -10,10 +10,9 @@ Reads ``samples-<stamp>.parquet`` (one row per timed operation) and
 ``rounds-<stamp>.parquet`` (one row per round) next to ``run-<stamp>.json``,
 computes per scenario and contestant the per-round rates (median, min,
 max), member deliveries/s, latency percentiles (p50/p95/p99, exact and
-linearly interpolated, over every successful sample), misses and errors,
-and the RSS growth of the memory scenario; then evaluates the targets and
-writes ``summary.md``, ``summary.json`` and ``rates.png``/``latency.png``/
-``memory.png`` into ``--results`` (``benchmarks/results``).
+linearly interpolated, over every successful sample), misses and errors;
+then evaluates the targets and writes ``summary.md``, ``summary.json`` and
+``rates.png``/``latency.png`` into ``--results`` (``benchmarks/results``).
 
 Spark runs in local mode (``local[2]``) by default, with the UI off and the
 executors on this Python. With ``--master`` pointing at a cluster, the raw
@@ -63,7 +62,7 @@ def spark_session(master, app="asgi_amqp-bench-report"):
 
 SAMPLES_DDL = (
     "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
-    "seq BIGINT, t_ns BIGINT, dur_ns BIGINT, ok BOOLEAN, thread BIGINT, value DOUBLE"
+    "seq BIGINT, t_ns BIGINT, dur_ns BIGINT, ok BOOLEAN, value DOUBLE"
 )
 ROUNDS_DDL = (
     "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
@@ -86,13 +85,11 @@ def aggregate_spark(spark, run, raw_uri=None):
     base = raw_uri.rstrip("/") if raw_uri else "file://" + run["_dir"]
     samples = _reader(spark, "%s/%s" % (base, run["samples_file"]), SAMPLES_DDL)
     rounds = _reader(spark, "%s/%s" % (base, run["rounds_file"]), ROUNDS_DDL)
-    memory_scenarios = [s["name"] for s in run["scenarios"] if s["kind"] == "memory"]
     keys = ["scenario", "contestant"]
 
-    timed = samples.filter(~F.col("scenario").isin(memory_scenarios))
     ok_dur = F.when(F.col("ok"), F.col("dur_ns"))
     fractions = ", ".join(str(f) for f in report.PERCENTILES)
-    latency = timed.groupBy(*keys).agg(
+    latency = samples.groupBy(*keys).agg(
         F.count(ok_dur).alias("samples"),
         F.sum(F.when(~F.col("ok"), 1).otherwise(0)).alias("misses"),
         F.expr("percentile(CASE WHEN ok THEN dur_ns END, array(%s))" % fractions).alias("pct"),
@@ -119,22 +116,6 @@ def aggregate_spark(spark, run, raw_uri=None):
         F.sum("problem_count").alias("problems"),
     )
 
-    start = int(run["options"]["memory_from"])
-    memory = (
-        samples.filter(F.col("scenario").isin(memory_scenarios) & F.col("value").isNotNull())
-        .groupBy(*keys)
-        .agg(
-            F.sort_array(F.collect_list(F.struct("seq", "value"))).alias("points"),
-            F.min_by(
-                F.when(F.col("seq") >= start, F.col("value")),
-                F.when(F.col("seq") >= start, F.col("seq")),
-            ).alias("rss_from"),
-            F.min(F.when(F.col("seq") >= start, F.col("seq"))).alias("from_seq"),
-            F.max_by("value", "seq").alias("rss_to"),
-            F.max("seq").alias("to_seq"),
-        )
-    )
-
     stats = {}
     for row in rates.join(latency, keys, "left").collect():
         pct = row["pct"] or [None] * len(report.PERCENTILES)
@@ -159,23 +140,6 @@ def aggregate_spark(spark, run, raw_uri=None):
         for fraction, value in zip(report.AFTER_SEND_PERCENTILES, after):
             entry["after_send_p%d_ms" % round(fraction * 100)] = report._ms(value)
         stats.setdefault(row["scenario"], {})[row["contestant"]] = entry
-    for row in memory.collect():
-        entry = stats.setdefault(row["scenario"], {}).setdefault(row["contestant"], {})
-        points = [(p["seq"], p["value"]) for p in row["points"]]
-        rss_from, from_seq = row["rss_from"], row["from_seq"]
-        if rss_from is None:  # the run ended before --memory-from: the last point
-            from_seq, rss_from = points[-1]
-        entry.update(
-            {
-                "rss_from_messages": int(from_seq),
-                "rss_from_mib": round(rss_from / 2**20, 2),
-                "rss_to_messages": int(row["to_seq"]),
-                "rss_to_mib": round(row["rss_to"] / 2**20, 2),
-                "rss_start_mib": round(points[0][1] / 2**20, 2),
-                "rss_growth_pct": round(100.0 * (row["rss_to"] - rss_from) / rss_from, 2),
-                "rss_points": [[int(m), round(v / 2**20, 2)] for m, v in points],
-            }
-        )
     return report.finish_stats(stats, run)
 
 

@@ -1,4 +1,4 @@
-"""The scenarios (a)-(o) and the targets the layer is held to.
+"""The layer suite's scenarios and the targets the layer is held to.
 
 Each scenario is a registry entry; contestants implement it with a
 ``scenario_<name>`` method (``-`` becomes ``_``). To add one, register a
@@ -15,23 +15,16 @@ import msgpack
 from .harness import (
     Scenario,
     register_scenario,
-    run_custom,
     run_sequential,
     run_wakeup,
-    threaded_runner,
 )
 
 MESSAGE_BYTES = 200
-SEND_THREADS = 8
 RECEIVE_CHANNELS = 10
 GROUP_MEMBERS = 100
 MEMBERSHIP_ROOMS = 4
 MEMBERSHIP_OPS = 400
 MEMBERSHIP_CEILING = "raw-pika-membership"
-# The ceiling of (k) and (l) in the layer's shape (``contestants.RawMembershipAsyncContestant``).
-MEMBERSHIP_ASYNC_CEILING = "raw-pika-membership-async"
-# The floor of a discard in the layer's design (``contestants.RawOneUnbindContestant``).
-DISCARD_FLOOR = "raw-pika-one-unbind"
 
 
 def _message(size=MESSAGE_BYTES):
@@ -71,27 +64,8 @@ SEND = register_scenario(
             "channel; each call returns once the broker (RabbitMQ, or Redis for "
             "asgi_redis) has the message. raw-pika: BlockingConnection, "
             "confirm_delivery(), basic_publish(mandatory=True), one confirm per "
-            "message. raw-pika-async: the pipelined-confirm ceiling, a "
-            "SelectConnection on an I/O thread of its own with up to 1000 "
-            "confirms outstanding (at least 20,000 messages a round). After each "
-            "round the channel must hold exactly ops messages." % MESSAGE_SIZE
-        ),
-    )
-)
-
-SEND_THREADED = register_scenario(
-    Scenario(
-        name="send-8t",
-        letter="b",
-        title="(b) send, %d threads through one layer instance" % SEND_THREADS,
-        metric="send/s",
-        runner=threaded_runner(SEND_THREADS),
-        description=(
-            "ops sends split over %d threads that share one layer instance, all "
-            "released together; the rate is all sends over the wall time. "
-            "raw-pika-async is the same pipelined publisher as in (a), fed from "
-            "one thread (pika connections are not thread-safe). The channel must "
-            "hold exactly ops messages afterwards." % SEND_THREADS
+            "message. After each round the channel must hold exactly ops "
+            "messages." % MESSAGE_SIZE
         ),
     )
 )
@@ -106,9 +80,8 @@ RECEIVE = register_scenario(
         description=(
             "The channel is filled with ops messages (untimed), then one thread "
             "calls a non-blocking receive ops times; every call must return a "
-            "message. raw-pika: basic_get(auto_ack=False) + basic_ack. "
-            "raw-pika-consume: basic_consume with prefetch 100, one ack per "
-            "message. Both decode the msgpack body."
+            "message. raw-pika: basic_get(auto_ack=False) + basic_ack, decoding "
+            "the msgpack body."
         ),
     )
 )
@@ -140,56 +113,6 @@ POLL_EMPTY = register_scenario(
             "%d channels are emptied (untimed); one thread calls a non-blocking "
             "receive naming all of them ops times, and every call must return "
             "nothing: a worker's poll when there is no work." % RECEIVE_CHANNELS
-        ),
-    )
-)
-
-POLL_EMPTY_LOCAL = register_scenario(
-    Scenario(
-        name="poll-local",
-        letter="n",
-        title="(n) non-blocking receive over an empty process-local channel",
-        metric="poll/s",
-        runner=run_sequential,
-        description=(
-            "(m) for daphne's poll: one thread calls a non-blocking receive on the "
-            "base of one process's reply channels (daphne.response.poll!) ops times, "
-            "and every call must return nothing."
-        ),
-    )
-)
-
-RECEIVE_LOCAL = register_scenario(
-    Scenario(
-        name="receive-local",
-        letter="o",
-        title="(o) non-blocking receive, 1 full process-local channel",
-        metric="recv/s",
-        runner=run_sequential,
-        description=(
-            "(c) for daphne: one WebSocket's reply channel (daphne.response.poll!ws05) "
-            "is filled with ops messages (untimed); one thread then calls a "
-            "non-blocking receive on the process's base (daphne.response.poll!) ops "
-            "times, and each call must return a message for that channel."
-        ),
-    )
-)
-
-ROUNDTRIP = register_scenario(
-    Scenario(
-        name="roundtrip",
-        letter="e",
-        title="(e) send -> blocking receive round trip, 1 thread",
-        metric="round trip",
-        kind="latency",
-        baseline="raw-pika-consume",
-        runner=run_sequential,
-        description=(
-            "One thread sends a message to a channel and then calls a blocking "
-            "receive on it; the sample is the whole round trip. "
-            "raw-pika-consume: a confirmed publish, then the delivery of a "
-            "basic_consume (prefetch 100) on another channel of the same "
-            "connection, acked."
         ),
     )
 )
@@ -232,27 +155,6 @@ WAKEUP = register_scenario(
             "the wake-up latency plus the send's own round trip (an upper bound). "
             "raw-pika-consume: a consumer waiting in BlockingConnection's consume "
             "generator; the sender has a connection of its own."
-        ),
-    )
-)
-
-MEMORY = register_scenario(
-    Scenario(
-        name="memory",
-        letter="h",
-        title="(h) resident memory of the layer's process while messages flow",
-        metric="RSS growth",
-        kind="memory",
-        baseline=None,
-        runner=run_custom,
-        default_rounds=1,
-        description=(
-            "A fresh process holding only the layer sends and receives messages "
-            "(4 sending threads, 2 threads in blocking receives over 4 channels, at "
-            "most 2000 messages in flight) and reads its RSS from /proc every 10k "
-            "messages received. The figure is the growth of RSS from the "
-            "checkpoint at --memory-from messages to the one at --memory-to "
-            "(--full: 1M)."
         ),
     )
 )
@@ -321,50 +223,14 @@ GROUP_DISCARD = register_scenario(
     )
 )
 
-GROUP_ADD_THREADED = register_scenario(
-    Scenario(
-        name="group-add-8t",
-        letter="k",
-        title="(k) group_add, %d threads through one layer instance" % SEND_THREADS,
-        metric="group_add/s",
-        baseline=MEMBERSHIP_CEILING,
-        runner=threaded_runner(SEND_THREADS),
-        default_ops=MEMBERSHIP_OPS,
-        description=(
-            "(i) with the ops split over %d threads sharing one layer instance, all "
-            "released together; the ceiling runs %d threads, each with a pika "
-            "connection of its own (pika connections are not thread-safe). Same "
-            "checks as (i)." % (SEND_THREADS, SEND_THREADS)
-        ),
-    )
-)
-
-GROUP_DISCARD_THREADED = register_scenario(
-    Scenario(
-        name="group-discard-8t",
-        letter="l",
-        title="(l) group_discard, %d threads through one layer instance" % SEND_THREADS,
-        metric="group_discard/s",
-        baseline=MEMBERSHIP_CEILING,
-        runner=threaded_runner(SEND_THREADS),
-        default_ops=MEMBERSHIP_OPS,
-        description=(
-            "(j) with the discards split over %d threads sharing one layer instance; "
-            "the ceiling runs %d threads with a pika connection each. Same checks "
-            "as (j)." % (SEND_THREADS, SEND_THREADS)
-        ),
-    )
-)
-
 
 class Target(object):
-    """``subject`` in ``scenario`` against ``other`` (a contestant, or the
-    subject in ``other_scenario``), or against a fixed bound.
+    """``subject`` in ``scenario`` against ``other`` (a contestant), or
+    against a fixed bound.
 
     ``stat`` is the statistic compared: ``headline`` (rate median, or latency
-    p50), ``deliveries`` (group deliveries/s), ``p50``/``p99`` (ms),
-    ``growth`` (memory, %). ``op`` is ``>=`` or ``<=``; for a ratio the goal
-    applies to subject/other."""
+    p50), ``deliveries`` (group deliveries/s), ``p50``/``p99`` (ms). ``op``
+    is ``>=`` or ``<=``; for a ratio the goal applies to subject/other."""
 
     def __init__(
         self,
@@ -374,7 +240,6 @@ class Target(object):
         op,
         goal,
         other=None,
-        other_scenario=None,
         bound_unit=None,
         subject="layer",
         text="",
@@ -385,7 +250,6 @@ class Target(object):
         self.op = op
         self.goal = goal
         self.other = other
-        self.other_scenario = other_scenario
         self.bound_unit = bound_unit
         self.subject = subject
         self.text = text
@@ -412,16 +276,6 @@ TARGETS = [
         0.8,
         other="raw-pika",
         text="(a) send/s >= 0.8x raw pika confirmed publish",
-    ),
-    Target(
-        "b",
-        "send-8t",
-        "headline",
-        ">=",
-        3.0,
-        other="layer",
-        other_scenario="send",
-        text="(b) 8-thread send/s >= 3x the layer's own (a)",
     ),
     Target(
         "c",
@@ -451,34 +305,6 @@ TARGETS = [
         text="(m) polls of 10 empty channels/s >= 0.5x asgi_redis",
     ),
     Target(
-        "n",
-        "poll-local",
-        "headline",
-        ">=",
-        0.5,
-        other="asgi-redis",
-        text="(n) polls of an empty process-local channel/s >= 0.5x asgi_redis",
-    ),
-    Target(
-        "o",
-        "receive-local",
-        "headline",
-        ">=",
-        1.0,
-        other="asgi-redis",
-        text="(o) receive/s, process-local >= 1.0x asgi_redis",
-    ),
-    Target(
-        "e1",
-        "roundtrip",
-        "p50",
-        "<=",
-        2.0,
-        other="raw-pika-consume",
-        text="(e) round trip p50 <= 2x raw pika publish->consume",
-    ),
-    Target("e2", "roundtrip", "p99", "<=", 2.0, bound_unit="ms", text="(e) round trip p99 <= 2 ms"),
-    Target(
         "f",
         "group",
         "deliveries",
@@ -489,7 +315,6 @@ TARGETS = [
     ),
     Target("g1", "wakeup", "p50", "<=", 5.0, bound_unit="ms", text="(g) wake-up p50 <= 5 ms"),
     Target("g2", "wakeup", "p99", "<=", 5.0, bound_unit="ms", text="(g) wake-up p99 <= 5 ms"),
-    Target("h", "memory", "growth", "<=", 10.0, bound_unit="%", text="(h) RSS growth <= 10%"),
     Target(
         "i",
         "group-add",

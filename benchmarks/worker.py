@@ -3,9 +3,8 @@
     <python> -m benchmarks.worker      (cwd: the repository root)
 
 Used for asgi_redis 1.4.3, which needs the old ``msgpack-python`` and so
-lives in a virtualenv of its own, for the memory scenario, which wants a
-process holding nothing but the layer, and for the layer imported from
-another source tree (``$BENCH_LAYER_SRC``, see ``common.apply_layer_source``:
+lives in a virtualenv of its own, and for the layer imported from a source
+tree (``$BENCH_LAYER_SRC``, see ``common.apply_layer_source``:
 ``layer@baseline`` and ``layer@current``). The worker plays whole rounds with
 the same runners and trials as the harness's process (``harness``,
 ``asgi_trials``) and sends back the samples; nothing is timed across the
@@ -13,13 +12,12 @@ pipe.
 
 Protocol: one JSON object per line. Requests on stdin::
 
-    {"cmd": "setup", "layer": "redis"|"amqp"|"inmemory", "config": {...}}
-    {"cmd": "round", "scenario": "send", "ops": 3000, "options": {...}}
+    {"cmd": "setup", "layer": "redis"|"amqp", "config": {...}}
+    {"cmd": "round", "scenario": "send", "ops": 3000}
     {"cmd": "teardown"}
 
 Each request gets one reply ``{"ok": true, ...}`` or ``{"ok": false,
-"error": "..."}``, possibly after ``{"progress": [done, total]}`` lines.
-Anything the libraries print goes to stderr.
+"error": "..."}``. Anything the libraries print goes to stderr.
 """
 
 import json
@@ -69,14 +67,6 @@ class RedisKeeper(asgi_trials.Keeper):
         return self._conn().llen(self._key(channel))
 
 
-class InMemoryKeeper(asgi_trials.Keeper):
-    def purge(self, channel):
-        self.layer._channels.pop(channel, None)
-
-    def depth(self, channel):
-        return len(self.layer._channels.get(channel, ()))
-
-
 def make_redis(config):
     import msgpack
     from asgi_redis import RedisChannelLayer
@@ -100,14 +90,14 @@ def make_redis(config):
     versions = _versions(["asgi_redis", "redis", "msgpack", "msgpack-python", "asgiref"])
     versions["msgpack (imported)"] = ".".join(str(x) for x in msgpack.version)
     versions["redis-server"] = info.get("redis_version")
-    return layer, RedisKeeper(layer), True, versions
+    return layer, RedisKeeper(layer), versions
 
 
 def make_amqp(config):
     # Only the public API: the layer's internal modules differ between versions.
     import asgi_amqp
     from asgi_amqp import AMQPChannelLayer
-    from benchmarks.broker import LayerKeeper, layer_objects
+    from benchmarks.broker import Admin, LayerKeeper, layer_objects
 
     source = common.check_layer_source()
     layer = AMQPChannelLayer(
@@ -123,22 +113,11 @@ def make_amqp(config):
     queues, exchanges = layer_objects(layer.topology, asgi_trials.ALL_CHANNELS, asgi_trials.GROUP)
     # The harness deletes these at the end (flush() keeps the shared ones).
     versions["_cleanup"] = {"queues": queues, "exchanges": exchanges}
-    # Its connection opens at first use.
-    keeper = LayerKeeper(layer, config["url"], config.get("management_url"))
-    return layer, keeper, True, versions
+    keeper = LayerKeeper(layer, Admin(config["url"], config.get("management_url")))
+    return layer, keeper, versions
 
 
-def make_inmemory(config):
-    from asgiref.inmemory import ChannelLayer
-
-    layer = ChannelLayer(
-        capacity=config.get("capacity", asgi_trials.CAPACITY),
-        expiry=config.get("expiry", asgi_trials.EXPIRY),
-    )
-    return layer, InMemoryKeeper(layer), False, _versions(["asgiref"])
-
-
-FACTORIES = {"redis": make_redis, "amqp": make_amqp, "inmemory": make_inmemory}
+FACTORIES = {"redis": make_redis, "amqp": make_amqp}
 
 
 # -- the loop --------------------------------------------------------------------------
@@ -157,9 +136,9 @@ class Worker(object):
     def handle(self, request):
         cmd = request.get("cmd")
         if cmd == "setup":
-            layer, keeper, blocking, versions = FACTORIES[request["layer"]](request["config"])
+            layer, keeper, versions = FACTORIES[request["layer"]](request["config"])
             self.layer = layer
-            self.trials = asgi_trials.LayerTrials(layer, keeper, blocking=blocking)
+            self.trials = asgi_trials.LayerTrials(layer, keeper)
             scenarios = [name for name in SCENARIOS if self.trials.has(name)]
             cleanup = versions.pop("_cleanup", None)
             return {
@@ -171,19 +150,14 @@ class Worker(object):
             }
         if cmd == "round":
             scenario = SCENARIOS[request["scenario"]]
-            options = dict(request.get("options") or {})
-            options["progress"] = lambda done, total: self.send({"progress": [done, total]})
-            trial = self.trials.trial(scenario.name, request["ops"], options)
-            if trial.run is not None:
-                result = trial.run(request["ops"])
-            else:
-                try:
-                    trial.prepare()
-                    result = scenario.runner(trial, request["ops"])
-                    result.problems = list(trial.finish() or [])
-                    result.delivered = trial.delivered
-                except Exception as exc:
-                    result = RoundResult.failed("%s: %s" % (type(exc).__name__, exc))
+            trial = self.trials.trial(scenario.name, request["ops"])
+            try:
+                trial.prepare()
+                result = scenario.runner(trial, request["ops"])
+                result.problems = list(trial.finish() or [])
+                result.delivered = trial.delivered
+            except Exception as exc:
+                result = RoundResult.failed("%s: %s" % (type(exc).__name__, exc))
             return {"result": result.to_dict()}
         if cmd == "teardown":
             layer, self.layer = self.layer, None

@@ -80,8 +80,6 @@ from devtools.rabbitmq import Broker, RabbitNode, provide_broker
 
 __all__ = ["SoakConfig", "Soak", "main"]
 
-logger = logging.getLogger("devtools.soak")
-
 MIB = 1024 * 1024
 #: Added to every object's predicted life: the broker's timers, the
 #: management API's view and the dead-letter worker after a kill all lag.

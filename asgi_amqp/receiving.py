@@ -93,6 +93,8 @@ class Receiver(object):
         # one already: take it here, without a trip to the I/O thread.
         # A notice taken counts against a blocking receive's timeout.
         deadline = time.monotonic() + self.timeout
+        if block:
+            self._engine.asked(queues)  # its consumers stay wanted (engine.consumers.sweep)
         found = self._local_copy(names) or self._first_readable(
             lambda: self._engine.take_held(names) or self._fetch(queues, block, deadline)
         )

@@ -251,6 +251,46 @@ def test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them(
     assert sender.receive(CHANNELS) == (None, None)
 
 
+@pytest.mark.slow
+def test_a_busy_worker_keeps_consuming_a_quiet_shard(broker, new_layer):
+    """A worker whose blocking receives always find a message held never
+    reaches the I/O thread's waiters; before, its consumer of a shard that
+    went quiet for ``consumer_idle_timeout`` was cancelled then and not
+    started again while the worker stayed busy: the socket's next frame
+    waited for the backlog to end (in the stack, minutes)."""
+    layer = new_layer(broker, flush=True, consumer_idle_timeout=1.0, receive_timeout=0.2)
+    for n in range(100):  # the default capacity
+        layer.send("busy", {"n": n})
+    layer.send(RECEIVE, frame("quiet", 0))
+    taken = {}
+    busy = []
+    stop = threading.Event()
+
+    def work():
+        while not stop.is_set():
+            channel, message = layer.receive(["busy", RECEIVE], block=True)
+            if channel == RECEIVE:
+                taken[message["order"]] = time.monotonic()
+            elif channel == "busy":
+                time.sleep(0.04)  # the consumer's work: 100 of them take 4 s or more
+                busy.append(message["n"])
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: 0 in taken, 10, message="the quiet socket's first frame")
+        stop.wait(2.0)  # quiet for twice consumer_idle_timeout, while busy
+        sent = time.monotonic()
+        layer.send(RECEIVE, frame("quiet", 1))
+        busy_then = len(busy)
+        wait_until(lambda: 1 in taken, 30, message="the quiet socket's next frame")
+        assert busy_then < 100, "the worker was no longer busy: the test needs a longer backlog"
+        assert taken[1] - sent < 1.5, "taken %.1f s after it was sent" % (taken[1] - sent)
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def _two_workers(broker, sender, queue_type, log, **options):
     """Two workers, the second started once the first consumes every shard.
 

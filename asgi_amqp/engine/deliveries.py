@@ -38,7 +38,7 @@ from typing import (
 import pika
 
 from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
-from .work import Work
+from .work import Queues, Work
 
 # After a marked copy arrives, unmarked messages are compared with the
 # copies for this long (seconds): its original, routed late from the closed
@@ -240,11 +240,26 @@ class HeldMessages(object):
     entry taken by a caller whose channel had already closed is harmless: the
     broker redelivers that message flagged ``redelivered`` and the
     hand-off log (``HandedOff``) drops it.
+
+    It also keeps what each caller thread's latest blocking receive asked
+    for: one served from held messages never reaches the I/O thread, whose
+    sweep must still count those queues as wanted (``consumers.sweep``).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_queue: Dict[str, Deque[Held]] = {}
+        # thread -> (monotonic time, queues) of its latest blocking receive;
+        # each caller's thread writes its own entry, the I/O thread reads.
+        self._asked: Dict[int, Tuple[float, Queues]] = {}
+
+    def asked(self, queues: Queues) -> None:
+        """This thread's blocking receive asks for ``queues``."""
+        self._asked[threading.get_ident()] = (time.monotonic(), queues)
+
+    def asked_since(self, when: float) -> List[Queues]:
+        """What blocking receives asked for from ``when`` on (I/O thread)."""
+        return [queues for at, queues in list(self._asked.values()) if at >= when]
 
     def add(self, queue: str, held: Held) -> None:
         with self._lock:

@@ -399,6 +399,10 @@ class Engine(object):
         io = self._running_io()
         return io.alarms.unblocked.wait(max(0.0, deadline - time.monotonic()))
 
+    def asked(self, queues: Queues) -> None:
+        """A blocking receive asks for ``queues``, whether or not held messages serve it."""
+        self._running_io().asked(queues)
+
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A delivery already pushed to this process for one of ``queues``, or None.
 

@@ -273,6 +273,13 @@ class ConsumerPool(object):
             if consumer.active and consumer.served and is_shard_queue(consumer.queue)
         )
 
+    def keep_asked(self, asked: List[Queues]) -> None:
+        """Do for ``asked``, what blocking receives asked for, what a waiter
+        does: its consumers are wanted now, and a missing one is started."""
+        for queues in asked:
+            for queue, arguments in queues:
+                self._ensure_consumer(queue, arguments, self._window_for(queue))
+
     def waited_for(self) -> Set[str]:
         """The queues a blocking receive waits on now."""
         wanted: Set[str] = set()

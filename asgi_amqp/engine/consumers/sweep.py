@@ -25,6 +25,12 @@ from ..deliveries import HeldMessages
 if TYPE_CHECKING:
     from .pool import ConsumerPool
 
+# Seconds between two looks at what blocking receives served from held
+# messages asked for. Without it a busy worker, whose receives always find
+# a message held, cancelled the quiet shards it served after idle_timeout
+# and never consumed them again: their sockets stalled.
+KEEP_ASKED_EVERY = 1.0
+
 
 class Sweep(object):
     """The sweep that gives back what lingered and cancels what nobody wants."""
@@ -38,6 +44,7 @@ class Sweep(object):
         self._idle_timeout = idle_timeout
         self._timer: Any = None  # the I/O loop's timer handle, while one is scheduled
         self._due_at = 0.0  # monotonic time the scheduled sweep runs at
+        self._kept_at = 0.0  # monotonic time of the last ``keep_asked``
 
     def schedule(self, due: Optional[float] = None) -> None:
         """Sweep in half the shorter limit, or in ``due`` seconds if sooner."""
@@ -80,6 +87,10 @@ class Sweep(object):
             return
         pool.acks.send_taken()  # before held messages behind them go back
         now = time.monotonic()
+        if now - self._kept_at >= KEEP_ASKED_EVERY:
+            # Blocking receives served from held messages reached no waiter.
+            self._kept_at = now
+            pool.keep_asked(self._held.asked_since(now - KEEP_ASKED_EVERY))
         wanted = pool.waited_for()
         due: Optional[float] = None
         for consumer in pool.consumers():

@@ -69,7 +69,7 @@ from ..deliveries import Delivery, HandedOff, HeldMessages, Liveness
 from ..futures import Pending, wait_seconds
 from ..publisher import Publisher
 from ..session import Session
-from ..work import Work
+from ..work import Queues, Work
 from .alarms import AlarmGate
 from .carry_over import Dispatched
 from .connection_errors import connection_error, describe_reason, retry_may_help
@@ -193,6 +193,10 @@ class IOThread(object):
         """``submit`` for a list of work: one lock and at most one wake-up for all."""
         if self._inbox.put(works):
             self._loop_started.add_callback_threadsafe(self._drain_inbox)
+
+    def asked(self, queues: Queues) -> None:
+        """A blocking receive of the calling thread asks for ``queues`` (its thread)."""
+        self._held.asked(queues)
 
     def take_pushed(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A Delivery already pushed to this process for one of ``queues``, or None.

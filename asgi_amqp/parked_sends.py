@@ -7,7 +7,8 @@ every connection of daphne waits with it. A send there is *parked*, and
 * the broker is away (the send goes out once it is back);
 * sends to the same queue parked before it still wait (it goes out behind
   them, so that a socket's frames keep the order daphne made them in);
-* its channel refused it as full (it waits for room).
+* its channel refused it as full (it waits for room); a resource alarm
+  holds it back the same way, until the alarm clears.
 
 Each queue's parked sends form a *line* that goes out one send at a time
 on the I/O thread, in the order they were parked, each when the queue
@@ -43,7 +44,7 @@ from typing import Callable, Deque, Dict, NamedTuple, Optional
 import pika
 
 from .engine import ACKED, RETURNED, Engine, Step
-from .errors import BrokerUnreachable, ChannelFull, LayerClosed
+from .errors import BrokerBlocked, BrokerUnreachable, ChannelFull, LayerClosed
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,15 @@ class ParkedSends(object):
     def _published(
         self, line: _Line, outcome: Optional[str], error: Optional[BaseException]
     ) -> None:
-        if error is not None or not line.sends:  # not line.sends: lost already
+        if not line.sends:  # lost already
+            return
+        if isinstance(error, BrokerBlocked):
+            # A resource alarm: wait for it to clear, as for room; the send
+            # may have been on its way, so it goes again as a marked copy.
+            with self._lock:
+                line.sends[0] = line.sends[0]._replace(marked=True)
+            outcome, error = None, None
+        if error is not None:
             self._lose_all(str(error))
             return
         head = line.sends[0]

@@ -210,3 +210,23 @@ def test_the_cli_names_the_alarm(node):
         assert len(lines) == 1, run.stderr
         assert "alarm" in lines[0] and alarm.reason in lines[0], lines[0]
         assert "cannot reach" not in lines[0]
+
+
+def test_a_send_parked_for_room_waits_through_an_alarm(node, new_layer):
+    """daphne's frame for a full channel is parked; an alarm that comes while
+    it waits holds it back until it clears. Before, the alarm's first refusal
+    dropped every parked send, and their sockets were never told."""
+    layer = new_layer(node, operation_timeout=OPERATION_TIMEOUT, capacity=1, expiry=60)
+    parked = layer.sender.parked_sends
+    layer.send("alarm.park", {"n": 0})  # the channel is full
+    took, outcome = _on_a_reactor_thread(layer.send, "alarm.park", {"n": 1})
+    assert outcome is None and parked.waiting(layer.topology.channel_queue("alarm.park"))
+    with Alarm(node, "memory"):
+        wait_until(lambda: layer.connection_statistics()["blocked"], 30, message="the alarm seen")
+        # Room now, but the alarm refuses the parked send's publish.
+        assert layer.receive(["alarm.park"], block=True) == ("alarm.park", {"n": 0})
+        time.sleep(1.0)  # the line meets the alarm several times meanwhile
+        assert parked.lost == 0 and parked.messages == 1
+    assert layer.receive(["alarm.park"], block=True) == ("alarm.park", {"n": 1})
+    wait_until(lambda: parked.delivered == 1, 10, message="the parked send's confirm")
+    assert parked.lost == 0

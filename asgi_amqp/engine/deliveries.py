@@ -32,6 +32,7 @@ from typing import (
     NamedTuple,
     Optional,
     Sequence,
+    Set,
     Tuple,
 )
 
@@ -243,7 +244,10 @@ class HeldMessages(object):
 
     It also keeps what each caller thread's latest blocking receive asked
     for: one served from held messages never reaches the I/O thread, whose
-    sweep must still count those queues as wanted (``consumers.sweep``).
+    sweep must still count those queues as wanted (``consumers.sweep``);
+    and the shard whose frame each caller thread handles, from the receive
+    that gave it until the thread's next blocking receive: such a shard is
+    not given back (``consumers.balance``).
     """
 
     def __init__(self) -> None:
@@ -252,10 +256,21 @@ class HeldMessages(object):
         # thread -> (monotonic time, queues) of its latest blocking receive;
         # each caller's thread writes its own entry, the I/O thread reads.
         self._asked: Dict[int, Tuple[float, Queues]] = {}
+        self._handling: Dict[int, str] = {}  # thread -> shard; written the same way
 
     def asked(self, queues: Queues) -> None:
-        """This thread's blocking receive asks for ``queues``."""
-        self._asked[threading.get_ident()] = (time.monotonic(), queues)
+        """This thread's blocking receive asks for ``queues``: its last frame is done."""
+        ident = threading.get_ident()
+        self._asked[ident] = (time.monotonic(), queues)
+        self._handling.pop(ident, None)
+
+    def handling(self, shard: str) -> None:
+        """This thread was handed a frame of ``shard``."""
+        self._handling[threading.get_ident()] = shard
+
+    def shards_handled(self) -> Set[str]:
+        """The shards whose frames caller threads handle now (I/O thread)."""
+        return set(list(self._handling.values()))
 
     def asked_since(self, when: float) -> List[Queues]:
         """What blocking receives asked for from ``when`` on (I/O thread)."""

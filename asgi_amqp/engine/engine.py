@@ -400,8 +400,14 @@ class Engine(object):
         return io.alarms.unblocked.wait(max(0.0, deadline - time.monotonic()))
 
     def asked(self, queues: Queues) -> None:
-        """A blocking receive asks for ``queues``, whether or not held messages serve it."""
+        """A blocking receive asks for ``queues``, whether or not held messages
+        serve it; the frame the thread handled before is done."""
         self._running_io().asked(queues)
+
+    def handling(self, shard: str) -> None:
+        """The calling thread was handed a frame of ``shard``: it stays here
+        until the thread's next blocking receive."""
+        self._running_io().handling(shard)
 
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A delivery already pushed to this process for one of ``queues``, or None.

@@ -92,6 +92,7 @@ class Client(object):
         self.deliveries = collections.Counter()  # message id -> times received
         # A sender's message that came after a later one of the same sender.
         self.out_of_order = 0
+        self.late = []  # (monotonic time, message id, the sender's later tick seen before it)
         self._last_tick = {}  # sender's name -> its latest message's tick received
         self.first_received = {}  # message id -> monotonic time of its first delivery
         self.frame_times = []
@@ -136,6 +137,7 @@ class Client(object):
             return
         if int(tick) < self._last_tick.get(sender, -1):
             self.out_of_order += 1
+            self.late.append((time.monotonic(), message_id, self._last_tick[sender]))
         else:
             self._last_tick[sender] = int(tick)
 
@@ -928,6 +930,16 @@ class FaultRun(object):
                 if n > 1 and m in sent_at
             )
         self.report["out_of_order"] = sum(client.out_of_order for client in self.members)
+        # Each late delivery: who got it, the message, the later tick seen first,
+        # and when (s from the start; the kills are in "kill_times").
+        self.report["late_deliveries"] = [
+            "%s got %s after tick %d at %+.2f s" % (c.name, m, later, at - self.start)
+            for c in self.members
+            for at, m, later in c.late
+        ][:20]
+        source = getattr(self, "fault_source", None)
+        kills = source.kills if source is not None else []
+        self.report["kill_times"] = [round(k - self.start, 2) for k in kills]
 
     def disruption_figures(self):
         """What the one disruption (the restart, or the loss of a node) cost:
@@ -1396,6 +1408,8 @@ def format_report(report):
         "frames_parked",
         "most_parked_for_one_socket",
         "out_of_order",
+        "late_deliveries",
+        "kill_times",
         "channel_full_in_logs",
         "deliveries_in_queues_at_stop",
     ]

@@ -16,8 +16,10 @@ it does not serve and subscribes to no more, so that the shards given back
 go to the processes below their share.
 
 A shard goes only when giving it back cannot put a socket's frames out
-of order: it holds nothing, and its last frame was handed out ``QUIET``
-seconds ago, so that none is still being handled here and none is on its
+of order: it holds nothing, no thread here handles a frame of it (until
+the thread's next blocking receive, ``HeldMessages.handling``: Channels'
+enforce_ordering counts a frame done before its replies go out), and its
+last frame was handed out ``QUIET`` seconds ago, so that none is on its
 way to this process (pika rejects what reaches a cancelled consumer, and a
 quorum queue requeues a rejected message behind the later ones: measured
 on 3.10.8). A shard whose sockets keep sending stays where it is; the
@@ -139,8 +141,14 @@ class Balance(object):
         if not extra or not self._pool.ready:
             return
         quiet_since = time.monotonic() - QUIET
+        handled = self._pool.shards_handled()
         for consumer in self._served(channel_queue):
-            if extra and not consumer.unacked and consumer.handed_at < quiet_since:
+            if (
+                extra
+                and not consumer.unacked
+                and consumer.handed_at < quiet_since
+                and consumer.queue not in handled
+            ):
                 logger.debug("%s given back", consumer.queue)
                 self._pool.cancel(consumer)
                 extra -= 1

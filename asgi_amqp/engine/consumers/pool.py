@@ -265,6 +265,10 @@ class ConsumerPool(object):
         """Every consumer, as a list (the caller may cancel some)."""
         return list(self._consumers.values())
 
+    def shards_handled(self) -> Set[str]:
+        """The shards whose frames this process's threads handle now."""
+        return self._held.shards_handled()
+
     def served_shards(self) -> FrozenSet[str]:
         """The shards whose active consumer this process is (``SHARD_GRACE``)."""
         return frozenset(

@@ -198,6 +198,10 @@ class IOThread(object):
         """A blocking receive of the calling thread asks for ``queues`` (its thread)."""
         self._held.asked(queues)
 
+    def handling(self, shard: str) -> None:
+        """The calling thread was handed a frame of ``shard`` (its thread)."""
+        self._held.handling(shard)
+
     def take_pushed(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A Delivery already pushed to this process for one of ``queues``, or None.
 

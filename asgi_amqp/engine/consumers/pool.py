@@ -107,7 +107,7 @@ UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tr
 # waiting for the new connection, and Channels' enforce_ordering counts the
 # frame done before those replies go: the socket's next frame must be run
 # here, after them, and not by another process that reconnected first.
-SHARD_GRACE = 1.0
+SHARD_GRACE = 0.75
 
 
 class Consumer(object):

@@ -1154,7 +1154,7 @@ class FaultRun(object):
                 each.cleanup(graceful=False)
         if self.stack is not None:
             self.stack.cleanup(keep_logs=True)
-        if os.path.exists(self.handled_log):
+        if os.path.exists(self.handled_log) and not os.environ.get("STACKFAULTS_KEEP_HANDLED"):
             os.unlink(self.handled_log)
 
 

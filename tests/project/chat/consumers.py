@@ -156,7 +156,7 @@ def echo_connect(message):
 
 
 def _log_handled(text):
-    """Append ``<pid> <text>`` to CHAT_HANDLED_LOG, if set, before replying.
+    """Append ``<pid> <text> <time>`` to CHAT_HANDLED_LOG, if set, before replying.
 
     One write(2) with O_APPEND: lines from several workers never interleave.
     """
@@ -164,7 +164,7 @@ def _log_handled(text):
         return
     fd = os.open(settings.CHAT_HANDLED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, ("%d %s\n" % (os.getpid(), text)).encode("utf8"))
+        os.write(fd, ("%d %s %.3f\n" % (os.getpid(), text, time.time())).encode("utf8"))
     finally:
         os.close(fd)
 

@@ -13,6 +13,7 @@ own queue, as before.
 """
 
 import collections
+import socket as net
 import threading
 import time
 
@@ -397,6 +398,52 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
         % (queue_type, copies, sockets * frames, moved)
     )
     assert not moved
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_worker_that_reconnects_late_keeps_its_sockets(node):
+    """Every connection closes; one worker reconnects about 1.5 s after the
+    other (its URL list first tries a server that never answers). The other
+    does not take the late one's sockets: a frame the late one counted done
+    may still have replies waiting for its new connection
+    (``consumers.pool.SHARD_OWNER_WAIT``)."""
+    silent = net.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts connections and never says a word
+    silent_url = (
+        "amqp://guest:guest@127.0.0.1:%d/%%2F?stack_timeout=1.5" % (silent.getsockname()[1])
+    )
+    sender = make_layer(node, receive_timeout=0.2)
+    prefix = sender.topology.prefix
+    log = collections.defaultdict(list)
+    late = Worker([node.amqp_url, silent_url], prefix, "classic", "late", log)
+    shards = [q for c in CHANNELS for q in sender.topology.shard_queues(c)]
+    wait_until(lambda: all(consumers_on(node, q) for q in shards), 30, message="late consuming")
+    other = Worker(node, prefix, "classic", "other", log)
+    clients = Clients(sender, 20)
+    try:
+        wait_until(lambda: clients.sent >= 30, 30, message="3 s of frames")
+        closed = time.monotonic()
+        node.close_all_connections("test")
+        sent_after = clients.sent + 1  # the first frame each socket sent after the close
+        wait_until(lambda: clients.sent >= 80, 30, message="5 s of frames after the close")
+    finally:
+        frames = clients.stop()
+        wait_until(lambda: sum(map(len, log.values())) >= 20 * frames, 60, message="every frame")
+        late.stop()
+        other.stop()
+        sender.close()
+        silent.close()
+    _check_order(log, frames, copies_allowed=True)
+    served = [s for s, entries in log.items() if _worker_at(entries, closed) == "late"]
+    moved = [s for s in served if any(e[2] != "late" and e[3] >= sent_after for e in log[s])]
+    back = min(e[0] for es in log.values() for e in es if e[2] == "late" and e[3] >= sent_after)
+    print(
+        "\nthe late worker served %d sockets, took its first new frame %.2f s after the "
+        "close; sockets another worker took: %s" % (len(served), back - closed, moved)
+    )
+    assert served and not moved
 
 
 def _worker_at(entries, when, after=False):

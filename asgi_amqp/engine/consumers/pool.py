@@ -108,6 +108,12 @@ UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tr
 # frame done before those replies go: the socket's next frame must be run
 # here, after them, and not by another process that reconnected first.
 SHARD_GRACE = 0.75
+# After the grace, such a shard is consumed once another process consumes
+# it (it took its shard back: this one waits behind it), looked at every
+# SHARD_LOOK_EVERY seconds; or at SHARD_OWNER_WAIT, when its process is
+# taken to be gone. A process that reconnects late so keeps its sockets.
+SHARD_LOOK_EVERY = 0.25
+SHARD_OWNER_WAIT = 3.0
 
 
 class Consumer(object):
@@ -198,12 +204,17 @@ class ConsumerPool(object):
         reclaimed: FrozenSet[str] = frozenset(),
     ) -> None:
         self._connection = connection
-        # Shards are consumed from this monotonic time on (``SHARD_GRACE``),
-        # but for ``reclaimed``, those the lost connection served, at once.
-        self._shards_from = time.monotonic() + SHARD_GRACE if resumed else 0.0
+        # After a lost connection (``SHARD_GRACE``): ``reclaimed``, the shards
+        # the lost connection served, are consumed at once; the others once
+        # another process consumes them (``released``), or from this
+        # monotonic time on.
+        now = time.monotonic()
+        self._grace_ends = now + SHARD_GRACE if resumed else 0.0
+        self._shards_from = now + SHARD_OWNER_WAIT if resumed else 0.0
         self._reclaimed = reclaimed
+        self._released: Set[str] = set()
         self._shards_timer: Any = None
-        # shard queue -> (its arguments, polled), until the grace ends
+        # shard queue -> (its arguments, polled), while it waits
         self._postponed: Dict[str, Tuple[Any, bool]] = {}
         self._declares = declare_executor
         self._held = held  # shared with callers' threads, who take from it
@@ -410,6 +421,7 @@ class ConsumerPool(object):
             is_shard_queue(queue)
             and self._shards_from > time.monotonic()
             and queue not in self._reclaimed
+            and queue not in self._released
         ):
             self._postponed[queue] = (arguments, polled)
             self._consume_shards_later()
@@ -428,20 +440,44 @@ class ConsumerPool(object):
         )
 
     def _consume_shards_later(self) -> None:
-        """At the end of ``SHARD_GRACE``, start the shards' consumers its waiters want."""
-        if self._shards_timer is not None:
+        """Look at the postponed shards at the grace's end, then every
+        ``SHARD_LOOK_EVERY`` seconds (``SHARD_GRACE``)."""
+        if self._shards_timer is None and self._postponed:
+            now = time.monotonic()
+            at = max(self._grace_ends, now + SHARD_LOOK_EVERY)
+            self._shards_timer = self.ioloop.call_later(
+                max(0.0, min(at, self._shards_from) - now), self._look_at_postponed
+            )
+
+    def _look_at_postponed(self) -> None:
+        """Consume the postponed shards another process consumes, or all of them
+        once ``SHARD_OWNER_WAIT`` is over."""
+        self._shards_timer = None
+        if not self.ready:
             return
-
-        def start() -> None:
-            self._shards_timer, self._shards_from = None, 0.0
+        if time.monotonic() >= self._shards_from:
             postponed, self._postponed = self._postponed, {}
-            if self.ready:
-                for queue, (arguments, polled) in postponed.items():
-                    self._ensure_consumer(queue, arguments, self._window, polled)
+            for queue, (arguments, polled) in postponed.items():
+                self._ensure_consumer(queue, arguments, self._window, polled)
+            return
+        for queue in self._postponed:
+            self._declares.run(
+                Pending("count the consumers of %s" % queue, on_done=self._counted_for(queue)),
+                [declares.queue_declare(queue, None, passive=True, not_found_ok=True)],
+            )
+        self._consume_shards_later()
 
-        self._shards_timer = self.ioloop.call_later(
-            max(0.0, self._shards_from - time.monotonic()), start
-        )
+    def _counted_for(self, queue: str) -> Callable[[Any, Optional[BaseException]], None]:
+        """What to do with a postponed shard's count: consume it here too once
+        another process consumes it."""
+
+        def counted(method: Any, error: Optional[BaseException]) -> None:
+            if getattr(method, "consumer_count", 0) and queue in self._postponed and self.ready:
+                arguments, polled = self._postponed.pop(queue)
+                self._released.add(queue)
+                self._ensure_consumer(queue, arguments, self._window, polled)
+
+        return counted
 
     def _stop_shards_timer(self) -> None:
         if self._shards_timer is not None:

@@ -104,9 +104,9 @@ def _notes_order(func):
         order = message.content.get("order")
         next_order = message.channel_session.get("__channels_next_order", 0)
         if order is not None and int(order) < next_order:
-            _log_handled("stale %s %s" % (message.reply_channel.name, order))
+            _log_handled("stale %s %s %.3f" % (message.reply_channel.name, order, time.time()))
         elif order is not None and int(order) > next_order:
-            _log_handled("early %s %s" % (message.reply_channel.name, order))
+            _log_handled("early %s %s %.3f" % (message.reply_channel.name, order, time.time()))
         return func(message, *args, **kwargs)
 
     return channel_session(inner)
@@ -125,7 +125,7 @@ def chat_receive(message, room):
     except ValueError:
         data = {"text": raw}
     text = str(data.get("text", ""))[:MAX_TEXT]
-    _log_handled("%s %s" % (data.get("id"), message.content.get("order")))
+    _log_handled("%s %s %.3f" % (data.get("id"), message.content.get("order"), time.time()))
     _send_room(
         room,
         {
@@ -156,7 +156,7 @@ def echo_connect(message):
 
 
 def _log_handled(text):
-    """Append ``<pid> <text> <time>`` to CHAT_HANDLED_LOG, if set, before replying.
+    """Append ``<pid> <text>`` to CHAT_HANDLED_LOG, if set, before replying.
 
     One write(2) with O_APPEND: lines from several workers never interleave.
     """
@@ -164,7 +164,7 @@ def _log_handled(text):
         return
     fd = os.open(settings.CHAT_HANDLED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, ("%d %s %.3f\n" % (os.getpid(), text, time.time())).encode("utf8"))
+        os.write(fd, ("%d %s\n" % (os.getpid(), text)).encode("utf8"))
     finally:
         os.close(fd)
 

@@ -234,6 +234,11 @@ class Held(object):
         self.owner = owner  # the consumer it was pushed to (its window counts it)
 
 
+# Seconds after which a caller thread's entry in ``HeldMessages.asked`` or
+# ``handling`` is forgotten: a thread that ended, or stopped receiving.
+FORGOTTEN_AFTER = 60.0
+
+
 class HeldMessages(object):
     """Held messages per queue, oldest first; safe to use from any thread.
 
@@ -256,7 +261,8 @@ class HeldMessages(object):
         # thread -> (monotonic time, queues) of its latest blocking receive;
         # each caller's thread writes its own entry, the I/O thread reads.
         self._asked: Dict[int, Tuple[float, Queues]] = {}
-        self._handling: Dict[int, str] = {}  # thread -> shard; written the same way
+        # thread -> (monotonic time, shard), written the same way
+        self._handling: Dict[int, Tuple[float, str]] = {}
 
     def asked(self, queues: Queues) -> None:
         """This thread's blocking receive asks for ``queues``: its last frame is done."""
@@ -266,15 +272,31 @@ class HeldMessages(object):
 
     def handling(self, shard: str) -> None:
         """This thread was handed a frame of ``shard``."""
-        self._handling[threading.get_ident()] = shard
+        self._handling[threading.get_ident()] = (time.monotonic(), shard)
 
     def shards_handled(self) -> Set[str]:
-        """The shards whose frames caller threads handle now (I/O thread)."""
-        return set(list(self._handling.values()))
+        """The shards whose frames caller threads handle now (I/O thread); a
+        thread that has not come back for ``FORGOTTEN_AFTER`` s is forgotten."""
+        since = time.monotonic() - FORGOTTEN_AFTER
+        handled = set()
+        for ident, (at, shard) in list(self._handling.items()):
+            if at >= since:
+                handled.add(shard)
+            else:
+                self._handling.pop(ident, None)
+        return handled
 
     def asked_since(self, when: float) -> List[Queues]:
-        """What blocking receives asked for from ``when`` on (I/O thread)."""
-        return [queues for at, queues in list(self._asked.values()) if at >= when]
+        """What blocking receives asked for from ``when`` on (I/O thread); the
+        entries of threads that have not asked for ``FORGOTTEN_AFTER`` s go."""
+        forgotten = time.monotonic() - FORGOTTEN_AFTER
+        recent = []
+        for ident, (at, queues) in list(self._asked.items()):
+            if at >= when:
+                recent.append(queues)
+            elif at < forgotten:
+                self._asked.pop(ident, None)
+        return recent
 
     def add(self, queue: str, held: Held) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ The reactor half runs in a child interpreter with a real Twisted reactor
 (a reactor cannot be restarted in one process; see ``test_twisted``).
 """
 
+import contextlib
 import logging
 import textwrap
 import threading
@@ -147,6 +148,19 @@ def test_a_quorum_queue_admits_again_at_its_readmission_mark(broker, new_layer):
     layer.send("q.mark", {"admitted": True})
 
 
+@contextlib.contextmanager
+def _broker_stopped(node, layer):
+    """The broker's app stopped for the block, once ``layer`` has seen the loss."""
+    node.stop_app()
+    try:
+        wait_until(
+            lambda: not layer.connection_statistics()["connected"], 10, message="the loss seen"
+        )
+        yield
+    finally:
+        node.start_app()
+
+
 @pytest.mark.faults
 @pytest.mark.slow
 def test_a_worker_thread_rides_out_an_outage_longer_than_operation_timeout(node, new_layer, caplog):
@@ -174,11 +188,7 @@ def test_a_worker_thread_rides_out_an_outage_longer_than_operation_timeout(node,
     thread.start()
     wait_until(lambda: "received" in outcome, 10, message="the worker's receive")
     assert outcome["received"] == ("ride.in", {"job": 1})
-    node.stop_app()
-    try:
-        wait_until(
-            lambda: not layer.connection_statistics()["connected"], 10, message="the loss seen"
-        )
+    with _broker_stopped(node, layer):
         go.set()
         # Any other thread: OperationTimeout after operation_timeout, as before.
         started = time.monotonic()
@@ -187,8 +197,6 @@ def test_a_worker_thread_rides_out_an_outage_longer_than_operation_timeout(node,
         assert time.monotonic() - started <= operation_timeout + 1.0
         # The worker's send waits on, well past operation_timeout.
         assert not done.wait(3 * operation_timeout), outcome
-    finally:
-        node.start_app()
     assert done.wait(30), "the worker's send did not finish after the broker came back"
     assert outcome.get("sent") is True, outcome
     assert outcome["seconds"] > 3 * operation_timeout
@@ -219,19 +227,13 @@ def test_a_worker_threads_poll_waits_through_an_outage(node, new_layer):
     thread = threading.Thread(target=worker, name="poll-worker", daemon=True)
     thread.start()
     wait_until(lambda: "received" in outcome, 10, message="the worker's receive")
-    node.stop_app()
-    try:
-        wait_until(
-            lambda: not layer.connection_statistics()["connected"], 10, message="the loss seen"
-        )
+    with _broker_stopped(node, layer):
         go.set()
         # Any other thread's poll answers nothing at once.
         started = time.monotonic()
         assert layer.receive(["poll.wait"]) == (None, None)
         assert time.monotonic() - started < 1.0
         assert not done.wait(3.0), outcome
-    finally:
-        node.start_app()
     assert done.wait(60), "the worker's poll did not end after the broker came back"
     assert outcome["polled"] == ("poll.wait", {"frame": 1})
     thread.join(10)

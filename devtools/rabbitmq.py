@@ -1272,6 +1272,12 @@ class RabbitNode:
         """Make the broker close every client connection (connection.close 320)."""
         self.ctl("close_all_connections", reason)
 
+    def crash_channels(self) -> None:
+        """Make every channel on the node crash: the broker closes each
+        client connection with 541 INTERNAL_ERROR, as it does when a consume
+        races another client's declare of a new quorum queue (3.10)."""
+        self.ctl("eval", "[exit(P, crash_for_test) || P <- rabbit_channel:list_local()], ok.")
+
     def join_cluster(self, other: Union["RabbitNode", str]) -> None:
         """Make this node join *other*'s cluster (stop_app, join_cluster, start_app)."""
         other_name = other.nodename if isinstance(other, RabbitNode) else other

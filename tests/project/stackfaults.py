@@ -51,6 +51,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -458,12 +459,13 @@ def _drained_at(clients, sent_at, until):
 
 
 def _silences(clients, start, end):
-    """(longest gap, its start) per client, between ``start`` and ``end``."""
+    """(gap, its start, the client's name) per gap between the frames a client
+    received, between ``start`` and ``end``."""
     gaps = []
     for client in clients:
         times = [start] + [t for t in client.frame_times if start <= t <= end] + [end]
         for before, after in zip(times, times[1:]):
-            gaps.append((after - before, before))
+            gaps.append((after - before, before, client.name))
     return gaps
 
 
@@ -1034,12 +1036,18 @@ class FaultRun(object):
         disrupted = self.disrupted
         gaps = _silences(self.members, self.start, self.end)
         kill_gaps = [
-            g for g, at in gaps if disrupted is None or not disrupted[0] <= at <= disrupted[1]
+            g for g in gaps if disrupted is None or not disrupted[0] <= g[1] <= disrupted[1]
         ]
         restart_gaps = [
-            g for g, at in gaps if disrupted is not None and disrupted[0] <= at <= disrupted[1]
+            g[0] for g in gaps if disrupted is not None and disrupted[0] <= g[1] <= disrupted[1]
         ]
-        self.report["longest_silence_kill"] = round(max(kill_gaps or [0.0]), 2)
+        longest = max(kill_gaps, default=(0.0, self.start, None))
+        self.report["longest_silence_kill"] = round(longest[0], 2)
+        # Where to look in the logs: its client and its start, from the run's start.
+        self.report["longest_silence_kill_began"] = "%s at +%.2f s" % (
+            longest[2],
+            longest[1] - self.start,
+        )
         self.report["longest_silence_" + self.label] = round(max(restart_gaps or [0.0]), 2)
 
     def ping_figures(self):
@@ -1148,6 +1156,7 @@ class FaultRun(object):
         if self.layer is not None:
             self.layer.close()
         if self.own_node and self.node is not None:
+            self._keep_broker_log(self.node)
             self.node.cleanup(graceful=False)
         if self.own_cluster and self.cluster is not None:
             for each in self.cluster:
@@ -1156,6 +1165,13 @@ class FaultRun(object):
             self.stack.cleanup(keep_logs=True)
         if os.path.exists(self.handled_log) and not os.environ.get("STACKFAULTS_KEEP_HANDLED"):
             os.unlink(self.handled_log)
+
+    def _keep_broker_log(self, node):
+        """A copy of the node's log beside the processes' logs, where a
+        connection the broker closed (541 INTERNAL_ERROR) says why."""
+        if self.stack is None or not os.path.exists(node.log_file):
+            return
+        shutil.copy(node.log_file, os.path.join(self.stack.log_dir, "rabbit.log"))
 
 
 def targets(report, restart_pause=5.0):
@@ -1377,6 +1393,7 @@ def format_report(report):
         "frames_run_twice",
         "duplicates",
         "longest_silence_kill",
+        "longest_silence_kill_began",
         "longest_silence_restart",
         "longest_silence_node_loss",
         "alarm_seconds",

@@ -281,12 +281,16 @@ class ConsumerPool(object):
         return self._held.shards_handled()
 
     def served_shards(self) -> FrozenSet[str]:
-        """The shards whose active consumer this process is (``SHARD_GRACE``)."""
-        return frozenset(
+        """The shards whose frames this process handed to its threads on this
+        channel (``SHARD_GRACE``). Not every shard the broker pushed: when
+        connections close one by one, a waiting consumer is pushed the shard
+        of one that went a moment earlier, and that frame goes back unread."""
+        handed = frozenset(
             consumer.queue
             for consumer in self._consumers.values()
-            if consumer.active and consumer.served and is_shard_queue(consumer.queue)
+            if consumer.active and consumer.handed_at and is_shard_queue(consumer.queue)
         )
+        return handed | self._held.shards_handled()
 
     def keep_asked(self, asked: List[Queues]) -> None:
         """Do for ``asked``, what blocking receives asked for, what a waiter

@@ -60,6 +60,7 @@ import pika
 import pika.connection
 import pika.exceptions
 from pika.adapters.select_connection import IOLoop
+from pika.spec import INTERNAL_ERROR
 
 from ...errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ...urls import describe_parameters
@@ -137,8 +138,10 @@ class IOThread(object):
         self._taken = TakenAcks()  # what they took, until the acks go (consumers/acks.py)
         self._handed_off.held = self._held  # a copy of a held message is a copy too
         # The shards the lost session served, which the next one takes back
-        # before the others (``consumers.pool.SHARD_GRACE``).
+        # before the others (``consumers.pool.SHARD_GRACE``), and whether the
+        # loss may have hit other processes too (``_on_closed``).
         self._served_shards: FrozenSet[str] = frozenset()
+        self._shared_loss = False
         # Read by callers: when the connection was lost (None while connected
         # or before the first one) and why; and how often it was lost.
         self.connected = False
@@ -365,7 +368,7 @@ class IOThread(object):
             self._held,
             self._consumer_settings,
             self._taken,
-            resumed=reconnected,
+            resumed=reconnected and self._shared_loss,
             reclaimed=self._served_shards,
         )
         self._served_shards = frozenset()
@@ -478,6 +481,12 @@ class IOThread(object):
         if session is not None:
             self._served_shards = session.consumers.served_shards()
             session.lose()
+        # A connection the broker closed for a crash of one of its own channels
+        # (541: on 3.10, a consume racing another process's declare of a new
+        # quorum queue) is this process's loss alone. The others keep their
+        # connections and their shards, and hold no frame whose replies wait
+        # for a reconnect, so no shard waits for its owner.
+        self._shared_loss = getattr(reason, "reply_code", None) != INTERNAL_ERROR
         self._drop(other)
         self._hand_on(dispatched)
         self.connection_losses += 1

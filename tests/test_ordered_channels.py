@@ -351,7 +351,7 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
     """The broker closes every connection twice while two workers handle a
     steady stream of frames: each socket's frames still run in order, one at
     a time, none lost, and each worker takes back the sockets it served
-    (``consumers.pool.SHARD_GRACE``); with quorum queues a frame may come
+    (``consumers.owners``); with quorum queues a frame may come
     one place late after a close (docs/topology.rst)."""
     sender = make_layer(node, queue_type=queue_type, receive_timeout=0.2)
     log = collections.defaultdict(list)
@@ -414,7 +414,7 @@ def test_a_worker_that_reconnects_late_keeps_its_sockets(node):
     other (its URL list first tries a server that never answers). The other
     does not take the late one's sockets: a frame the late one counted done
     may still have replies waiting for its new connection
-    (``consumers.pool.SHARD_OWNER_WAIT``)."""
+    (``consumers.owners.SHARD_OWNER_WAIT``)."""
     silent = net.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)  # accepts connections and never says a word
@@ -512,7 +512,7 @@ def test_a_connection_lost_to_its_own_channel_crash_waits_for_no_shard_owner(nod
     socket waits ``SHARD_OWNER_WAIT`` for an owner (measured before: every
     shard the worker had not served waited, and the clients of the chat
     stack heard nothing for 2.7 s)."""
-    from asgi_amqp.engine.consumers.pool import SHARD_OWNER_WAIT
+    from asgi_amqp.engine.consumers.owners import SHARD_OWNER_WAIT
 
     sender = make_layer(node, receive_timeout=0.2)
     log = collections.defaultdict(list)

@@ -9,7 +9,12 @@ and owns, each in its own module:
 ``polls.Polls``
     what non-blocking receives ask of the consumers;
 ``sweep.Sweep``
-    the timer that gives back what lingered and cancels what nobody wants.
+    the timer that gives back what lingered and cancels what nobody wants;
+``balance.Balance``
+    the spread of an ordered channel's shards over the processes;
+``owners.OwnerWait``
+    after a lost connection, the shards that wait for the process that
+    served them.
 
 All of it runs on the I/O thread, except where a docstring says otherwise.
 """

@@ -38,10 +38,12 @@ through the I/O thread, and the ack follows through the inbox without
 anyone waiting for it. A worker that finds its next message already pushed
 (the usual case under load) saves two thread wake-ups per message.
 
-``ConsumerPool`` owns three objects, each in its own module: ``Acks``
+``ConsumerPool`` owns five objects, each in its own module: ``Acks``
 (``acks.py``: every ack and nack of the channel), ``Polls`` (``polls.py``:
-what non-blocking receives ask of the consumers) and ``Sweep``
-(``sweep.py``: the linger and idle timer). The pool and all three run on
+what non-blocking receives ask of the consumers), ``Sweep`` (``sweep.py``:
+the linger and idle timer), ``Balance`` (``balance.py``: the shards'
+spread over processes) and ``OwnerWait`` (``owners.py``: after a lost
+connection, the shards that wait for their owner). The pool and all run on
 the I/O thread; only ``HeldMessages`` and ``TakenAcks`` are shared with
 callers' threads, each under its own lock.
 """
@@ -79,6 +81,7 @@ from ..reopening_channel import ReopeningChannel
 from ..work import Queues, Work
 from .acks import Acks, TakenAcks
 from .balance import Balance
+from .owners import OwnerWait
 from .polls import Polls
 from .sweep import Sweep
 
@@ -101,19 +104,6 @@ class ConsumerSettings(NamedTuple):
 # blocking receive.
 THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
-# After a lost connection, seconds before this process consumes the shards it
-# did not serve before the loss; those it served it takes back at once. A
-# worker thread may still be handling a frame of such a shard, its replies
-# waiting for the new connection, and Channels' enforce_ordering counts the
-# frame done before those replies go: the socket's next frame must be run
-# here, after them, and not by another process that reconnected first.
-SHARD_GRACE = 0.75
-# After the grace, such a shard is consumed once another process consumes
-# it (it took its shard back: this one waits behind it), looked at every
-# SHARD_LOOK_EVERY seconds; or at SHARD_OWNER_WAIT, when its process is
-# taken to be gone. A process that reconnects late so keeps its sockets.
-SHARD_LOOK_EVERY = 0.25
-SHARD_OWNER_WAIT = 3.0
 
 
 class Consumer(object):
@@ -204,18 +194,6 @@ class ConsumerPool(object):
         reclaimed: FrozenSet[str] = frozenset(),
     ) -> None:
         self._connection = connection
-        # After a lost connection (``SHARD_GRACE``): ``reclaimed``, the shards
-        # the lost connection served, are consumed at once; the others once
-        # another process consumes them (``released``), or from this
-        # monotonic time on.
-        now = time.monotonic()
-        self._grace_ends = now + SHARD_GRACE if resumed else 0.0
-        self._shards_from = now + SHARD_OWNER_WAIT if resumed else 0.0
-        self._reclaimed = reclaimed
-        self._released: Set[str] = set()
-        self._shards_timer: Any = None
-        # shard queue -> (its arguments, polled), while it waits
-        self._postponed: Dict[str, Tuple[Any, bool]] = {}
         self._declares = declare_executor
         self._held = held  # shared with callers' threads, who take from it
         self._unavailable: Dict[str, float] = {}  # queue -> time before which it is not retried
@@ -234,6 +212,7 @@ class ConsumerPool(object):
         self.polls = Polls(self, held, declare_executor, settings.linger, settings.prefetch)
         self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
         self._balance = Balance(self, declare_executor)
+        self._owners = OwnerWait(self, declare_executor, resumed, reclaimed)
         self._channel = ReopeningChannel(
             connection, "consume", self._setup, self._on_ready, self._on_lost
         )
@@ -282,7 +261,7 @@ class ConsumerPool(object):
 
     def served_shards(self) -> FrozenSet[str]:
         """The shards whose frames this process handed to its threads on this
-        channel (``SHARD_GRACE``). Not every shard the broker pushed: when
+        channel (``owners``). Not every shard the broker pushed: when
         connections close one by one, a waiting consumer is pushed the shard
         of one that went a moment earlier, and that frame goes back unread."""
         handed = frozenset(
@@ -421,15 +400,8 @@ class ConsumerPool(object):
             return  # its node is down: keep waiting on the other queues
         if is_shard_queue(queue) and not self._balance.may_subscribe(queue):
             return  # this process serves its share of the channel's shards
-        if (
-            is_shard_queue(queue)
-            and self._shards_from > time.monotonic()
-            and queue not in self._reclaimed
-            and queue not in self._released
-        ):
-            self._postponed[queue] = (arguments, polled)
-            self._consume_shards_later()
-            return
+        if is_shard_queue(queue) and self._owners.holds(queue, arguments, polled):
+            return  # its owner may take it back first (``owners``)
         consumer = self._add_consumer(queue, window)
         consumer.polled = polled
         # Declared first, and on the admin channel: basic.consume on a missing
@@ -443,50 +415,9 @@ class ConsumerPool(object):
             [declares.queue_declare(queue, arguments)],
         )
 
-    def _consume_shards_later(self) -> None:
-        """Look at the postponed shards at the grace's end, then every
-        ``SHARD_LOOK_EVERY`` seconds (``SHARD_GRACE``)."""
-        if self._shards_timer is None and self._postponed:
-            now = time.monotonic()
-            at = max(self._grace_ends, now + SHARD_LOOK_EVERY)
-            self._shards_timer = self.ioloop.call_later(
-                max(0.0, min(at, self._shards_from) - now), self._look_at_postponed
-            )
-
-    def _look_at_postponed(self) -> None:
-        """Consume the postponed shards another process consumes, or all of them
-        once ``SHARD_OWNER_WAIT`` is over."""
-        self._shards_timer = None
-        if not self.ready:
-            return
-        if time.monotonic() >= self._shards_from:
-            postponed, self._postponed = self._postponed, {}
-            for queue, (arguments, polled) in postponed.items():
-                self._ensure_consumer(queue, arguments, self._window, polled)
-            return
-        for queue in self._postponed:
-            self._declares.run(
-                Pending("count the consumers of %s" % queue, on_done=self._counted_for(queue)),
-                [declares.queue_declare(queue, None, passive=True, not_found_ok=True)],
-            )
-        self._consume_shards_later()
-
-    def _counted_for(self, queue: str) -> Callable[[Any, Optional[BaseException]], None]:
-        """What to do with a postponed shard's count: consume it here too once
-        another process consumes it."""
-
-        def counted(method: Any, error: Optional[BaseException]) -> None:
-            if getattr(method, "consumer_count", 0) and queue in self._postponed and self.ready:
-                arguments, polled = self._postponed.pop(queue)
-                self._released.add(queue)
-                self._ensure_consumer(queue, arguments, self._window, polled)
-
-        return counted
-
-    def _stop_shards_timer(self) -> None:
-        if self._shards_timer is not None:
-            self.ioloop.remove_timeout(self._shards_timer)
-            self._shards_timer = None
+    def consume_shard(self, shard: str, arguments: Any, polled: bool) -> None:
+        """Consume a shard that waited for its owner (``owners``)."""
+        self._ensure_consumer(shard, arguments, self._window, polled)
 
     def _add_consumer(self, queue: str, window: int) -> Consumer:
         """A new consumer of ``queue``, not yet started; room is made under
@@ -629,7 +560,7 @@ class ConsumerPool(object):
             waiter.pending.resolve(None)
         self._sweep.stop()
         self._balance.stop()
-        self._stop_shards_timer()
+        self._owners.stop()
         self.polls.channel_gone()  # nothing more will arrive on this channel
 
     def _fail_refused(self, reply_text: Optional[str]) -> None:
@@ -656,7 +587,7 @@ class ConsumerPool(object):
         self._waiters = []
         self._sweep.stop()
         self._balance.stop()
-        self._stop_shards_timer()
+        self._owners.stop()
         self._held.clear()
         self._consumers.clear()
         self._by_tag.clear()

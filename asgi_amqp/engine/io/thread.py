@@ -138,7 +138,7 @@ class IOThread(object):
         self._taken = TakenAcks()  # what they took, until the acks go (consumers/acks.py)
         self._handed_off.held = self._held  # a copy of a held message is a copy too
         # The shards the lost session served, which the next one takes back
-        # before the others (``consumers.pool.SHARD_GRACE``), and whether the
+        # before the others (``consumers.owners``), and whether the
         # loss may have hit other processes too (``_on_closed``).
         self._served_shards: FrozenSet[str] = frozenset()
         self._shared_loss = False

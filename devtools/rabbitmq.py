@@ -1272,6 +1272,13 @@ class RabbitNode:
         """Make the broker close every client connection (connection.close 320)."""
         self.ctl("close_all_connections", reason)
 
+    def drop_all_connections(self) -> None:
+        """Kill every client connection's process in one go, as a crash of
+        the broker's network would: no connection.close, and the connections
+        go within microseconds of each other (``close_all_connections``
+        closes them one by one)."""
+        self.ctl("eval", "[exit(P, kill) || P <- rabbit_networking:connections()], ok.")
+
     def crash_channels(self) -> None:
         """Make every channel on the node crash: the broker closes each
         client connection with 541 INTERNAL_ERROR, as it does when a consume

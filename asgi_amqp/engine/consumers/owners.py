@@ -38,12 +38,12 @@ class OwnerWait(object):
     def __init__(
         self,
         pool: "ConsumerPool",
-        declares: "AdminChannels",
+        admin: "AdminChannels",
         resumed: bool,
         reclaimed: FrozenSet[str],
     ) -> None:
         self._pool = pool
-        self._declares = declares
+        self._admin = admin  # the channels the passive declares go on
         now = time.monotonic()
         self._grace_ends = now + SHARD_GRACE if resumed else 0.0
         self._waits_until = now + SHARD_OWNER_WAIT if resumed else 0.0
@@ -91,7 +91,7 @@ class OwnerWait(object):
                 self._pool.consume_shard(shard, arguments, polled)
             return
         for shard in self._waiting:
-            self._declares.run(
+            self._admin.run(
                 Pending("count the consumers of %s" % shard, on_done=self._counted_for(shard)),
                 [declares.queue_declare(shard, None, passive=True, not_found_ok=True)],
             )

@@ -1,5 +1,5 @@
 """Benchmarks of asgi_amqp: the layer side by side with asgi_redis and raw pika,
-bulk sends, Channels end to end, one worker echoing, and a connect storm.
+bulk sends, Channels end to end, and one worker echoing.
 
 Run ``python -m benchmarks --help`` (``make bench``); see ``benchmarks/README.md``.
 """

@@ -1,6 +1,6 @@
 """Every benchmark of asgi_amqp, through one entry point.
 
-    python -m benchmarks                                  # all five suites (make bench)
+    python -m benchmarks                                  # all four suites (make bench)
     python -m benchmarks --only echo                      # one suite
     python -m benchmarks --only send,receive --rounds 7   # layer scenarios by name
     python -m benchmarks --skip group,bulk
@@ -11,8 +11,8 @@ Suites, in this order: ``layer`` (scenarios (a)-(m) against asgi_redis
 and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
 and ``send_many`` against raw pika's pipelined confirms, ``bulk_bench.py``), ``channels`` (daphne +
 runworker on both layers, ``channels_bench.py``), ``echo`` (one worker
-echoing without Django, ``echo_ceiling.py``) and ``storm`` (a connect storm
-on daphne + two runworkers of both layers, ``storm_bench.py``).
+echoing without Django, ``echo_ceiling.py``). A connect storm is a test,
+``tests/e2e/test_connect_storm.py``, not a suite.
 ``--only``/``--skip`` take suite names and layer scenario names; naming a
 scenario selects the layer suite with just those scenarios.
 
@@ -37,20 +37,18 @@ if ROOT not in sys.path:
 
 from benchmarks import common  # noqa: E402  (standard library only)
 
-SUITES = ("layer", "bulk", "channels", "echo", "storm")
+SUITES = ("layer", "bulk", "channels", "echo")
 MODULES = {
     "layer": "layer_bench",
     "bulk": "bulk_bench",
     "channels": "channels_bench",
     "echo": "echo_ceiling",
-    "storm": "storm_bench",
 }
 TITLES = {
     "layer": "Layer scenarios (a)-(m)",
     "bulk": "Bulk sends",
     "channels": "Channels 1.x end to end",
     "echo": "One worker echoing, without Django",
-    "storm": "Connect storm",
 }
 
 
@@ -81,7 +79,7 @@ def build_parser():
         "--rounds",
         type=int,
         default=None,
-        help="rounds for every suite (default: layer 5, bulk 1, channels 5, echo 5, storm 1)",
+        help="rounds for every suite (default: layer 5, bulk 1, channels 5, echo 5)",
     )
     run.add_argument(
         "--baseline-src",
@@ -196,24 +194,6 @@ def build_parser():
         help="worker threads of the raw-pika-pipelined, asgi_amqp and asgi_redis "
         "workers, comma-separated",
     )
-    storm = parser.add_argument_group("storm suite")
-    storm.add_argument(
-        "--storm-sockets", type=int, default=400, help="WebSockets connecting at once"
-    )
-    storm.add_argument("--storm-rooms", type=int, default=20, help="chat rooms they join")
-    storm.add_argument(
-        "--storm-capacity",
-        type=int,
-        default=100,
-        help="the chat project's channel capacity (CHAT_CAPACITY) on both layers",
-    )
-    storm.add_argument(
-        "--storm-empty-cap",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="how long to wait for the room groups to empty after the last disconnect",
-    )
     return parser
 
 
@@ -257,12 +237,8 @@ def parse_args(argv):
     args.channels_layers = _names([args.channels_layers])
     if set(args.channels_layers) - {"asgi_amqp", "asgi_redis"}:
         parser.error("--channels-layers takes asgi_amqp and/or asgi_redis")
-    if min(args.storm_sockets, args.storm_rooms, args.storm_capacity) < 1:
-        parser.error("--storm-sockets, --storm-rooms and --storm-capacity must be at least 1")
     if args.echo_drain < 1:
         parser.error("--echo-drain must be at least 1")
-    if args.storm_empty_cap <= 0:
-        parser.error("--storm-empty-cap must be more than 0")
     args.echo_threads = _thread_counts(parser, "--echo-threads", args.echo_threads)
     args.channels_threads = _thread_counts(parser, "--channels-threads", args.channels_threads)
     layer_bench.check_args(parser, args)

@@ -17,6 +17,7 @@ import socket as net
 import threading
 import time
 
+import pika
 import pytest
 
 from asgi_amqp import AMQPChannelLayer
@@ -191,6 +192,15 @@ def _check_order(log, expected_per_socket, copies_allowed=False, swaps_from=None
             assert late or after[0] >= before[1], (socket, before, after)
     assert copies_allowed or not copies, "%d frames came twice" % copies
     return copies
+
+
+def _drop_between(node, clients, before, after):
+    """Every connection dropped after ``before`` rounds of frames; then
+    ``after`` rounds more."""
+    wait_until(lambda: clients.sent >= before, 30, message="%d rounds of frames" % before)
+    node.drop_all_connections()
+    sent = clients.sent
+    wait_until(lambda: clients.sent >= sent + after, 30, message="%d rounds after" % after)
 
 
 class Clients(object):
@@ -434,10 +444,7 @@ def test_a_worker_that_reconnects_late_keeps_its_sockets(node):
     clients = Clients(sender, 20)
     watch = {worker.name: _LossWatch(worker.layer) for worker in (late, other)}
     try:
-        wait_until(lambda: clients.sent >= 30, 30, message="3 s of frames")
-        node.drop_all_connections()
-        sent = clients.sent
-        wait_until(lambda: clients.sent >= sent + 50, 30, message="5 s of frames after the close")
+        _drop_between(node, clients, 30, 50)
     finally:
         frames = clients.stop()
         wait_until(lambda: sum(map(len, log.values())) >= 20 * frames, 60, message="every frame")
@@ -467,6 +474,85 @@ def test_a_worker_that_reconnects_late_keeps_its_sockets(node):
         % (len(served), back - lost, back - watch["other"].back_at, moved)
     )
     assert served and not moved
+
+
+class _ConsumerCounts(object):
+    """Each shard's consumer count, asked of the broker every few
+    milliseconds on a connection of its own until ``stop``: a classic
+    queue's ``queue.declare-ok`` counts a waiting single active consumer
+    too. ``doubled``: the shards counted with two consumers or more in two
+    looks in a row."""
+
+    def __init__(self, node, shards):
+        self.doubled = collections.Counter()
+        self.looks = 0
+        self._parameters = pika.URLParameters(node.amqp_url)
+        self._shards = shards
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="consumer-counts", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:  # dropped with every other connection: connected again
+                connection = pika.BlockingConnection(self._parameters)
+            except pika.exceptions.AMQPConnectionError:
+                continue
+            try:
+                self._look(connection.channel())
+            except pika.exceptions.AMQPError:
+                pass
+            finally:
+                if connection.is_open:
+                    connection.close()
+
+    def _look(self, channel):
+        before = set()
+        while not self._stop.wait(0.01):  # a poll of the broker's own count
+            now = set()
+            for shard in self._shards:
+                if channel.queue_declare(shard, passive=True).method.consumer_count > 1:
+                    now.add(shard)
+            self.doubled.update(now & before)
+            before = now
+            self.looks += 1
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_no_consumer_ever_waits_behind_another_on_a_shard(node):
+    """A process consumes a shard only when nobody does (``consumers.balance``):
+    a worker that joins waits for the shards the other gives back, and after
+    every connection drops the shards are taken anew. On RabbitMQ 3.10 a
+    classic single-active-consumer queue whose active consumer goes while
+    another waits and messages are ready stops delivering, and crashes at
+    the next publish, losing every frame it held (rabbitmq-server#5460)."""
+    sender = make_layer(node, receive_timeout=0.2)
+    log = collections.defaultdict(list)
+    workers = _two_workers(node, sender, "classic", log, work=0.005)
+    shards = [q for c in CHANNELS for q in sender.topology.shard_queues(c)]
+    counts = _ConsumerCounts(node, shards)
+    clients = Clients(sender, 20)
+    try:
+        _drop_between(node, clients, 20, 40)
+    finally:
+        frames = clients.stop()
+        counts.stop()
+        wait_until(lambda: sum(map(len, log.values())) >= 20 * frames, 60, message="every frame")
+        for worker in workers:
+            worker.stop()
+        sender.close()
+    print(
+        "\n%d looks at %d shards; counted with two consumers twice in a row: %s"
+        % (counts.looks, len(shards), dict(counts.doubled))
+    )
+    assert counts.looks > 50
+    assert not counts.doubled
+    _check_order(log, frames, copies_allowed=True)
 
 
 class _LossWatch(object):

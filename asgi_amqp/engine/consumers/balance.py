@@ -1,19 +1,29 @@
 """Spreading an ordered channel's shards over the processes that receive it.
 
-Each shard is a single-active-consumer queue (``naming``): every process
-that receives the channel consumes every shard, and the broker lets one
-consumer per shard take its messages, the first to subscribe. Left alone,
-the first process would take them all. So every ``BALANCE_EVERY`` seconds
-a process counts the processes receiving the channel (the consumers of
-the channel's own queue, which every blocking receive consumes, answered
-by a passive declare for classic and quorum queues alike) and, when it
+Each shard is a single-active-consumer queue (``naming``) with one consumer
+at a time: a process consumes a shard only when the declare before its
+``basic.consume`` counts no consumer (``consumed_elsewhere``), and a shard
+another process consumes is asked about again after ``ELSEWHERE_RECHECK``
+seconds. No consumer waits behind another, because a waiting one is
+what breaks (``tests/test_ordered_channels.py``, the crash test):
+
+* on RabbitMQ 3.10, a classic queue whose active consumer's channel closes
+  while another consumer waits and messages are ready hands the next
+  publish to the new consumer and crashes, and every frame in it is lost
+  (rabbitmq-server#5460; 4.0 does not crash);
+* as the broker closes connections one by one, a waiting consumer is
+  pushed the frames of a connection that went a moment earlier, while that
+  process still holds the frame before them.
+
+So the first process to receive takes every shard, and the others get
+theirs as it gives them back: every ``BALANCE_EVERY`` seconds a process
+counts the processes receiving the channel (the consumers of the
+channel's own queue, which every blocking receive consumes) and, when it
 serves more than its share of the shards, cancels its consumers of the
-extra ones. The broker hands each to the next waiting process; the next
-receive here subscribes again, at the back of the line. A shard counts as
-served once the broker pushed this process a message from it. A process
-that serves its share is *full*: it cancels its consumers of the shards
-it does not serve and subscribes to no more, so that the shards given back
-go to the processes below their share.
+extra ones; a process below its share consumes the shards nobody
+consumes. A shard counts as served once the broker pushed this process a
+message from it. A process that serves its share is *full*: it cancels
+its consumers of the shards it does not serve and subscribes to no more.
 
 A shard goes only when giving it back cannot put a socket's frames out
 of order: it holds nothing, no thread here handles a frame of it (until
@@ -30,6 +40,7 @@ Owned by ``pool.ConsumerPool``; everything here runs on the I/O thread.
 
 import logging
 import math
+import random
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 
@@ -45,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 BALANCE_EVERY = 1.0  # seconds between two looks at the shards' spread
 QUIET = 0.1  # seconds without a hand-out after which a shard may move
+# Seconds, give or take half, before a shard another process consumed is
+# asked about again (the jitter parts two processes that asked together).
+ELSEWHERE_RECHECK = 1.0
 
 
 class Balance(object):
@@ -56,6 +70,7 @@ class Balance(object):
         self._timer: Any = None
         self._due: Dict[str, int] = {}  # channel queue -> shards to give back
         self._full: Set[str] = set()  # channel queues whose share this process serves
+        self._elsewhere: Dict[str, float] = {}  # shard -> when to ask about it again
 
     def schedule(self) -> None:
         if self._timer is None and self._pool.ready:
@@ -67,10 +82,45 @@ class Balance(object):
             self._timer = None
         self._due.clear()
         self._full.clear()
+        self._elsewhere.clear()
 
     def may_subscribe(self, shard: str) -> bool:
-        """Whether to consume ``shard``: not when this process serves its share."""
+        """Whether to consume ``shard``: not when this process serves its
+        share, nor while another process was lately found consuming it."""
+        if self._elsewhere.get(shard, 0.0) > time.monotonic():
+            return False
         return shard.partition(SHARD_MARK)[0] not in self._full
+
+    def consumed_elsewhere(self, shard: str, consumers: int) -> bool:
+        """Whether the declare before a ``basic.consume`` of ``shard`` counted
+        ``consumers``: then it is another process's, asked about later."""
+        if consumers <= 0:
+            return False
+        self._elsewhere[shard] = time.monotonic() + ELSEWHERE_RECHECK * (0.5 + random.random())
+        return True
+
+    def check_alone(self, consumer: "Consumer") -> None:
+        """After ``basic.consume-ok``: if another process subscribed to the
+        same shard between this one's declare and its consume, the one that
+        was pushed nothing goes (a classic queue counts a waiting consumer;
+        a quorum queue does not, and cannot crash)."""
+
+        def counted(method: Any, error: Optional[BaseException]) -> None:
+            consumers = getattr(method, "consumer_count", 0) if error is None else 0
+            if (
+                consumers > 1
+                and self._pool.consumer(consumer.queue) is consumer
+                and not consumer.served
+                and not consumer.unacked
+            ):
+                logger.debug("%s has another consumer: given back", consumer.queue)
+                self._pool.cancel(consumer)
+                self.consumed_elsewhere(consumer.queue, consumers)
+
+        self._declares.run(
+            Pending("count the consumers of %s" % consumer.queue, on_done=counted),
+            [declares.queue_declare(consumer.queue, None, passive=True, not_found_ok=True)],
+        )
 
     def _look(self) -> None:
         self._timer = None

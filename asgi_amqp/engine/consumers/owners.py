@@ -8,7 +8,7 @@ reconnected first. So a process that reconnects takes back at once the
 shards whose frames it handed to its threads (``reclaimed``,
 ``ConsumerPool.served_shards``), and waits before it consumes any other:
 ``SHARD_GRACE`` seconds, then until another process consumes the shard
-(its owner took it back: this one waits behind it), looked at every
+(its owner took it back, and keeps it: ``balance``), looked at every
 ``SHARD_LOOK_EVERY`` seconds, or until ``SHARD_OWNER_WAIT``, when the
 owner is taken to be gone. A process that reconnects late so keeps its
 sockets. A loss of this process alone (``IOThread._shared_loss``) waits
@@ -80,8 +80,9 @@ class OwnerWait(object):
             )
 
     def _look(self) -> None:
-        """Consume the shards another process consumes, or all of them once
-        ``SHARD_OWNER_WAIT`` is over."""
+        """Stop waiting for the shards another process consumes (the pool
+        then leaves them to it), and for all of them once ``SHARD_OWNER_WAIT``
+        is over."""
         self._timer = None
         if not self._pool.ready:
             return
@@ -98,8 +99,8 @@ class OwnerWait(object):
         self._schedule()
 
     def _counted_for(self, shard: str) -> Callable[[Any, Optional[BaseException]], None]:
-        """What to do with a waiting shard's count: consume it here too once
-        another process consumes it."""
+        """What to do with a waiting shard's count: once another process
+        consumes it, hand it to the pool, whose declare leaves it to that one."""
 
         def counted(method: Any, error: Optional[BaseException]) -> None:
             if getattr(method, "consumer_count", 0) and shard in self._waiting and self._pool.ready:

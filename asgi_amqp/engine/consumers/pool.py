@@ -261,9 +261,8 @@ class ConsumerPool(object):
 
     def served_shards(self) -> FrozenSet[str]:
         """The shards whose frames this process handed to its threads on this
-        channel (``owners``). Not every shard the broker pushed: when
-        connections close one by one, a waiting consumer is pushed the shard
-        of one that went a moment earlier, and that frame goes back unread."""
+        channel (``owners``). Not every shard the broker pushed: a frame
+        pushed and not handed out goes back unread, and waits for no reply."""
         handed = frozenset(
             consumer.queue
             for consumer in self._consumers.values()
@@ -410,7 +409,7 @@ class ConsumerPool(object):
         self._declares.run(
             Pending(
                 "declare %s" % queue,
-                on_done=lambda result, error: self._declared(consumer, arguments, error),
+                on_done=lambda result, error: self._declared(consumer, arguments, result, error),
             ),
             [declares.queue_declare(queue, arguments)],
         )
@@ -427,7 +426,9 @@ class ConsumerPool(object):
         consumer = self._consumers[queue] = Consumer(queue, window)
         return consumer
 
-    def _declared(self, consumer: Consumer, arguments: Any, error: Optional[BaseException]) -> None:
+    def _declared(
+        self, consumer: Consumer, arguments: Any, method: Any, error: Optional[BaseException]
+    ) -> None:
         if self._consumers.get(consumer.queue) is not consumer:
             return
         if error is not None and getattr(error, "reply_code", None) in (
@@ -445,8 +446,13 @@ class ConsumerPool(object):
             del self._consumers[consumer.queue]
             self._unavailable[consumer.queue] = time.monotonic() + UNAVAILABLE_BACKOFF
             return
-        if not self.ready:
-            del self._consumers[consumer.queue]
+        if not self.ready or (
+            is_shard_queue(consumer.queue)
+            and self._balance.consumed_elsewhere(
+                consumer.queue, getattr(method, "consumer_count", 0)
+            )
+        ):
+            del self._consumers[consumer.queue]  # a shard has one consumer (``balance``)
             return
         self._start(consumer, arguments)
 
@@ -470,6 +476,8 @@ class ConsumerPool(object):
 
     def _confirmed(self, consumer: Consumer) -> None:
         consumer.confirmed = True
+        if is_shard_queue(consumer.queue):
+            self._balance.check_alone(consumer)
 
     def _evict_one(self) -> None:
         """Cancel the consumer wanted longest ago that no blocking receive waits on."""

@@ -133,16 +133,20 @@ faults-stack: venv broker-deps ## the Channels stack through broker faults (FAUL
 	$(VPY) tests/project/stackfaults.py $(FAULTS_ARGS)
 
 # Every fault kind for 180 s each, at the layer's default settings with two
-# runworkers on every channel: kills, restart and alarm for both queue
-# types, and the loss of a cluster node with quorum queues; the restart
-# again with four runworkers and the management plugin. FAULTS_ARGS,
+# runworkers on every channel and 20 clients at 5 messages/s each (the
+# outage issue's chat): kills, restart and alarm for both queue types, and
+# the loss of a cluster node with quorum queues; the restart again with four
+# runworkers and the management plugin. At 10 messages/s each with kills,
+# a 2-core machine running the broker, daphne and two workers is saturated
+# (load average 4): shards filled to their capacity of 100 and daphne's
+# frames for them expired after 60 s, wherever the shards were. FAULTS_ARGS,
 # when given, comes last and overrides (e.g. FAULTS_ARGS='--duration 60').
 # Then a restart whose 30 s pause outlasts the processes' operation_timeout
 # (5 s), and a connect storm of 800 WebSockets, for both queue types.
 faults: venv broker-deps ## every fault kind, 3 minutes each (about 36 min in all; FAULTS_ARGS overrides)
-	$(VPY) tests/project/stackfaults.py --scenario all --duration 180 \
+	$(VPY) tests/project/stackfaults.py --scenario all --duration 180 --rate 5 \
 	    $(if $(filter command line environment,$(origin FAULTS_ARGS)),$(FAULTS_ARGS))
-	$(VPY) tests/project/stackfaults.py --scenario restart --duration 180 --workers 4 \
+	$(VPY) tests/project/stackfaults.py --scenario restart --duration 180 --rate 5 --workers 4 \
 	    --management-plugin
 	$(VPY) tests/project/stackfaults.py --scenario restart --duration 90 --rate 5 \
 	    --restart-pause 30 --operation-timeout 5 --management-plugin

@@ -305,6 +305,31 @@ def test_a_busy_worker_keeps_consuming_a_quiet_shard(broker, new_layer):
         thread.join(10)
 
 
+@pytest.mark.slow
+def test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one(broker, new_layer):
+    """The first worker takes every shard; its sockets never pause, so no
+    shard goes quiet, and it cannot keep up. When frames pile up in a shard
+    it serves (``balance.BEHIND``, at two looks in a row), it gives the
+    deepest back though it is not quiet, and the idle worker takes it: a
+    classic queue puts the frames it held back in their place, so every
+    socket's frames still run in order, one worker at a time."""
+    sender = new_layer(broker, flush=True)
+    log = collections.defaultdict(list)
+    slow, fast = _two_workers(broker, sender, "classic", log)
+    slow.work = 0.05  # 20 frames/s at most, for 80 sent
+    clients = Clients(sender, 8, every=0.1)
+    try:
+        wait_until(lambda: clients.sent >= 120, 30, message="12 s of frames")
+    finally:
+        frames = clients.stop()
+        wait_until(lambda: sum(map(len, log.values())) >= 8 * frames, 60, message="every frame")
+        slow.stop()
+        fast.stop()
+    print("\nframes handled: slow %d, fast %d" % (slow.handled, fast.handled))
+    assert fast.handled > 8 * frames // 4, "the idle worker took %d" % fast.handled
+    _check_order(log, frames)
+
+
 def _two_workers(broker, sender, queue_type, log, **options):
     """Two workers, the second started once the first consumes every shard.
 
@@ -360,12 +385,16 @@ def test_a_dead_workers_sockets_move_to_the_others_in_order(broker, new_layer, q
 @pytest.mark.slow
 @pytest.mark.faults
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
-def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, queue_type):
+@pytest.mark.parametrize("close", ["at once", "one by one"])
+def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, queue_type, close):
     """The broker closes every connection twice while two workers handle a
     steady stream of frames: each socket's frames still run in order, one at
     a time, none lost, and a socket whose frame a worker was handling at the
     close stays with that worker (``consumers.owners``); with quorum queues
-    a frame may come one place late after a close (docs/topology.rst)."""
+    a frame may come one place late after a close (docs/topology.rst).
+    Closed one by one (``rabbitmqctl close_all_connections``, as in a
+    restart), no process is handed a shard between two closes: no consumer
+    waits behind another (``consumers.balance``)."""
     sender = make_layer(node, queue_type=queue_type, receive_timeout=0.2)
     log = collections.defaultdict(list)
     workers = _two_workers(node, sender, queue_type, log, work=0.005)
@@ -387,7 +416,10 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
         for after in (10, 25):
             wait_until(lambda n=after: len(sent) >= n, 30, message="%d rounds sent" % after)
             closed.append(time.monotonic())
-            node.drop_all_connections()
+            if close == "at once":
+                node.drop_all_connections()
+            else:
+                node.close_all_connections()
         thread.join(60)
         wait_until(
             lambda: sum(map(len, log.values())) >= sockets * frames, 60, message="every frame"
@@ -408,10 +440,10 @@ def test_lost_connections_move_no_socket_while_a_worker_handles_its_frame(node, 
     # socket whose last frame was done before may move, as when one
     # process's connection goes alone (docs/topology.rst).
     moved = [
-        (socket, close)
-        for close in range(len(closed))
+        (socket, n)
+        for n in range(len(closed))
         for socket, entries in log.items()
-        if _moved_while_handled(entries, {name: w.losses[close] for name, w in watch.items()})
+        if _moved_while_handled(entries, {name: w.losses[n] for name, w in watch.items()})
     ]
     print(
         "\n%s: %d of %d frames came twice; sockets moved by a close: %s"

@@ -123,6 +123,7 @@ class Consumer(object):
         "checked",
         "served",
         "handed_at",
+        "requeues_in_place",
     )
 
     def __init__(self, queue: str, window: int) -> None:
@@ -139,6 +140,9 @@ class Consumer(object):
         self.polled = False  # started for non-blocking receives: see ``Sweep``
         self.served = False  # pushed a message: the active consumer of a shard (``Balance``)
         self.handed_at = 0.0  # monotonic time a message of it was last handed to a caller
+        # A classic queue puts a nacked message back in its place; a quorum
+        # queue behind the later ones (set when it starts).
+        self.requeues_in_place = True
 
 
 class BlockingReceive(Work):
@@ -465,6 +469,7 @@ class ConsumerPool(object):
             channel.basic_qos(prefetch_count=consumer.window)
             self._qos = consumer.window
         consumer.prefetch = consumer.window
+        consumer.requeues_in_place = (arguments or {}).get("x-queue-type") != "quorum"
         consumer.tag = channel.basic_consume(
             consumer.queue,
             self._on_message,

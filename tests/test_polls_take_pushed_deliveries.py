@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -98,6 +99,28 @@ def test_consumers_per_process_stay_bounded(broker, new_layer):
     # An evicted channel is still served, by basic.get or a consumer again.
     layer.send("bounded0!x", {"n": 1})
     assert layer.receive([channels[0]]) == ("bounded0!x", {"n": 1})
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_poller_that_pauses_gets_its_messages_in_order(broker, new_layer, queue_type):
+    """daphne's reactor may not poll for a moment. Given back after
+    ``linger``, its held replies would go behind the later ones in a quorum
+    queue, and its clients would get them out of order; only this process
+    reads its queue, so they wait for its next poll
+    (``consumers.sweep.PROCESS_LOCAL_HOLD``)."""
+    layer = new_layer(broker, expiry=30, linger=0.25, queue_type=queue_type, receive_timeout=0.5)
+    channel = "pause!x"
+    poll_until_consumed(layer, broker, "pause!")
+    for n in range(20):
+        layer.send(channel, {"n": n})
+    got = [m["n"] for _, m in [layer.receive(["pause!"], block=True) for _ in range(3)]]
+    queue = layer.topology.channel_queue(channel)
+    wait_until(lambda: queue_counts(broker, queue).message_count <= 4, 10, message="pushed")
+    time.sleep(1.0)  # the poller's pause is what is tested: four lingers without a poll
+    for n in range(20, 25):
+        layer.send(channel, {"n": n})
+    got += [m["n"] for _, m in drain(layer, ["pause!"], block=True)]
+    assert got == list(range(25))
 
 
 def test_a_consumer_nobody_polls_gives_its_messages_back(broker, new_layer):

@@ -3,8 +3,10 @@
 A message held for a caller who never comes would wait in a busy process
 while another process is idle, so it is nacked back once it has waited
 ``linger`` (``linger / k`` when ``k`` of one normal channel's queue are
-held; a process-local queue's always get ``linger``: no other process could
-take them, and its consumer holds up to a whole prefetch window); a consumer
+held). A process-local queue's wait ``PROCESS_LOCAL_HOLD`` at least: no
+other process could take them, and a quorum queue puts what it is given
+back behind the later messages, so a daphne whose reactor paused for a
+moment delivered its replies out of order; a consumer
 nobody wanted for ``idle_timeout`` (``linger`` for one started for polls)
 is cancelled to free the broker's resources. One timer on the I/O loop
 serves every consumer, due when the oldest held message reaches its
@@ -16,6 +18,7 @@ consumers and waiters, and cancels consumers, through the pool's public
 methods.
 """
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -25,6 +28,12 @@ from ..deliveries import HeldMessages
 if TYPE_CHECKING:
     from .pool import ConsumerPool
 
+logger = logging.getLogger(__name__)
+
+# Seconds the messages held from a process-local queue wait for this
+# process's next poll before they go back (for a process that stopped
+# polling: they expire in their queue, and its groups drop the channel).
+PROCESS_LOCAL_HOLD = 5.0
 # Seconds between two looks at what blocking receives served from held
 # messages asked for. Without it a busy worker, whose receives always find
 # a message held, cancelled the quiet shards it served after idle_timeout
@@ -71,7 +80,7 @@ class Sweep(object):
     def allowed_wait(self, queue: str, count: int) -> float:
         """How long the oldest of ``count`` messages held from ``queue`` may wait."""
         if is_process_local_queue(queue):
-            return self._linger
+            return max(self._linger, PROCESS_LOCAL_HOLD)
         return self._linger / max(count, 1)
 
     def _sweep(self) -> None:
@@ -114,6 +123,13 @@ class Sweep(object):
             unused_for = self._linger if consumer.polled else self._idle_timeout
             idle = since is None and now - consumer.wanted_at > unused_for
             if lingered or idle:
+                if since is not None:  # lingered
+                    logger.debug(
+                        "%s: %d held messages go back after %.2f s",
+                        consumer.queue,
+                        count,
+                        now - since,
+                    )
                 pool.cancel(consumer)
             elif since is not None:
                 left = since + allowed - now + 0.002

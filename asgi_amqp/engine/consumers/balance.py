@@ -4,12 +4,13 @@ Each shard is a single-active-consumer queue (``naming``) with one consumer
 at a time: a process consumes a shard only when the declare before its
 ``basic.consume`` counts no consumer (``consumed_elsewhere``), and a shard
 another process consumes is asked about again after ``ELSEWHERE_RECHECK``
-seconds. No consumer waits behind another, because a waiting one is
-what breaks (``tests/test_ordered_channels.py``, the crash test):
+seconds. No consumer waits behind another
+(``test_no_consumer_ever_waits_behind_another_on_a_shard``), because a
+waiting one is what breaks:
 
 * on RabbitMQ 3.10, a classic queue whose active consumer's channel closes
-  while another consumer waits and messages are ready hands the next
-  publish to the new consumer and crashes, and every frame in it is lost
+  while another consumer waits and messages are ready stops delivering,
+  and crashes at the next publish it takes, with every frame in it
   (rabbitmq-server#5460; 4.0 does not crash);
 * as the broker closes connections one by one, a waiting consumer is
   pushed the frames of a connection that went a moment earlier, while that

@@ -203,7 +203,9 @@ class Balance(object):
         ``BEHIND`` or more at this look and the last, this process cannot keep
         up with its shards while another process receives the channel: it
         gives the deepest back, though it is not quiet (``_give_back_behind``)."""
-        served = self._served(channel_queue)
+        served = [c for c in self._served(channel_queue) if c.requeues_in_place]
+        if not served:
+            return  # quorum shards move only when quiet: nothing to measure
         depths: Dict[str, int] = {}
 
         def counted_for(shard: str) -> Callable[[Any, Optional[BaseException]], None]:
@@ -234,12 +236,7 @@ class Balance(object):
         handled = self._pool.shards_handled()
         for shard in sorted(behind, key=lambda shard: -depths[shard]):
             consumer = self._pool.consumer(shard)
-            if (
-                consumer is None
-                or not consumer.requeues_in_place
-                or shard in handled
-                or not self._pool.ready
-            ):
+            if consumer is None or shard in handled or not self._pool.ready:
                 continue
             logger.info(
                 "%s given back: %d frames wait, more than this process keeps up with",

@@ -481,7 +481,8 @@ class ConsumerPool(object):
 
     def _confirmed(self, consumer: Consumer) -> None:
         consumer.confirmed = True
-        if is_shard_queue(consumer.queue):
+        if is_shard_queue(consumer.queue) and consumer.requeues_in_place:
+            # A classic queue counts a waiting consumer; a quorum one does not.
             self._balance.check_alone(consumer)
 
     def _evict_one(self) -> None:

@@ -149,7 +149,8 @@ LONG_OUTAGE_OPERATION_TIMEOUT = 5.0
 def test_a_30_s_outage_loses_nothing_daphne_accepted(queue_type):
     report = stackfaults.run(
         queue_type=queue_type,
-        duration=80.0,  # the restart in the middle, the broker back 10 s before the end
+        duration=50.0,  # the restart 10 s in, the broker back about 9 s before the end
+        restart_at=10.0,
         rate=5.0,
         restart_pause=LONG_OUTAGE_PAUSE,
         restart=True,

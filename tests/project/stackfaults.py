@@ -654,6 +654,7 @@ def run(
     node_loss=False,
     cluster=None,
     node_loss_at=None,
+    restart_at=None,
     stop_first=False,
     workers=2,
     websocket_worker=False,
@@ -676,7 +677,8 @@ def run(
     that it connects to the first; instead of the restart, the node its
     connections are on stops its application for ``restart_pause`` seconds
     in the middle (``stop_app``, ``start_app``), or ``node_loss_at`` seconds
-    into the run. With ``stop_first`` the node stopped is the first one:
+    into the run. ``restart_at`` (seconds into the run) moves the restart
+    from the middle. With ``stop_first`` the node stopped is the first one:
     where the processes connected first and made the clients' memberships
     (the kills move the connections on to the other nodes).
     ``workers`` is the number of runworker processes (2 by default). With
@@ -847,7 +849,11 @@ class FaultRun(object):
         return Faults(
             self.node,
             None if alarm else self.kill_every,
-            restart_at=duration / 2.0 if self.restart and not alarm and not node_loss else None,
+            restart_at=(
+                (duration / 2.0 if self.restart_at is None else self.restart_at)
+                if self.restart and not alarm and not node_loss
+                else None
+            ),
             pause=self.restart_pause,
             alarm_at=(duration - alarm) / 2.0 if alarm else None,
             alarm_seconds=alarm,

@@ -21,8 +21,9 @@ import pika
 import pytest
 
 from asgi_amqp import AMQPChannelLayer
+from asgi_amqp.engine.consumers.pool import requeues_in_place
 from asgi_amqp.naming import ORDERED_SHARDS
-from helpers import consumers_on, make_layer, wait_until
+from helpers import Management, consumers_on, make_layer, wait_until
 
 RECEIVE = "websocket.receive"
 CHANNELS = ["websocket.connect", RECEIVE, "websocket.disconnect"]
@@ -232,7 +233,7 @@ def test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them(
 ):
     """20 sockets at 10 frames/s each; two workers, a third joining: every
     frame once and in order, never two workers on one socket at once, and
-    the newcomer takes its share of the sockets."""
+    the three share the sockets, though none pauses."""
     sender = new_layer(broker, flush=True, queue_type=queue_type)
     prefix = sender.topology.prefix
     log = collections.defaultdict(list)
@@ -254,6 +255,7 @@ def test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them(
         )
         wait_until(lambda: clients.sent >= 60, 30, message="6 s of frames")
     finally:
+        stopped = time.monotonic()
         frames = clients.stop()
         wait_until(
             lambda: sum(map(len, log.values())) >= sockets * frames, 60, message="every frame"
@@ -261,7 +263,12 @@ def test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them(
         for worker in workers:
             worker.stop()
     _check_order(log, frames)
-    assert all(worker.handled for worker in workers), [w.handled for w in workers]
+    last = collections.Counter(
+        e[2] for entries in log.values() for e in entries if stopped - 2 <= e[0] < stopped
+    )
+    print("frames taken in the last 2 s:", sorted(last.items()))
+    # Shared: each took a tenth at least (before busy shards moved: 2 of 320).
+    assert all(last[w.name] * 10 >= sum(last.values()) for w in workers), last
     assert sender.receive(CHANNELS) == (None, None)
 
 
@@ -306,16 +313,20 @@ def test_a_busy_worker_keeps_consuming_a_quiet_shard(broker, new_layer):
 
 
 @pytest.mark.slow
-def test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one(broker, new_layer):
-    """The first worker takes every shard; its sockets never pause, so no
-    shard goes quiet, and it cannot keep up. When frames pile up in a shard
-    it serves (``balance.BEHIND``, at two looks in a row), it gives the
-    deepest back though it is not quiet, and the idle worker takes it: a
-    classic queue puts the frames it held back in their place, so every
-    socket's frames still run in order, one worker at a time."""
-    sender = new_layer(broker, flush=True)
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one(broker, new_layer, queue_type):
+    """The first worker takes every shard, serves no more than its share of
+    them, and cannot keep up. When frames pile up in a shard it serves
+    (``balance.BEHIND``, at two looks in a row), it gives the deepest back,
+    and the idle worker takes it: the queue puts the frames it held back in
+    their place, so every socket's frames still run in order, one worker at
+    a time. A quorum queue on 3.10 would put them behind the backlog: there
+    the shard stays, and the frames run in order on the slow worker."""
+    version = Management(broker).overview()["rabbitmq_version"]
+    moves = requeues_in_place(queue_type == "quorum", {"version": version})
+    sender = new_layer(broker, flush=True, queue_type=queue_type)
     log = collections.defaultdict(list)
-    slow, fast = _two_workers(broker, sender, "classic", log)
+    slow, fast = _two_workers(broker, sender, queue_type, log)
     slow.work = 0.05  # 20 frames/s at most, for 80 sent
     clients = Clients(sender, 8, every=0.1)
     try:
@@ -326,8 +337,9 @@ def test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one(broker, new
         slow.stop()
         fast.stop()
     print("\nframes handled: slow %d, fast %d" % (slow.handled, fast.handled))
-    assert fast.handled > 8 * frames // 4, "the idle worker took %d" % fast.handled
     _check_order(log, frames)
+    if moves:
+        assert fast.handled > 8 * frames // 4, "the idle worker took %d" % fast.handled
 
 
 def _two_workers(broker, sender, queue_type, log, **options):

@@ -27,19 +27,23 @@ message from it. A process that serves its share is *full*: it cancels
 its consumers of the shards it does not serve and subscribes to no more.
 
 A shard goes only when giving it back cannot put a socket's frames out
-of order: it holds nothing, no thread here handles a frame of it (until
-the thread's next blocking receive, ``HeldMessages.handling``: Channels'
-enforce_ordering counts a frame done before its replies go out), and its
-last frame was handed out ``QUIET`` seconds ago, so that none is on its
-way to this process (pika rejects what reaches a cancelled consumer, and a
-quorum queue requeues a rejected message behind the later ones: measured
-on 3.10.8). A shard whose sockets keep sending stays where it is; the
-shards of quiet sockets move, and every lost connection deals them anew.
-But a process that cannot keep up gives a busy classic shard back too:
-when ``BEHIND`` frames wait in one it serves at two looks in a row, and no
-thread here handles one of its frames, it cancels the deepest; the classic
-queue puts the frames it held back in their place, and a process below
-its share takes it (``test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one``:
+of order. No thread here handles a frame of it (until the thread's next
+blocking receive, ``HeldMessages.handling``: Channels' enforce_ordering
+counts a frame done before its replies go out). What it holds, and what
+reaches it after ``basic.cancel`` (pika rejects that), goes back to the
+queue: a classic queue, and a quorum queue from RabbitMQ 4.0, put it back
+in its place (``pool.requeues_in_place``), so such a shard goes at once,
+busy or not. A quorum queue on 3.10 puts it behind the later frames
+(measured on 3.10.8), so there a shard goes only when it holds nothing and
+a declare finds no frame ready in it, with none handed out meanwhile
+(``_give_back_if_empty``): a frame still on its way finds no later one to
+go behind.
+
+A process that cannot keep up gives a busy shard back too: when
+``BEHIND`` frames wait in one it serves at two looks in a row, and no
+thread here handles one of its frames, it cancels the deepest, if its
+queue requeues in place, and a process below its share takes it
+(``test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one``:
 without it the idle worker took 0 of 960 frames).
 
 Owned by ``pool.ConsumerPool``; everything here runs on the I/O thread.
@@ -62,7 +66,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BALANCE_EVERY = 1.0  # seconds between two looks at the shards' spread
-QUIET = 0.1  # seconds without a hand-out after which a shard may move
 # Seconds, give or take half, before a shard another process consumed is
 # asked about again (the jitter parts two processes that asked together).
 ELSEWHERE_RECHECK = 1.0
@@ -84,6 +87,7 @@ class Balance(object):
         self._full: Set[str] = set()  # channel queues whose share this process serves
         self._elsewhere: Dict[str, float] = {}  # shard -> when to ask about it again
         self._deep: Set[str] = set()  # served shards that held BEHIND frames at the last look
+        self._asking: Set[str] = set()  # shards whose ready frames a declare counts now
 
     def schedule(self) -> None:
         if self._timer is None and self._pool.ready:
@@ -97,6 +101,7 @@ class Balance(object):
         self._full.clear()
         self._elsewhere.clear()
         self._deep.clear()
+        self._asking.clear()
 
     def may_subscribe(self, shard: str) -> bool:
         """Whether to consume ``shard``: not when this process serves its
@@ -205,7 +210,7 @@ class Balance(object):
         gives the deepest back, though it is not quiet (``_give_back_behind``)."""
         served = [c for c in self._served(channel_queue) if c.requeues_in_place]
         if not served:
-            return  # quorum shards move only when quiet: nothing to measure
+            return  # the others go only when empty (3.10's quorum queues): nothing to measure
         depths: Dict[str, int] = {}
 
         def counted_for(shard: str) -> Callable[[Any, Optional[BaseException]], None]:
@@ -226,10 +231,10 @@ class Balance(object):
 
     def _give_back_behind(self, depths: Dict[str, int]) -> None:
         """Give back the deepest shard that was deep at the last look too. Its
-        pushed frames go back to the queue, where a classic queue puts them
-        back in their place. Not a quorum shard: its queue would put them
-        behind the whole backlog, for ``enforce_ordering`` to park. Not a
-        shard whose frame a thread here handles: its replies may not be out yet."""
+        pushed frames go back to the queue, which puts them back in their
+        place (only such shards are measured: a quorum queue on 3.10 would
+        put them behind the whole backlog). Not a shard whose frame a thread
+        here handles: its replies may not be out yet."""
         deep = {shard for shard, depth in depths.items() if depth >= BEHIND}
         behind = deep & self._deep
         self._deep = (self._deep - set(depths)) | deep
@@ -256,19 +261,51 @@ class Balance(object):
         extra = self._due.get(channel_queue, 0)
         if not extra or not self._pool.ready:
             return
-        quiet_since = time.monotonic() - QUIET
         handled = self._pool.shards_handled()
         for consumer in self._served(channel_queue):
-            if (
-                extra
-                and not consumer.unacked
-                and consumer.handed_at < quiet_since
-                and consumer.queue not in handled
-            ):
-                logger.debug("%s given back", consumer.queue)
-                self._pool.cancel(consumer)
+            if not extra:
+                return
+            if consumer.queue in handled:
+                continue  # its replies may not be out yet
+            if consumer.requeues_in_place:
+                self._cancel_extra(channel_queue, consumer)
                 extra -= 1
-        if extra:
+            elif not consumer.unacked and consumer.queue not in self._asking:
+                self._give_back_if_empty(channel_queue, consumer)
+
+    def _give_back_if_empty(self, channel_queue: str, consumer: "Consumer") -> None:
+        """Give back a shard whose queue requeues behind the later frames
+        once a declare finds no frame ready in it, and none reached this
+        process meanwhile: nothing is then on its way here, or if one is,
+        no frame waits in the queue for it to go behind."""
+        asked = time.monotonic()
+        self._asking.add(consumer.queue)
+
+        def counted(method: Any, error: Optional[BaseException]) -> None:
+            self._asking.discard(consumer.queue)
+            ready = getattr(method, "message_count", 1) if error is None else 1
+            if (
+                ready == 0
+                and self._due.get(channel_queue, 0) > 0
+                and self._pool.ready
+                and self._pool.consumer(consumer.queue) is consumer
+                and consumer.active
+                and not consumer.unacked
+                and consumer.handed_at < asked
+                and consumer.queue not in self._pool.shards_handled()
+            ):
+                self._cancel_extra(channel_queue, consumer)
+
+        self._declares.run(
+            Pending("count the frames in %s" % consumer.queue, on_done=counted),
+            [declares.queue_declare(consumer.queue, None, passive=True, not_found_ok=True)],
+        )
+
+    def _cancel_extra(self, channel_queue: str, consumer: "Consumer") -> None:
+        logger.debug("%s given back", consumer.queue)
+        self._pool.cancel(consumer)
+        extra = self._due.get(channel_queue, 0) - 1
+        if extra > 0:
             self._due[channel_queue] = extra
         else:
-            del self._due[channel_queue]
+            self._due.pop(channel_queue, None)

@@ -106,6 +106,20 @@ THREADS_WINDOW = 10.0
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
 
 
+def requeues_in_place(quorum: bool, server_properties: Optional[Dict[str, Any]]) -> bool:
+    """Whether a queue puts a nacked message back in its place rather than
+    behind the later ones: a classic queue does; a quorum queue does from
+    RabbitMQ 4.0 (measured: 3.10.8 behind, 4.0.5 in place; 3.11-3.13 are
+    not measured, and count as behind)."""
+    if not quorum:
+        return True
+    version = (server_properties or {}).get("version", b"")
+    if isinstance(version, bytes):
+        version = version.decode("ascii", "replace")
+    major = str(version).partition(".")[0]
+    return major.isdigit() and int(major) >= 4
+
+
 class Consumer(object):
     """One consumer of one queue on the consumers' channel (I/O thread only)."""
 
@@ -123,6 +137,7 @@ class Consumer(object):
         "checked",
         "served",
         "handed_at",
+        "quorum",
         "requeues_in_place",
     )
 
@@ -140,8 +155,9 @@ class Consumer(object):
         self.polled = False  # started for non-blocking receives: see ``Sweep``
         self.served = False  # pushed a message: the active consumer of a shard (``Balance``)
         self.handed_at = 0.0  # monotonic time a message of it was last handed to a caller
-        # A classic queue puts a nacked message back in its place; a quorum
-        # queue behind the later ones (set when it starts).
+        self.quorum = False  # a quorum queue (set when it starts)
+        # A nacked message goes back in its place, not behind the later
+        # ones (``requeues_in_place``; set when it starts).
         self.requeues_in_place = True
 
 
@@ -469,7 +485,10 @@ class ConsumerPool(object):
             channel.basic_qos(prefetch_count=consumer.window)
             self._qos = consumer.window
         consumer.prefetch = consumer.window
-        consumer.requeues_in_place = (arguments or {}).get("x-queue-type") != "quorum"
+        consumer.quorum = (arguments or {}).get("x-queue-type") == "quorum"
+        consumer.requeues_in_place = requeues_in_place(
+            consumer.quorum, channel.connection.server_properties
+        )
         consumer.tag = channel.basic_consume(
             consumer.queue,
             self._on_message,
@@ -481,7 +500,7 @@ class ConsumerPool(object):
 
     def _confirmed(self, consumer: Consumer) -> None:
         consumer.confirmed = True
-        if is_shard_queue(consumer.queue) and consumer.requeues_in_place:
+        if is_shard_queue(consumer.queue) and not consumer.quorum:
             # A classic queue counts a waiting consumer; a quorum one does not.
             self._balance.check_alone(consumer)
 

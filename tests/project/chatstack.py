@@ -191,11 +191,6 @@ class ChatStack(object):
     :param python: interpreter for the children (default: this one).
     :param worker_args: extra ``runworker`` arguments (e.g. ``["--threads", "4"]``);
         an attribute, read by each worker started later.
-    :param websocket_worker: the first runworker alone takes the
-        ``websocket.*`` channels, with one thread; the others take every
-        other channel. Channels' ``enforce_ordering`` then never sees two
-        workers take frames of one socket at once (see the docs' "One
-        runworker for the WebSocket channels"). Needs ``workers`` >= 2.
     """
 
     def __init__(
@@ -214,10 +209,7 @@ class ChatStack(object):
         echo=False,
         verbosity=1,
         worker_args=(),
-        websocket_worker=False,
     ):
-        if websocket_worker and workers < 2:
-            raise ValueError("websocket_worker needs 2 workers or more (one for the rest)")
         self.amqp_urls = [amqp_url] if isinstance(amqp_url, str) else list(amqp_url)
         self.amqp_url = self.amqp_urls[0]
         self.management_url = management_url
@@ -232,7 +224,6 @@ class ChatStack(object):
         self.echo = echo
         self.verbosity = verbosity
         self.worker_args = list(worker_args)
-        self.websocket_worker = websocket_worker
         self._own_dir = tempfile.mkdtemp(prefix="chatstack-")
         self.state_dir = os.path.join(self._own_dir, "state")
         self.log_dir = log_dir or os.path.join(self._own_dir, "logs")
@@ -314,21 +305,9 @@ class ChatStack(object):
             "-v",
             str(self.verbosity),
         ] + list(self.worker_args)
-        if self.websocket_worker:
-            argv += self.channels_of_worker(self._counter)
         proc = self._spawn(name, argv)
         self.workers.append(proc)
         return proc
-
-    @staticmethod
-    def channels_of_worker(number):
-        """``runworker`` arguments of worker ``number`` (from 1) with
-        ``websocket_worker``: the first takes the WebSocket channels with
-        one thread (given last, so it wins over ``worker_args``), the
-        others every other channel."""
-        if number == 1:
-            return ["--only-channels", "websocket.*", "--threads", "1"]
-        return ["--exclude-channels", "websocket.*"]
 
     def start(self, timeout=60.0):
         """Start daphne and the workers and wait until they serve; returns self."""

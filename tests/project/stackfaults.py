@@ -10,13 +10,6 @@ it away 5 s beyond the pause (``--management-plugin`` runs it with). Nothing
 is restarted by hand. The scenarios are separate runs, so that what a
 restart costs (see :func:`targets`) never hides a loss at a kill.
 
-From the command line the restart scenario runs the deployment that the
-docs give for riding through an outage under Channels' ``enforce_ordering``
-(``--websocket-worker``): the first runworker alone takes the
-``websocket.*`` channels, with one thread, and the others the rest. With
-two workers competing for a socket's frames, the backlog the outage leaves
-is never worked through (docs: "One runworker for the WebSocket channels").
-
 In the ``node-loss`` scenario the broker is a 3-node cluster of private
 nodes and the queues are quorum queues. Every process is given the three
 nodes' URLs; the kills go on, and once in the middle the node that the
@@ -657,7 +650,6 @@ def run(
     restart_at=None,
     stop_first=False,
     workers=2,
-    websocket_worker=False,
     persistent=False,
     management_plugin=False,
     operation_timeout=None,
@@ -681,10 +673,8 @@ def run(
     from the middle. With ``stop_first`` the node stopped is the first one:
     where the processes connected first and made the clients' memberships
     (the kills move the connections on to the other nodes).
-    ``workers`` is the number of runworker processes (2 by default). With
-    ``websocket_worker`` the first of them alone takes the ``websocket.*``
-    channels, with one thread, and the others the rest: the deployment the
-    docs give for riding through an outage under ``enforce_ordering``.
+    ``workers`` is the number of runworker processes (2 by default), each
+    on every channel.
 
     The run's own single node has no management plugin unless
     ``management_plugin``: before RabbitMQ 3.13 the plugin's agent keeps a
@@ -787,7 +777,6 @@ class FaultRun(object):
             self.node.management_url,  # None without the plugin
             prefix=self.prefix,
             workers=self.workers,
-            websocket_worker=self.websocket_worker,
             echo=self.echo,
             env={
                 "CHAT_QUEUE_TYPE": self.queue_type,
@@ -803,7 +792,6 @@ class FaultRun(object):
                 "queue_type": self.queue_type,
                 "persistent": self.persistent,
                 "workers": self.workers,
-                "websocket_worker": self.websocket_worker,
                 "management_plugin": self.node.has_management,
                 "operation_timeout": self.operation_timeout,
                 "duration": self.duration,
@@ -1294,37 +1282,10 @@ NODE_LOSS_SILENCE = 10.0
 NODE_LOSS_KILL_SILENCE = 3.0
 
 # The clients' rate in the node-loss scenario from the command line
-# (messages/s each), where it runs one WebSocket runworker
-# (``WEBSOCKET_WORKER_SCENARIOS``). Every publish to a quorum queue is
-# confirmed once a majority of the three nodes has it, and all three nodes
-# share the 2-core machine with the stack. Measured on a quiet 2-core
-# machine (2026-11-26), 60 s runs with one WebSocket runworker: at 5/s every
-# target held with nothing left behind (the backlog drained 0.1 s after the
-# node's return); at 10/s every target held too, but the stack ran 27.6 s
-# behind at the end. With two runworkers competing for the frames, on a
-# loaded machine, 5/s fell behind after the first kill and the backlog was
-# not worked through in the 120 s allowed (6,610 of 15,000 deliveries, 30 s
-# run); the short tests in ``make test`` run that way at 1 message/s.
+# (messages/s each). Every publish to a quorum queue is confirmed once a
+# majority of the three nodes has it, and all three nodes share the 2-core
+# machine with the stack; the short tests in ``make test`` run at 1/s.
 NODE_LOSS_RATE = 5.0
-
-# Which scenarios run the docs' deployment of one runworker for the
-# websocket.* channels (``--websocket-worker``). By default the kills, the
-# restart and the node loss do: with two runworkers on every channel, Channels'
-# ``enforce_ordering`` sends each frame that the two took out of order to the
-# back of ``websocket.receive``, and once the stack runs behind, a socket
-# gets about one frame further per pass through the backlog. On a 2-core
-# machine at 10 messages/s per client, kills every 3 s for 30 s then left
-# 2,000-3,000 frames cycling between ``websocket.receive`` and the
-# ``__wait__`` channels for the whole 120 s settle, and 13,930 of 30,000
-# deliveries arrived; with one WebSocket runworker, 30,000 of 30,000 and a
-# longest silence of 0.4 s (docs: "One runworker for the WebSocket
-# channels"). ``never`` runs the competing workers.
-WEBSOCKET_WORKER_SCENARIOS = {
-    "faults": ("kills", "restart", "node-loss"),
-    "restart": ("restart",),
-    "always": ("kills", "restart", "alarm", "node-loss"),
-    "never": (),
-}
 
 
 def _node_loss_targets(report, checks):
@@ -1371,7 +1332,6 @@ def format_report(report):
         "queue_type",
         "persistent",
         "workers",
-        "websocket_worker",
         "duration",
         "kills",
         "restart_seconds",
@@ -1481,17 +1441,6 @@ def main(argv=None):
     )
     parser.add_argument("--workers", type=int, default=2, help="runworker processes (2)")
     parser.add_argument(
-        "--websocket-worker",
-        choices=["faults", "restart", "always", "never"],
-        default="never",
-        help=(
-            "when the first runworker alone takes the websocket.* channels (one "
-            "thread) and the others the rest: in the kills, restart and node-loss "
-            "scenarios (faults), in the restart scenario only, always, or never "
-            "(the default: every runworker on every channel)"
-        ),
-    )
-    parser.add_argument(
         "--persistent",
         action="store_true",
         help="the layer's persistent=True: classic queues keep their messages through a restart",
@@ -1551,8 +1500,6 @@ def main(argv=None):
             node_loss=scenario == "node-loss",
             stop_first=args.stop_first_node,
             workers=args.workers,
-            websocket_worker=args.workers >= 2
-            and scenario in WEBSOCKET_WORKER_SCENARIOS[args.websocket_worker],
             persistent=args.persistent,
             management_plugin=args.management_plugin,
             operation_timeout=args.operation_timeout,

@@ -138,6 +138,9 @@ class Admin(object):
         props = self.server_properties
         return "%s %s" % (_text(props.get("product", "RabbitMQ")), _text(props.get("version", "?")))
 
+    def server_platform(self):
+        return _text(self.server_properties.get("platform", ""))
+
     # -- queues -------------------------------------------------------------------
 
     def _run(self, method, *args, **kwargs):

@@ -58,12 +58,11 @@ import time
 import uuid
 
 from . import common
+from .channels_drive import PAYLOAD, cpu_seconds
 
 HERE = common.HERE
 ROOT = common.ROOT
-PROJECT_DIR = os.path.join(ROOT, "tests", "project")
-PAYLOAD = "x" * 64
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROJECT_DIR = common.PROJECT_DIR
 DEFAULT_ROUNDS = 5
 
 
@@ -101,12 +100,6 @@ def measure_latency(stack, ops):
         ws.close(timeout=2)
 
 
-def _cpu_seconds(pid):
-    with open("/proc/%d/stat" % pid) as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / float(CLK_TCK)
-
-
 def measure_throughput(stack, clients, window, duration):
     """Echoes per second with ``clients`` x ``window`` frames in flight for ``duration`` s."""
     sockets = [_connect(stack) for _ in range(clients)]
@@ -130,7 +123,7 @@ def measure_throughput(stack, clients, window, duration):
             errors.append("client %d: %r" % (index, exc))
 
     pids = {"worker": stack.workers[0].pid, "daphne": stack.daphne.pid}
-    cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     threads = [
         threading.Thread(target=run, args=(i, ws), daemon=True) for i, ws in enumerate(sockets)
     ]
@@ -140,7 +133,7 @@ def measure_throughput(stack, clients, window, duration):
     time.sleep(duration)
     received_at_stop = sum(counts)
     elapsed = time.perf_counter() - started
-    cpu = {name: (_cpu_seconds(pid) - cpu_before[name]) / elapsed for name, pid in pids.items()}
+    cpu = {name: (cpu_seconds(pid) - cpu_before[name]) / elapsed for name, pid in pids.items()}
     stop.set()
     for thread in threads:
         thread.join(15)

@@ -35,7 +35,8 @@ PAYLOAD = "x" * 64
 WORKER_CHANNEL = "websocket.receive"
 
 
-def _cpu_seconds(pid):
+def cpu_seconds(pid):
+    """User and system CPU seconds of process ``pid`` so far (/proc)."""
     with open("/proc/%d/stat" % pid) as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
@@ -138,7 +139,7 @@ def drain(layer, driver, worker_pid, count, worker_threads=1):
                 time.sleep(0.01)
             already = replies()
         finally:
-            cpu_start = _cpu_seconds(worker_pid)
+            cpu_start = cpu_seconds(worker_pid)
             t0 = time.perf_counter()
             os.kill(worker_pid, signal.SIGCONT)
         deadline = time.monotonic() + 60 + count / 100.0
@@ -149,7 +150,7 @@ def drain(layer, driver, worker_pid, count, worker_threads=1):
                 )
             time.sleep(0.01)
         elapsed = time.perf_counter() - t0
-        cpu = (_cpu_seconds(worker_pid) - cpu_start) / elapsed
+        cpu = (cpu_seconds(worker_pid) - cpu_start) / elapsed
     finally:
         inbox.close()
         replies.close()

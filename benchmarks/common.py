@@ -39,6 +39,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
+PROJECT_DIR = os.path.join(ROOT, "tests", "project")  # the chat example project
 
 LAYER_SOURCE_ENV = "BENCH_LAYER_SRC"
 
@@ -48,6 +49,19 @@ def redact(url):
     from asgi_amqp.urls import redact as _redact
 
     return _redact(url)
+
+
+def package_versions(names):
+    """``{name: version}`` of the installed distributions among ``names``."""
+    from importlib import metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def say(text=""):

@@ -61,9 +61,7 @@ import uuid
 
 from . import common
 
-HERE = common.HERE
 ROOT = common.ROOT
-PROJECT_DIR = os.path.join(ROOT, "tests", "project")
 DEFAULT_ROUNDS = 5
 BASELINE = "asgi_amqp@baseline"
 
@@ -80,7 +78,7 @@ TARGET = 1.2  # best asgi_amqp worker process over best asgi_redis worker proces
 
 def _layer(kind, prefix, redis_url, capacity=100):
     if kind == "asgi_redis":
-        sys.path.insert(0, PROJECT_DIR)
+        sys.path.insert(0, common.PROJECT_DIR)
         from chatproject.redis_layer import RedisChannelLayer
 
         return RedisChannelLayer(hosts=[redis_url], prefix=prefix, capacity=capacity)

@@ -31,8 +31,8 @@ warm-up round each. Each operation's start and duration are recorded as a
 raw sample; the aggregation (rates, percentiles) happens afterwards, in
 ``report_spark.py`` (PySpark) or ``report.aggregate_python``.
 
-This module uses the standard library only: the worker processes of remote
-contestants (another virtualenv, e.g. asgi_redis with its old msgpack)
+This module uses the standard library and ``common`` only: the worker
+processes of remote contestants (another virtualenv, e.g. asgi_redis with its old msgpack)
 import it too.
 """
 
@@ -40,6 +40,8 @@ import collections
 import queue as queue_module
 import threading
 import time
+
+from .common import rotate
 
 # -- registries -------------------------------------------------------------------
 
@@ -430,12 +432,6 @@ class Recorder(object):
         )
 
 
-def round_order(contestants, round_no):
-    """Rotate the order each round: AB, BA, AB, ... (ABC, BCA, CAB for three)."""
-    shift = round_no % len(contestants)
-    return contestants[shift:] + contestants[:shift]
-
-
 def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, log, progress=None):
     """Warm up, then run ``rounds`` interleaved rounds of ``scenario``."""
     taking_part = [c for c in contestants if c.takes_part(scenario)]
@@ -450,7 +446,7 @@ def run_scenario(scenario, contestants, env, ops, rounds, warmup_ops, recorder, 
                 log("    ! %s warm-up: %s" % (contestant.name, _error_text(exc)))
     for round_no in range(rounds):
         cells = []
-        for slot, contestant in enumerate(round_order(taking_part, round_no)):
+        for slot, contestant in enumerate(rotate(taking_part, round_no)):
             anchor = (time.time_ns(), time.perf_counter_ns())
             try:
                 result = _one_round(scenario, contestant, env, ops)

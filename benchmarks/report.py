@@ -21,6 +21,8 @@ import platform
 import statistics
 import subprocess
 
+from . import common
+
 # -- machine and versions ---------------------------------------------------------
 
 
@@ -37,12 +39,12 @@ def machine_info(admin):
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "python": "%s %s" % (platform.python_implementation(), platform.python_version()),
         "broker": admin.server_version(),
-        "broker_platform": _text(admin.server_properties.get("platform", "")),
-        "packages": _package_versions(
+        "broker_platform": admin.server_platform(),
+        "packages": common.package_versions(
             ["pika", "msgpack", "asgiref", "pyarrow", "pyspark", "pandas", "matplotlib"]
         ),
         "java": _java_version(),
-        "git": _git_revision(),
+        "git": common.git_revision(common.ROOT) or "no commit yet",
     }
     return info
 
@@ -80,18 +82,6 @@ def _os_name():
     return platform.platform()
 
 
-def _package_versions(names):
-    from importlib import metadata
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
-
-
 def _java_version():
     try:
         out = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=20)
@@ -99,16 +89,6 @@ def _java_version():
         return None
     lines = (out.stderr or out.stdout).strip().splitlines()
     return lines[0] if lines else None
-
-
-def _git_revision():
-    from .common import ROOT, git_revision
-
-    return git_revision(ROOT) or "no commit yet"
-
-
-def _text(value):
-    return value.decode("utf8", "replace") if isinstance(value, bytes) else str(value)
 
 
 # -- statistics ---------------------------------------------------------------------

@@ -34,19 +34,6 @@ from benchmarks import asgi_trials, common  # noqa: E402
 from benchmarks.harness import SCENARIOS, RoundResult  # noqa: E402
 from benchmarks.scenarios import MESSAGE_SIZE  # noqa: E402,F401  (registers scenarios)
 
-
-def _versions(names):
-    from importlib import metadata
-
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
-
-
 # -- layers --------------------------------------------------------------------------
 
 
@@ -87,7 +74,9 @@ def make_redis(config):
         expiry=config.get("expiry", asgi_trials.EXPIRY),
     )
     info = layer.connection(0).info("server")
-    versions = _versions(["asgi_redis", "redis", "msgpack", "msgpack-python", "asgiref"])
+    versions = common.package_versions(
+        ["asgi_redis", "redis", "msgpack", "msgpack-python", "asgiref"]
+    )
     versions["msgpack (imported)"] = ".".join(str(x) for x in msgpack.version)
     versions["redis-server"] = info.get("redis_version")
     return layer, RedisKeeper(layer), versions
@@ -107,7 +96,7 @@ def make_amqp(config):
         expiry=config.get("expiry", asgi_trials.EXPIRY),
         management_url=config.get("management_url"),
     )
-    versions = _versions(["pika", "msgpack", "asgiref"])
+    versions = common.package_versions(["pika", "msgpack", "asgiref"])
     versions["asgi_amqp"] = asgi_amqp.__version__
     versions["source"] = os.path.dirname(source)
     queues, exchanges = layer_objects(layer.topology, asgi_trials.ALL_CHANNELS, asgi_trials.GROUP)

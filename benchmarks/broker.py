@@ -55,58 +55,6 @@ def connection_parameters(url):
     return parameters
 
 
-class IOThreadConnection(object):
-    """A pika ``SelectConnection`` driven by an I/O thread of its own, for
-    the ceilings that run as pika does at its fastest. A subclass sets up
-    its state, calls ``open`` and answers ``_on_open(connection)``; it
-    calls ``ready.set()`` once its channels are open and ``done.set()``
-    when a run is over. ``_fail`` records the first error and ends any wait."""
-
-    def open(self, url, thread_name, timeout=10.0):
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        self.error = None
-        parameters = connection_parameters(url)
-        parameters.heartbeat = 60  # the I/O thread answers heartbeats itself
-        self.connection = pika.SelectConnection(
-            parameters,
-            on_open_callback=self._on_open,
-            on_open_error_callback=lambda _c, exc: self._fail("open failed: %r" % (exc,)),
-            on_close_callback=lambda _c, exc: self._fail("connection closed: %r" % (exc,)),
-        )
-        self.thread = threading.Thread(
-            target=self.connection.ioloop.start, name=thread_name, daemon=True
-        )
-        self.thread.start()
-        if not self.ready.wait(timeout) or self.error:
-            self.close()
-            raise RuntimeError(self.error or "%s did not open in time" % thread_name)
-
-    def _on_open(self, connection):
-        raise NotImplementedError
-
-    def _fail(self, text):
-        if self.error is None:
-            self.error = text
-        self.ready.set()
-        self.done.set()
-
-    def close(self):
-        if self.thread.is_alive():
-
-            def stop():
-                if self.connection.is_open or self.connection.is_opening:
-                    self.connection.close()
-                self.connection.ioloop.stop()
-
-            self.error = self.error or "closed"
-            try:
-                self.connection.ioloop.add_callback_threadsafe(stop)
-            except Exception:
-                pass
-            self.thread.join(10)
-
-
 def management_url_for(url, management_url=None):
     """The management API to read bindings from: ``management_url``, else
     ``$AMQP_MANAGEMENT_URL``, else ``url``'s host and credentials on port

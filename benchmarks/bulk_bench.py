@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -25,7 +26,7 @@ import msgpack
 import pika
 
 from . import common
-from .broker import IOThreadConnection
+from .broker import connection_parameters
 from .scenarios import MESSAGE
 
 CHANNELS = 100
@@ -109,7 +110,7 @@ def run_send_many(url, prefix, capacity, count):
     return elapsed, "%d sent" % count
 
 
-class PipelinedPublisher(IOThreadConnection):
+class PipelinedPublisher(object):
     """Confirmed publishing as fast as pika goes: a ``SelectConnection`` owned
     by an I/O thread of its own, publisher confirms on, up to ``window``
     publishes unconfirmed.
@@ -123,7 +124,7 @@ class PipelinedPublisher(IOThreadConnection):
     its own; unconfirmed tags are kept in publish order (acks may come out
     of order), never counted by subtracting tags. The caller waits for the
     last confirm. Publishes are ``mandatory``, like the layer's: a returned
-    message is counted.
+    message is counted. ``_fail`` records the first error and ends any wait.
     """
 
     def __init__(self, url, window=1000, chunk=1000, timeout=10.0):
@@ -139,12 +140,47 @@ class PipelinedPublisher(IOThreadConnection):
         self.properties = pika.BasicProperties(
             delivery_mode=1, content_type="application/x-msgpack"
         )
-        self.open(url, "bulk-ceiling-io", timeout)
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.error = None
+        parameters = connection_parameters(url)
+        parameters.heartbeat = 60  # the I/O thread answers heartbeats itself
+        self.connection = pika.SelectConnection(
+            parameters,
+            on_open_callback=lambda conn: conn.channel(on_open_callback=self._on_channel),
+            on_open_error_callback=lambda _c, exc: self._fail("open failed: %r" % (exc,)),
+            on_close_callback=lambda _c, exc: self._fail("connection closed: %r" % (exc,)),
+        )
+        self.thread = threading.Thread(
+            target=self.connection.ioloop.start, name="bulk-ceiling-io", daemon=True
+        )
+        self.thread.start()
+        if not self.ready.wait(timeout) or self.error:
+            self.close()
+            raise RuntimeError(self.error or "bulk-ceiling-io did not open in time")
+
+    def _fail(self, text):
+        if self.error is None:
+            self.error = text
+        self.ready.set()
+        self.done.set()
+
+    def close(self):
+        if self.thread.is_alive():
+
+            def stop():
+                if self.connection.is_open or self.connection.is_opening:
+                    self.connection.close()
+                self.connection.ioloop.stop()
+
+            self.error = self.error or "closed"
+            try:
+                self.connection.ioloop.add_callback_threadsafe(stop)
+            except Exception:
+                pass
+            self.thread.join(10)
 
     # -- the I/O thread ----------------------------------------------------------------
-
-    def _on_open(self, connection):
-        connection.channel(on_open_callback=self._on_channel)
 
     def _on_channel(self, channel):
         self.channel = channel

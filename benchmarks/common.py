@@ -398,10 +398,10 @@ class Worker(object):
                 raise WorkerError("%s: %s" % (self.name, reply.get("error")))
             return reply
 
-    def close(self, flush=True):
+    def close(self):
         if self.process.poll() is None:
             try:
-                self.request({"cmd": "teardown", "flush": flush})
+                self.request({"cmd": "teardown"})
             except (WorkerError, OSError, ValueError) as exc:
                 sys.stderr.write("%s teardown: %s\n" % (self.name, exc))
             try:

@@ -133,7 +133,6 @@ class Contestant(object):
 
     name = "?"
     description = ""
-    remote = False
 
     def setup(self, env):
         pass

@@ -59,12 +59,12 @@ def check_args(parser, args):
             args.scenario_ops[name.strip()] = int(value)
 
 
-def list_all(baseline_hint=True):
+def list_all():
     for scenario in SCENARIOS.values():
         print("scenario   %-16s %s" % (scenario.name, scenario.title))
     for factory in CONTESTANTS.values():
         print("contestant %-16s %s" % (factory.name, factory.description))
-    if baseline_hint and "layer@baseline" not in CONTESTANTS:
+    if "layer@baseline" not in CONTESTANTS:
         print(
             "contestant %-16s with --baseline-src DIR: the layer imported from DIR, in a "
             "worker process" % "layer@baseline"

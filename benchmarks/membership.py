@@ -272,16 +272,6 @@ class PipelinedChannel(object):
         impl.confirm_delivery(self._on_confirm, callback=selected.append)
         self.channel._flush_output(lambda: bool(selected))
 
-    @property
-    def is_open(self):
-        return self.channel.is_open
-
-    def close(self):
-        if self.channel.is_open:
-            self.channel.close()
-        if self.beside is not None:
-            self.beside.close()
-
     # -- callbacks (pika's I/O, inside _flush_output) ----------------------------------
 
     def _on_confirm(self, frame):

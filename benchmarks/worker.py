@@ -133,7 +133,6 @@ class Worker(object):
             return {
                 "versions": versions,
                 "scenarios": scenarios,
-                "pid": os.getpid(),
                 "cleanup": cleanup,
                 "python": sys.version.split()[0],
             }
@@ -152,7 +151,7 @@ class Worker(object):
             layer, self.layer = self.layer, None
             if layer is not None:
                 flush = getattr(layer, "flush", None)
-                if request.get("flush", True) and flush is not None:
+                if flush is not None:
                     try:
                         flush()
                     except Exception as exc:

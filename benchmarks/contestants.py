@@ -48,35 +48,6 @@ from .scenarios import MEMBERSHIP_CEILING, MESSAGE
 # -- ASGI layers -------------------------------------------------------------------------
 
 
-class ASGILayerContestant(Contestant):
-    """Any asgiref 1.x BaseChannelLayer in this process; subclasses provide
-    ``make_layer`` and ``make_keeper``."""
-
-    def make_layer(self, env):
-        raise NotImplementedError
-
-    def make_keeper(self, env):
-        return asgi_trials.Keeper(self.layer)
-
-    def setup(self, env):
-        self.layer = self.make_layer(env)
-        self.trials = asgi_trials.LayerTrials(self.layer, self.make_keeper(env))
-
-    def teardown(self, env):
-        close = getattr(self.layer, "close", None)
-        if close is not None:
-            close()
-
-    def takes_part(self, scenario):
-        return self.trials.has(scenario.name) if hasattr(self, "trials") else True
-
-    def trial(self, scenario, env, ops):
-        method = getattr(self, scenario.method_name, None)
-        if method is not None:
-            return method(env, ops)
-        return self.trials.trial(scenario.name, ops)
-
-
 def _track(env, queues, exchanges):
     for queue in queues:
         env.admin.track_queue(queue)
@@ -85,28 +56,36 @@ def _track(env, queues, exchanges):
 
 
 @register_contestant
-class AMQPLayerContestant(ASGILayerContestant):
+class AMQPLayerContestant(Contestant):
+    """The layer in this process, playing ``asgi_trials.LayerTrials``."""
+
     name = "layer"
     description = (
         "asgi_amqp.AMQPChannelLayer(capacity=%d, expiry=%d), default options "
         "(dead-letter worker on), in this process" % (CAPACITY, EXPIRY)
     )
 
-    def make_layer(self, env):
+    def setup(self, env):
         from asgi_amqp import AMQPChannelLayer
 
-        layer = AMQPChannelLayer(
+        self.layer = AMQPChannelLayer(
             url=env.url,
             prefix=env.prefix,
             capacity=CAPACITY,
             expiry=EXPIRY,
             management_url=env.management_url,
         )
-        _track(env, *layer_objects(layer.topology, asgi_trials.ALL_CHANNELS, GROUP))
-        return layer
+        _track(env, *layer_objects(self.layer.topology, asgi_trials.ALL_CHANNELS, GROUP))
+        self.trials = asgi_trials.LayerTrials(self.layer, LayerKeeper(self.layer, env.admin))
 
-    def make_keeper(self, env):
-        return LayerKeeper(self.layer, env.admin)
+    def teardown(self, env):
+        self.layer.close()
+
+    def takes_part(self, scenario):
+        return self.trials.has(scenario.name) if hasattr(self, "trials") else True
+
+    def trial(self, scenario, env, ops):
+        return self.trials.trial(scenario.name, ops)
 
     def versions(self):
         import asgi_amqp
@@ -119,13 +98,39 @@ class AMQPLayerContestant(ASGILayerContestant):
         }
 
 
-class RemoteLayerContestant(Contestant):
+class _WorkerContestant(Contestant):
+    """A layer in a worker process (``common.Worker``, ``worker.py``), which
+    plays whole rounds and sends back their samples; ``setup`` starts it."""
+
+    def __init__(self):
+        self.worker = None
+        self.scenarios = []
+        self._versions = {}
+
+    def teardown(self, env):
+        if self.worker is not None:
+            self.worker.close()
+
+    def versions(self):
+        return self._versions
+
+    def takes_part(self, scenario):
+        return scenario.name in self.scenarios
+
+    def trial(self, scenario, env, ops):
+        def run(ops):
+            reply = self.worker.request({"cmd": "round", "scenario": scenario.name, "ops": ops})
+            return RoundResult.from_dict(reply["result"])
+
+        return Trial(run=run)
+
+
+class RemoteLayerContestant(_WorkerContestant):
     """AMQPChannelLayer imported from a given source tree, in a worker process
     (``common.LayerSource``)."""
 
-    remote = True
-
     def __init__(self, name, source, tag):
+        super(RemoteLayerContestant, self).__init__()
         self.name = name
         self.source = source
         self.tag = tag  # appended to the run's prefix: each contestant has its own objects
@@ -134,9 +139,6 @@ class RemoteLayerContestant(Contestant):
             "from %s, in a worker process of its own (this Python, PYTHONPATH=that tree)"
             % (CAPACITY, EXPIRY, source.describe())
         )
-        self.worker = None
-        self.scenarios = []
-        self._versions = {}
 
     def setup(self, env):
         self.worker = common.Worker(
@@ -159,23 +161,6 @@ class RemoteLayerContestant(Contestant):
         self._versions = dict(reply["versions"])
         self._versions["git"] = self.source.revision
 
-    def teardown(self, env):
-        if self.worker is not None:
-            self.worker.close()
-
-    def versions(self):
-        return self._versions
-
-    def takes_part(self, scenario):
-        return scenario.name in self.scenarios
-
-    def trial(self, scenario, env, ops):
-        def run(ops):
-            reply = self.worker.request({"cmd": "round", "scenario": scenario.name, "ops": ops})
-            return RoundResult.from_dict(reply["result"])
-
-        return Trial(run=run)
-
 
 class _Factory(object):
     """A zero-argument factory with the ``name`` and ``description`` the registry wants."""
@@ -193,9 +178,8 @@ def register_layer_sources(baseline):
     """Register ``layer@baseline`` (the layer from ``baseline``, a
     ``common.LayerSource``) and ``layer@current`` (from this tree), both in
     worker processes of the same shape, so that the two versions are compared
-    under the same conditions. Returns their names."""
+    under the same conditions."""
     current = common.LayerSource(common.ROOT, "current")
-    made = []
     for name, source, tag in (("layer@baseline", baseline, "-b"), ("layer@current", current, "-c")):
         probe = RemoteLayerContestant(name, source, tag)
         register_contestant(
@@ -205,12 +189,10 @@ def register_layer_sources(baseline):
                 lambda n=name, s=source, t=tag: RemoteLayerContestant(n, s, t),
             )
         )
-        made.append(name)
-    return made
 
 
 @register_contestant
-class RedisContestant(Contestant):
+class RedisContestant(_WorkerContestant):
     """asgi_redis 1.4.3 in a worker process of its own virtualenv."""
 
     name = "asgi-redis"
@@ -219,12 +201,6 @@ class RedisContestant(Contestant):
         "redis-server, in a worker process of its own virtualenv (.venv-redis: "
         "redis 2.10.6 and msgpack 1.x, deserialize with raw=False)" % (CAPACITY, EXPIRY)
     )
-    remote = True
-
-    def __init__(self):
-        self.worker = None
-        self.scenarios = []
-        self._versions = {}
 
     def setup(self, env):
         options = env.options
@@ -245,23 +221,6 @@ class RedisContestant(Contestant):
         self.scenarios = reply["scenarios"]
         self._versions = reply["versions"]
         self._versions["python"] = reply.get("python")
-
-    def teardown(self, env):
-        if self.worker is not None:
-            self.worker.close()
-
-    def versions(self):
-        return self._versions
-
-    def takes_part(self, scenario):
-        return scenario.name in self.scenarios
-
-    def trial(self, scenario, env, ops):
-        def run(ops):
-            reply = self.worker.request({"cmd": "round", "scenario": scenario.name, "ops": ops})
-            return RoundResult.from_dict(reply["result"])
-
-        return Trial(run=run)
 
 
 # -- raw pika ------------------------------------------------------------------------------
@@ -540,27 +499,16 @@ class RawMembershipContestant(Contestant):
 
     # -- one membership ------------------------------------------------------------
 
-    def _add_phases(self, group, member):
-        """``(stamp, phases)`` of ``group_add(group, member)``: the lease only
-        if this contestant did not send that stamp's, as the layer."""
-        stamp = self.topology.lease_stamp()
-        lease = self.leases_sent.get((group, member)) != stamp
-        return stamp, membership.add_phases(
-            self.topology, group, member, stamp, lease=lease, made=self.made
-        )
-
-    def _discard_runs(self, group, member):
-        """``(unbinds, notices)`` of ``group_discard(group, member)``, what
-        this contestant remembers of the membership forgotten."""
-        self.leases_sent.pop((group, member), None)
-        self.made.discard((group, member))
-        return membership.discard_runs(self.topology, group, member)
-
     def add(self, group, member):
-        """``group_add(group, member)``."""
+        """``group_add(group, member)``: the lease only if this contestant did
+        not send that stamp's, as the layer."""
         channel = self.channel
         key = (group, member)
-        stamp, phases = self._add_phases(group, member)
+        stamp = self.topology.lease_stamp()
+        lease = self.leases_sent.get(key) != stamp
+        phases = membership.add_phases(
+            self.topology, group, member, stamp, lease=lease, made=self.made
+        )
         try:
             for phase in phases:
                 channel.run(phase)
@@ -576,7 +524,11 @@ class RawMembershipContestant(Contestant):
         self.leases_sent[key] = stamp
 
     def discard(self, group, member):
-        self.channel.run_beside(*self._discard_runs(group, member))
+        """``group_discard(group, member)``, what this contestant remembers of
+        the membership forgotten."""
+        self.leases_sent.pop((group, member), None)
+        self.made.discard((group, member))
+        self.channel.run_beside(*membership.discard_runs(self.topology, group, member))
 
     def send_group(self, group, message):
         body = msgpack.packb(message, use_bin_type=True)

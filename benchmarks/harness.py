@@ -354,36 +354,20 @@ def run_wakeup(trial, ops, delay_s=WAKEUP_DELAY_S):
 class Recorder(object):
     """Holds the run's raw samples and per-round results in memory."""
 
-    COLUMNS = (
-        "run_id",
-        "scenario",
-        "contestant",
-        "round",
-        "slot",
-        "seq",
-        "t_ns",
-        "dur_ns",
-        "ok",
-        "value",
+    # The raw files' columns and types, in Spark SQL's DDL: report_spark.py
+    # reads with it, report.write_raw makes the Parquet schema of it.
+    SAMPLES_DDL = (
+        "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
+        "seq BIGINT, t_ns BIGINT, dur_ns BIGINT, ok BOOLEAN, value DOUBLE"
     )
-    ROUND_COLUMNS = (
-        "run_id",
-        "scenario",
-        "contestant",
-        "round",
-        "slot",
-        "ops",
-        "ops_done",
-        "units",
-        "wall_s",
-        "rate",
-        "misses",
-        "error_count",
-        "delivered",
-        "problem_count",
-        "errors",
-        "problems",
+    ROUNDS_DDL = (
+        "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
+        "ops BIGINT, ops_done BIGINT, units BIGINT, wall_s DOUBLE, rate DOUBLE, "
+        "misses BIGINT, error_count BIGINT, delivered BIGINT, problem_count BIGINT, "
+        "errors STRING, problems STRING"
     )
+    COLUMNS = tuple(column.split()[0] for column in SAMPLES_DDL.split(","))
+    ROUND_COLUMNS = tuple(column.split()[0] for column in ROUNDS_DDL.split(","))
 
     def __init__(self, run_id):
         self.run_id = run_id

@@ -4,8 +4,8 @@ summary.md / summary.json, the PNG charts and the tables printed at the end.
 
 Files of one run, in ``results/raw/`` (``<stamp>`` is the run's UTC time):
 
-* ``samples-<stamp>.parquet``: one row per timed operation (``Recorder.COLUMNS``);
-* ``rounds-<stamp>.parquet``: one row per round (``Recorder.ROUND_COLUMNS``);
+* ``samples-<stamp>.parquet``: one row per timed operation (``Recorder.SAMPLES_DDL``);
+* ``rounds-<stamp>.parquet``: one row per round (``Recorder.ROUNDS_DDL``);
 * ``run-<stamp>.json``: what is needed to read them: scenarios, targets,
   contestants and their versions, machine, options.
 
@@ -438,6 +438,24 @@ def render_markdown(table, left=1):
 # -- raw files -----------------------------------------------------------------------------
 
 
+# Spark SQL's types, as pyarrow names them.
+_ARROW_TYPES = {
+    "STRING": "string",
+    "INT": "int32",
+    "BIGINT": "int64",
+    "DOUBLE": "float64",
+    "BOOLEAN": "bool_",
+}
+
+
+def _arrow_schema(pyarrow, ddl):
+    """The Parquet schema of the columns in ``ddl`` (``Recorder.SAMPLES_DDL``)."""
+    columns = [column.split() for column in ddl.split(",")]
+    return pyarrow.schema(
+        [(name, getattr(pyarrow, _ARROW_TYPES[kind])()) for name, kind in columns]
+    )
+
+
 def write_raw(recorder, run, directory, stamp):
     """Samples, rounds (parquet, or JSON lines without pyarrow) and run-<stamp>.json."""
     os.makedirs(directory, exist_ok=True)
@@ -456,45 +474,13 @@ def write_raw(recorder, run, directory, stamp):
     if pyarrow is not None:
         samples_path = os.path.join(directory, "samples-%s.parquet" % stamp)
         rounds_path = os.path.join(directory, "rounds-%s.parquet" % stamp)
-        schema = pyarrow.schema(
-            [
-                ("run_id", pyarrow.string()),
-                ("scenario", pyarrow.string()),
-                ("contestant", pyarrow.string()),
-                ("round", pyarrow.int32()),
-                ("slot", pyarrow.int32()),
-                ("seq", pyarrow.int64()),
-                ("t_ns", pyarrow.int64()),
-                ("dur_ns", pyarrow.int64()),
-                ("ok", pyarrow.bool_()),
-                ("value", pyarrow.float64()),
-            ]
-        )
+        schema = _arrow_schema(pyarrow, recorder.SAMPLES_DDL)
         columns = list(zip(*recorder.samples)) if recorder.samples else [[]] * len(schema)
         table = pyarrow.table(
             {name: list(columns[i]) for i, name in enumerate(schema.names)}, schema=schema
         )
         pyarrow.parquet.write_table(table, samples_path)
-        round_schema = pyarrow.schema(
-            [
-                ("run_id", pyarrow.string()),
-                ("scenario", pyarrow.string()),
-                ("contestant", pyarrow.string()),
-                ("round", pyarrow.int32()),
-                ("slot", pyarrow.int32()),
-                ("ops", pyarrow.int64()),
-                ("ops_done", pyarrow.int64()),
-                ("units", pyarrow.int64()),
-                ("wall_s", pyarrow.float64()),
-                ("rate", pyarrow.float64()),
-                ("misses", pyarrow.int64()),
-                ("error_count", pyarrow.int64()),
-                ("delivered", pyarrow.int64()),
-                ("problem_count", pyarrow.int64()),
-                ("errors", pyarrow.string()),
-                ("problems", pyarrow.string()),
-            ]
-        )
+        round_schema = _arrow_schema(pyarrow, recorder.ROUNDS_DDL)
         pyarrow.parquet.write_table(
             pyarrow.Table.from_pylist(rounds, schema=round_schema), rounds_path
         )

@@ -31,6 +31,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks import report  # noqa: E402
+from benchmarks.harness import Recorder  # noqa: E402
 
 
 def latest_run(raw_dir):
@@ -60,18 +61,6 @@ def spark_session(master, app="asgi_amqp-bench-report"):
     return spark
 
 
-SAMPLES_DDL = (
-    "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
-    "seq BIGINT, t_ns BIGINT, dur_ns BIGINT, ok BOOLEAN, value DOUBLE"
-)
-ROUNDS_DDL = (
-    "run_id STRING, scenario STRING, contestant STRING, round INT, slot INT, "
-    "ops BIGINT, ops_done BIGINT, units BIGINT, wall_s DOUBLE, rate DOUBLE, "
-    "misses BIGINT, error_count BIGINT, delivered BIGINT, problem_count BIGINT, "
-    "errors STRING, problems STRING"
-)
-
-
 def _reader(spark, path, ddl):
     if path.endswith(".parquet"):
         return spark.read.parquet(path)
@@ -83,8 +72,8 @@ def aggregate_spark(spark, run, raw_uri=None):
     from pyspark.sql import functions as F
 
     base = raw_uri.rstrip("/") if raw_uri else "file://" + run["_dir"]
-    samples = _reader(spark, "%s/%s" % (base, run["samples_file"]), SAMPLES_DDL)
-    rounds = _reader(spark, "%s/%s" % (base, run["rounds_file"]), ROUNDS_DDL)
+    samples = _reader(spark, "%s/%s" % (base, run["samples_file"]), Recorder.SAMPLES_DDL)
+    rounds = _reader(spark, "%s/%s" % (base, run["rounds_file"]), Recorder.ROUNDS_DDL)
     keys = ["scenario", "contestant"]
 
     ok_dur = F.when(F.col("ok"), F.col("dur_ns"))

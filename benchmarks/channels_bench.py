@@ -18,13 +18,11 @@ throughput through daphne
     of the worker and of daphne during the round says which one was the
     bottleneck.
 runworker drain
-    the messages per second one runworker handles.
-    ``benchmarks/channels_drive.py --drain``, run with the layer's own
-    interpreter, stops the worker (SIGSTOP, by pid), queues
-    ``--channels-drain-count`` ``websocket.receive`` messages for it straight
-    through the layer (no daphne), continues it and times it until every
-    reply is in the driver's queue, read with the broker's own client
-    (a passive queue.declare, a Redis LLEN). Both stacks run with a channel
+    the messages per second one runworker handles, through
+    ``--channels-drain-count`` ``websocket.receive`` messages queued for it
+    straight through the layer (no daphne) while it was stopped:
+    ``benchmarks/channels_drive.py --drain`` (its ``drain`` says how), run
+    with the layer's own interpreter. Both stacks run with a channel
     capacity of twice ``--channels-drain-count`` so the burst fits.
 runworker threads
     the same drain with ``runworker --threads N`` for each N of

@@ -9,13 +9,9 @@ and the broker variables come from the environment, as for the stack). Each
 message is a ``websocket.receive`` for the ``/echo/`` route, replying to
 this process's own process-local channel.
 
-``--drain COUNT``: the worker is stopped (SIGSTOP, by
-its pid) while COUNT messages are queued for it, then continued and timed
-until all COUNT replies are queued; the counts are read with the broker's
-own client (a passive ``queue.declare``, a Redis ``LLEN``), not with
-statistics that lag by seconds. The channel capacity must hold COUNT.
-``--worker-threads N`` is the worker's ``runworker --threads``: stopped, it
-may hold one pushed message per thread.
+``--drain COUNT`` times the worker through COUNT messages queued while it
+was stopped (``drain`` says how); the channel capacity must hold COUNT.
+``--worker-threads N`` is the worker's ``runworker --threads``.
 
 Prints one JSON object: messages per second, the worker's CPU share, frames
 lost.

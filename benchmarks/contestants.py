@@ -445,21 +445,15 @@ class RawMembershipContestant(Contestant):
         "kept by hand so that several are waited for together) doing exactly the broker "
         "work of AMQPChannelLayer.group_add and group_discard for a process-local channel, "
         "with the names, flags and arguments of asgi_amqp.naming.Topology (expiry %d, "
-        "group_expiry %d); group_add in two round trips: the lease message (persistent, "
-        "mandatory, into the lease queue, its expiration the lease's end; once per stamp "
-        "and membership, as the layer) and the join notice (mandatory, into the process's "
-        "queue) published together and both confirms waited for; then exchange.declare of "
-        "the group exchange (fanout, auto-delete) and exchange.bind of it from the group "
-        "router, the process's member exchange (m:foo!) and its binding to the "
-        "process's queue, the exchange.bind of that member exchange from the group "
-        "exchange with the stamp's arguments, all with nowait, and the queue.declare of "
-        "the process's queue, answered (it renews the queue's x-expires). group_discard "
-        "in one: exchange.unbind of every live stamp's binding, with nowait, the last "
-        "answered, and beside them on a second channel the leave notice, confirmed, "
-        "both waited for together (the layer's two connections), on one connection. "
-        "The same checks as the layer (deliveries and notices through the "
-        "process's queue, the group exchanges' bindings, the lease messages)"
-        % (EXPIRY, GROUP_EXPIRY)
+        "group_expiry %d); group_add in two round trips: the lease message and the join "
+        "notice, both confirms waited for together, then the group exchange, its router "
+        "binding, the member exchange (m:foo!) and its bindings, all with nowait, and the "
+        "process queue's declare, answered (it renews the queue's x-expires); "
+        "group_discard in one: the unbinds of every live stamp's binding, nowait but the "
+        "last, beside the leave notice, confirmed, on a second channel; "
+        "benchmarks/membership.py says why each step is there. The same checks as the "
+        "layer (deliveries and notices through the process's queue, the group exchanges' "
+        "bindings, the lease messages)" % (EXPIRY, GROUP_EXPIRY)
     )
 
     def setup(self, env):

@@ -13,15 +13,9 @@ its own. Contestants, in rotating order:
     a confirmed, mandatory publish per message. The broker's floor for a
     worker that confirms its replies.
 ``raw-pika-pipelined``
-    the same broker work in the pipelined shape (``PipelinedSide``, the
-    ceiling of a worker process of N threads over one connection): one I/O
-    thread owns a SelectConnection with confirms on and a consumer whose
-    prefetch window (32) puts deliveries in a local queue; a worker thread
-    takes its next delivery from that queue without a round trip, hands its
-    ack over without waiting (it rides with the reply's publish), hands the
-    publish over and waits on a lock for that publish's confirm only; every
-    hand-off goes through one list under a lock, with one
-    ``add_callback_threadsafe`` per batch.
+    the same broker work in the pipelined shape (``PipelinedSide``, which
+    says how): the ceiling of a worker process of N threads over one
+    connection.
 ``asgi_amqp``
     the layer.
 ``asgi_redis``

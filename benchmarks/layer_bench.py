@@ -3,16 +3,9 @@ and raw pika (``python -m benchmarks --only layer``).
 
 Everything the run creates on the broker lives under a unique prefix
 (``bench-<stamp>-<pid>``; on Redis under the same key prefix) and is deleted
-at the end, also after an error or Ctrl-C.
-
-Output: the raw samples (``results/raw/samples-<stamp>.parquet``, one row
-per timed operation; ``rounds-<stamp>.parquet``; ``run-<stamp>.json``),
-then ``report_spark.py`` aggregates them with PySpark into
-``results/summary.md``, ``summary.json`` and PNG charts, and prints the
-summary, the ratio table and the targets table. Status 1 if any check failed
-(an error, a missed receive, or a message count that does not add up), 2 if
-the broker cannot be reached. A target that is not met does not change the
-status.
+at the end, also after an error or Ctrl-C. The raw samples go to
+``results/raw/`` (``report.write_raw``); ``report_spark.py`` aggregates them
+with PySpark into ``results/summary.md``, ``summary.json`` and PNG charts.
 """
 
 import json

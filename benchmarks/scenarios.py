@@ -163,18 +163,9 @@ _MEMBERSHIP_COMMON = (
     "Each op is one membership of a fresh process-local channel "
     "(daphne.response.bench!<random>, the reply channel of a WebSocket as daphne "
     "names it) in one of %d groups, round robin. %s is the ceiling: raw pika doing "
-    "exactly the layer's broker work for a membership (names, flags and arguments "
-    "from asgi_amqp.naming.Topology; see benchmarks/membership.py) in as few round "
-    "trips as that work allows: for an add, the lease message (persistent, into the "
-    "lease queue) and the join notice (into the process's queue) published together "
-    "and both confirms waited for, then the group exchange and its binding from the "
-    "group router declared again, the process's member exchange (m:foo!) and its "
-    "binding to the process's queue, and the binding of that exchange from the "
-    "group exchange with the lease stamp's arguments, with nowait, and the process "
-    "queue's declare, answered (it renews the queue's x-expires); for a discard, "
-    "the exchange.unbind of every live lease stamp, with nowait, the last answered, "
-    "and beside them on a second channel the leave notice, confirmed, waited for "
-    "together." % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
+    "exactly the layer's broker work for a membership in as few round trips as that "
+    "work allows (see Contestants below, and benchmarks/membership.py)."
+    % (MEMBERSHIP_ROOMS, MEMBERSHIP_CEILING)
 )
 
 GROUP_ADD = register_scenario(

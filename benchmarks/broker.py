@@ -55,26 +55,19 @@ def connection_parameters(url):
     return parameters
 
 
-def management_url_for(url, management_url=None):
-    """The management API to read bindings from: ``management_url``, else
-    ``$AMQP_MANAGEMENT_URL``, else ``url``'s host and credentials on port
-    15672 (as the layer chooses)."""
-    if management_url or os.environ.get("AMQP_MANAGEMENT_URL"):
-        return management_url or os.environ["AMQP_MANAGEMENT_URL"]
-    parts = urllib.parse.urlsplit(url)
-    userinfo = parts.netloc.rpartition("@")[0] or "guest:guest"
-    return "http://%s@%s:15672/" % (userinfo, parts.hostname or "localhost")
-
-
 class Admin(object):
     def __init__(self, url, management_url=None):
+        from asgi_amqp.urls import management_url_for, vhost_of
+
         self.connection = pika.BlockingConnection(connection_parameters(url))
         self._channel = self.connection.channel()
         self.queues = []
         self.exchanges = []
-        path = urllib.parse.urlsplit(url).path
-        self.vhost = urllib.parse.unquote(path[1:]) if len(path) > 1 else "/"
-        self.management_url = management_url_for(url, management_url)
+        self.vhost = vhost_of(url)
+        # The management API to read bindings from, as the layer chooses it.
+        self.management_url = (
+            management_url or os.environ.get("AMQP_MANAGEMENT_URL") or management_url_for(url)
+        )
 
     # -- facts ------------------------------------------------------------------
 

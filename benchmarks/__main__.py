@@ -7,21 +7,11 @@
     python -m benchmarks --only layer --baseline-src ../before   # + layer@baseline
     python -m benchmarks --list
 
-Suites, in this order: ``layer`` (scenarios (a)-(m) against asgi_redis
-and raw pika, ``layer_bench.py``), ``bulk`` (CLI bulk mode
-and ``send_many`` against raw pika's pipelined confirms, ``bulk_bench.py``), ``channels`` (daphne +
-runworker on both layers, ``channels_bench.py``), ``echo`` (one worker
-echoing without Django, ``echo_ceiling.py``). A connect storm is a test,
-``tests/e2e/test_connect_storm.py``, not a suite.
-``--only``/``--skip`` take suite names and layer scenario names; naming a
-scenario selects the layer suite with just those scenarios.
-
-One broker serves the whole run: ``$AMQP_URL`` if set, else a private
-RabbitMQ node started for it (``devtools.rabbitmq``); one Redis too (see
-``common.RedisServer``). Results go to ``benchmarks/results``; the headline
-of every suite is printed at the end and written to ``results/bench.md``.
-Exit status: 0, 1 when a suite's checks failed, 2 when the broker cannot be
-reached, 130 after Ctrl-C.
+The suites (``SUITES``, each the module of ``MODULES``) run in that order,
+on one broker and one Redis (``common``); the headline of every suite is
+printed at the end and written to ``results/bench.md``. Exit status: 0, 1
+when a suite's checks failed, 2 when the broker cannot be reached, 130 after
+Ctrl-C. ``benchmarks/README.md`` says the rest.
 """
 
 import argparse

@@ -549,14 +549,7 @@ class _Opts(object):
 
 
 def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
-    def version(module):
-        try:
-            from importlib.metadata import version as v
-
-            return v(module)
-        except Exception:
-            return "?"
-
+    versions = common.package_versions(["pika", "Twisted"])
     lines = [
         "daphne 1.4.2 (native Twisted mode) + one `manage.py runworker` (Channels 1.1.8, "
         "Django 2.2.28) per layer, the `/echo/` route of tests/project; clients are "
@@ -616,8 +609,8 @@ def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
                 platform.python_version(),
                 load_start[0],
                 load_end[0],
-                version("pika"),
-                version("Twisted"),
+                versions.get("pika", "?"),
+                versions.get("Twisted", "?"),
             ),
         ]
     )

@@ -1,24 +1,14 @@
-"""What every benchmark suite shares.
+"""What every benchmark suite shares (benchmarks/README.md says where the
+broker, Redis and asgi_redis come from):
 
-* **The broker**: :func:`provide_broker` yields ``$AMQP_URL`` when it is set,
-  else a private RabbitMQ node (``devtools.rabbitmq.provide_broker``: a
-  Docker container if an engine answers, else a node run from the machine's
-  ``rabbitmq-server``), and exports ``AMQP_URL``/``AMQP_MANAGEMENT_URL`` to
-  every child process.
-* **Redis**: :class:`RedisServer`, the one way to find or start it:
-  ``--redis-url``, ``$BENCH_REDIS_URL`` or ``$REDIS_URL``, else the Redis
-  answering on 127.0.0.1:6379, else a private ``redis-server`` on a free
-  port, stopped at the end.
-* **asgi_redis's virtualenv**: :func:`redis_python` (``.venv-redis``, the
-  recipe of ``make redis-venv``).
-* **Worker processes** (:class:`Worker`, JSON lines over a pipe) and **the
-  layer's source tree** (:class:`LayerSource`): a contestant that imports
-  ``asgi_amqp`` from another checkout runs in a child process with
-  ``BENCH_LAYER_SRC`` (and ``PYTHONPATH``) naming that tree, and the child
-  calls :func:`apply_layer_source` before anything imports ``asgi_amqp``.
-* **Result files**: :func:`write_result` (``results/<name>.md`` and
-  ``.json`` with the same header), :func:`rotate` (the order of rounds).
-* **Redaction**: :func:`redact` is ``asgi_amqp.urls.redact``.
+* **the broker**: :func:`provide_broker`, one for the whole run, exported
+  to every child process as ``AMQP_URL``/``AMQP_MANAGEMENT_URL``;
+* **Redis**: :class:`RedisServer`, the one way to find or start it;
+* **asgi_redis's virtualenv**: :func:`redis_python`;
+* **worker processes** (:class:`Worker`, JSON lines over a pipe) and **the
+  layer's source tree** (:class:`LayerSource`, :func:`apply_layer_source`);
+* **result files**: :func:`write_result`, and :func:`rotate`, the order of
+  rounds; **redaction**: :func:`redact` is ``asgi_amqp.urls.redact``.
 
 Only the standard library is imported at module level: worker processes in
 asgi_redis's virtualenv import this module too.
@@ -89,8 +79,11 @@ class BrokerInfo(object):
 
 @contextlib.contextmanager
 def provide_broker(log=say):
-    """A broker for the whole run (see the module docstring); ``AMQP_URL`` and
-    ``AMQP_MANAGEMENT_URL`` are set in ``os.environ`` meanwhile, for children."""
+    """A broker for the whole run: ``$AMQP_URL`` when it is set, else a private
+    RabbitMQ node (``devtools.rabbitmq.provide_broker``: a Docker container if
+    an engine answers, else a node run from the machine's ``rabbitmq-server``).
+    ``AMQP_URL`` and ``AMQP_MANAGEMENT_URL`` are set in ``os.environ``
+    meanwhile, for children."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     from devtools import rabbitmq

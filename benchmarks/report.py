@@ -1,15 +1,7 @@
-"""Turning a run into numbers: machine facts, the raw files, the aggregation
-(pure Python; ``report_spark.py`` does the same with PySpark), the targets,
-summary.md / summary.json, the PNG charts and the tables printed at the end.
-
-Files of one run, in ``results/raw/`` (``<stamp>`` is the run's UTC time):
-
-* ``samples-<stamp>.parquet``: one row per timed operation (``Recorder.SAMPLES_DDL``);
-* ``rounds-<stamp>.parquet``: one row per round (``Recorder.ROUNDS_DDL``);
-* ``run-<stamp>.json``: what is needed to read them: scenarios, targets,
-  contestants and their versions, machine, options.
-
-Without pyarrow they are written as JSON lines (``.jsonl``) instead.
+"""Turning a run into numbers: machine facts, the raw files of a run in
+``results/raw/`` (:func:`write_raw`), the aggregation (pure Python;
+``report_spark.py`` does the same with PySpark), the targets, summary.md /
+summary.json, the PNG charts and the tables printed at the end.
 """
 
 import collections
@@ -457,7 +449,10 @@ def _arrow_schema(pyarrow, ddl):
 
 
 def write_raw(recorder, run, directory, stamp):
-    """Samples, rounds (parquet, or JSON lines without pyarrow) and run-<stamp>.json."""
+    """``samples-<stamp>.parquet`` (a row per timed operation) and
+    ``rounds-<stamp>.parquet`` (a row per round), JSON lines without pyarrow,
+    and ``run-<stamp>.json``, what is needed to read them (scenarios,
+    targets, contestants and their versions, machine, options)."""
     os.makedirs(directory, exist_ok=True)
     rounds = [
         {

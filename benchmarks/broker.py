@@ -255,6 +255,17 @@ class Admin(object):
         self.queues, self.exchanges = [], []
         return queues, exchanges
 
+    def delete_layer(self, topology, channels, queues=()):
+        """Delete what a layer of ``topology`` made for ``channels`` (its
+        channels' queues, its dead-letter queue and exchange, its group
+        router), ``queues`` and anything else tracked."""
+        for queue in list(queues) + [topology.channel_queue(c) for c in channels]:
+            self.track_queue(queue)
+        self.track_queue(topology.dead_letter_queue)
+        self.track_exchange(topology.dead_letter_exchange)
+        self.track_exchange(topology.group_router)
+        return self.delete_tracked()
+
     def close(self):
         if self.connection.is_open:
             self.connection.close()

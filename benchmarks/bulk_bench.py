@@ -55,17 +55,6 @@ def queued(admin, layer):
     return sum(admin.depth(layer.topology.channel_queue(c)) or 0 for c in _channels())
 
 
-def delete_prefix(admin, layer):
-    """Remove every object the senders can have made under the layer's prefix."""
-    topology = layer.topology
-    for channel in _channels():
-        admin.track_queue(topology.channel_queue(channel))
-    admin.track_queue(topology.dead_letter_queue)
-    admin.track_exchange(topology.dead_letter_exchange)
-    admin.track_exchange(topology.group_router)
-    admin.delete_tracked()
-
-
 def run_cli(path, prefix, capacity):
     started = time.perf_counter()
     result = subprocess.run(
@@ -316,7 +305,7 @@ def run(args, ctx):
                     )
                 finally:
                     layer.close()
-                    delete_prefix(admin, layer)
+                    admin.delete_layer(layer.topology, _channels())
     finally:
         os.unlink(path)
         admin.close()

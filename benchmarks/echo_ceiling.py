@@ -392,14 +392,7 @@ def _cleanup(admin, kind, prefix):
     from asgi_amqp.naming import Topology
 
     topology = Topology(prefix, 60, 86400, lambda _channel: 100)
-    for queue in _raw_queues(prefix):
-        admin.track_queue(queue)
-    for channel in ("echo.w", "echo.r"):
-        admin.track_queue(topology.channel_queue(channel))
-    admin.track_queue(topology.dead_letter_queue)
-    admin.track_exchange(topology.dead_letter_exchange)
-    admin.track_exchange(topology.group_router)
-    admin.delete_tracked()
+    admin.delete_layer(topology, ("echo.w", "echo.r"), _raw_queues(prefix))
 
 
 def _child_argv(kind, python, prefix, redis_url):

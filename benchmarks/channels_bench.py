@@ -545,7 +545,7 @@ class _Opts(object):
         self.clients = args.channels_clients
         self.window = args.channels_window
         self.drain_count = args.channels_drain_count
-        self.thread_counts = list(getattr(args, "channels_threads", None) or [])
+        self.thread_counts = list(args.channels_threads)
 
 
 def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):

@@ -1,14 +1,7 @@
-"""The contestants.
-
-In the harness's process: ``layer`` (asgi_amqp's AMQPChannelLayer) and
-raw pika doing the same broker work by hand (``raw-pika``: one confirm per
-publish, basic_get; ``raw-pika-consume``: a consumer woken by a delivery;
-``raw-pika-membership``: the ceiling of group membership, the layer's
-broker work for a membership in as few round trips as it allows, see
-``membership``). In a worker process (``common.Worker``): ``asgi-redis``
-(asgi_redis 1.4.3 on a redis-server, in its own virtualenv), and with
-``--baseline-src`` the layer imported from two source trees,
-``layer@baseline`` and ``layer@current``.
+"""The contestants (each says what it is in ``description``): in the
+harness's process the layer and raw pika doing its broker work by hand; in
+worker processes (``common.Worker``) asgi_redis 1.4.3 and, with
+``--baseline-src``, the layer of two source trees.
 
 The ASGI layers all play the same trials (``asgi_trials.LayerTrials``),
 through ``send``/``receive``/``send_group`` only; a ``Keeper`` does their

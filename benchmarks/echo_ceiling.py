@@ -37,7 +37,7 @@ asgi_redis (the target is 1.2x) and best asgi_amqp / best
 ``raw-pika-pipelined`` (the share of the ceiling the layer reaches).
 
 Each drain runs in a child process (``python -m benchmarks.echo_ceiling
---child KIND --role drain``); only the standard library is imported at
+--child KIND``); only the standard library is imported at
 module level, because asgi_redis's children run in its own virtualenv.
 Writes ``results/echo_ceiling.md``.
 """
@@ -62,7 +62,6 @@ BASELINE = "asgi_amqp@baseline"
 MESSAGE = {"reply_channel": "echo.r", "path": "/echo/", "text": "x" * 64, "order": 0}
 PIPELINED = "raw-pika-pipelined"
 KINDS = ("raw-pika", PIPELINED, "asgi_amqp", "asgi_redis")
-DEFAULT_THREADS = (1, 2, 4, 8)
 SINGLE_THREADED = ("raw-pika",)  # BlockingConnection: one thread only
 TARGET = 1.2  # best asgi_amqp worker process over best asgi_redis worker process
 
@@ -525,7 +524,7 @@ def run(args, ctx):
     from .broker import Admin
 
     admin = Admin(ctx.amqp_url)
-    thread_counts = list(getattr(args, "echo_threads", None) or DEFAULT_THREADS)
+    thread_counts = list(args.echo_threads)
     drained = collections.defaultdict(list)  # (kind, threads) -> reports
     try:
         for number in range(rounds):

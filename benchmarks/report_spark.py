@@ -6,13 +6,9 @@
     python benchmarks/report_spark.py --engine python       # same figures, no Spark
     python benchmarks/report_spark.py --check               # Spark and Python must agree
 
-Reads ``samples-<stamp>.parquet`` (one row per timed operation) and
-``rounds-<stamp>.parquet`` (one row per round) next to ``run-<stamp>.json``,
-computes per scenario and contestant the per-round rates (median, min,
-max), member deliveries/s, latency percentiles (p50/p95/p99, exact and
-linearly interpolated, over every successful sample), misses and errors;
-then evaluates the targets and writes ``summary.md``, ``summary.json`` and
-``rates.png``/``latency.png`` into ``--results`` (``benchmarks/results``).
+Reads the raw files next to ``run-<stamp>.json`` (``report.write_raw``)
+and writes what benchmarks/README.md's Output lists into ``--results``
+(``benchmarks/results``), with the same figures as ``report.aggregate_python``.
 
 Spark runs in local mode (``local[2]``) by default, with the UI off and the
 executors on this Python. With ``--master`` pointing at a cluster, the raw

@@ -1,10 +1,7 @@
 """The layer suite's scenarios and the targets the layer is held to.
 
-Each scenario is a registry entry; contestants implement it with a
-``scenario_<name>`` method (``-`` becomes ``_``). To add one, register a
-``Scenario`` here with a runner from ``harness`` and give the contestants
-that should take part the method. A target (``TARGETS``) compares one
-contestant's figure with another's, or with a fixed bound.
+A target (``TARGETS``) compares one contestant's figure with another's, or
+with a fixed bound; ``harness`` says what a scenario is.
 
 Only msgpack and the harness are imported here: worker processes in other
 virtualenvs import this module too.

@@ -136,9 +136,16 @@ class Balance(object):
                 self._pool.cancel(consumer)
                 self.consumed_elsewhere(consumer.queue, consumers)
 
+        self._count(consumer.queue, "consumers", counted)
+
+    def _count(
+        self, queue: str, what: str, on_done: Callable[[Any, Optional[BaseException]], None]
+    ) -> None:
+        """A passive declare of ``queue`` on an admin channel: its
+        ``declare-ok`` counts the consumers and the ready frames."""
         self._declares.run(
-            Pending("count the consumers of %s" % consumer.queue, on_done=counted),
-            [declares.queue_declare(consumer.queue, None, passive=True, not_found_ok=True)],
+            Pending("count the %s of %s" % (what, queue), on_done=on_done),
+            [declares.queue_declare(queue, None, passive=True, not_found_ok=True)],
         )
 
     def _look(self) -> None:
@@ -189,10 +196,7 @@ class Balance(object):
                 if receivers > 1 and served > 1:
                     self._measure_depths(channel_queue)
 
-        self._declares.run(
-            Pending("count the receivers of %s" % channel_queue, on_done=counted),
-            [declares.queue_declare(channel_queue, None, passive=True, not_found_ok=True)],
-        )
+        self._count(channel_queue, "receivers", counted)
 
     def _fill(self, channel_queue: str) -> None:
         """This process serves its share: it stops waiting for the other shards."""
@@ -222,12 +226,7 @@ class Balance(object):
             return counted
 
         for consumer in served:
-            self._declares.run(
-                Pending(
-                    "count the frames in %s" % consumer.queue, on_done=counted_for(consumer.queue)
-                ),
-                [declares.queue_declare(consumer.queue, None, passive=True, not_found_ok=True)],
-            )
+            self._count(consumer.queue, "frames", counted_for(consumer.queue))
 
     def _give_back_behind(self, depths: Dict[str, int]) -> None:
         """Give back the deepest shard that was deep at the last look too. Its
@@ -296,10 +295,7 @@ class Balance(object):
             ):
                 self._cancel_extra(channel_queue, consumer)
 
-        self._declares.run(
-            Pending("count the frames in %s" % consumer.queue, on_done=counted),
-            [declares.queue_declare(consumer.queue, None, passive=True, not_found_ok=True)],
-        )
+        self._count(consumer.queue, "frames", counted)
 
     def _cancel_extra(self, channel_queue: str, consumer: "Consumer") -> None:
         logger.debug("%s given back", consumer.queue)

@@ -1,51 +1,25 @@
-"""Blocking receives, served by consumers that outlive a single call.
+"""Blocking receives, served by consumers kept between calls.
 
-A Channels worker calls ``receive(channels, block=True)`` in a tight loop
-over the same 10-20 channels. Starting and cancelling a consumer on every
-channel for every call would cost two round trips per channel per call, so
-consumers are kept between calls instead:
+A worker receives over the same channels in a loop; a consume and a cancel
+per call would cost two round trips per channel, so consumers stay:
 
-* each consumer has a prefetch window as wide as the number of threads of
-  this process that make blocking receives (seen in the last
-  ``THREADS_WINDOW`` seconds), at most ``ConsumerSettings.prefetch`` (the
-  layer's ``consumer_prefetch``, 16 by default). One thread gets one message
-  pushed at a time, so ``capacity`` is exceeded by at most one held message
-  per process, as before; with ``runworker --threads N`` each thread finds
-  its next message already here and their acks overlap, instead of all
-  waiting one round trip per message for the broker's next push. A consumer
-  started with a narrower window than the threads now need is started again.
-  A process-local queue, which no other process reads, gets the whole
-  ``prefetch`` window at once (``ConsumerPool._window_for``);
-* a delivery is handed to a waiting caller and acked only if the caller takes
-  it; with nobody waiting it is *held*, unacked, for the next call;
-* a message held longer than ``linger`` seconds is nacked back to the queue
-  and that consumer cancelled, so a message never waits in a busy process
-  while another process is idle; ``k`` messages of one queue held while
-  nobody of this process waits for it go back once the oldest has waited
-  ``linger / k``, so a wider prefetch window does not keep more messages
-  from an idle process for longer; and a consumer nobody has wanted for
-  ``idle_timeout`` seconds is cancelled to free the broker's resources.
+* a consumer's prefetch window is the number of this process's threads that
+  made a blocking receive in the last ``THREADS_WINDOW`` seconds, at most
+  ``consumer_prefetch``, so each thread finds its next message here; a
+  consumer started narrower is started again. A process-local queue gets the
+  whole window (``_window_for``);
+* a delivery goes to a waiting caller, acked once the caller has it; with
+  nobody waiting it is *held*, unacked, for the next call; ``Sweep`` gives
+  back what is held too long.
 
-Held messages are unacked: if this process dies they go back to the queue,
-so nothing it had not handed to a caller is lost.
+Broker fact: the unacked deliveries of a closed channel go back to their
+queue, so a process that dies loses nothing it held
+(``test_a_process_that_dies_holding_pushed_messages_loses_none``).
 
-Non-blocking receives use the same consumers on process-local queues they
-poll often; ``polls.py`` says how and why.
-
-Held messages live in ``HeldMessages``, the one structure here that callers'
-threads touch: a caller takes a held message under its lock without a trip
-through the I/O thread, and the ack follows through the inbox without
-anyone waiting for it. A worker that finds its next message already pushed
-(the usual case under load) saves two thread wake-ups per message.
-
-``ConsumerPool`` owns five objects, each in its own module: ``Acks``
-(``acks.py``: every ack and nack of the channel), ``Polls`` (``polls.py``:
-what non-blocking receives ask of the consumers), ``Sweep`` (``sweep.py``:
-the linger and idle timer), ``Balance`` (``balance.py``: the shards'
-spread over processes) and ``OwnerWait`` (``owners.py``: after a lost
-connection, the shards that wait for their owner). The pool and all run on
-the I/O thread; only ``HeldMessages`` and ``TakenAcks`` are shared with
-callers' threads, each under its own lock.
+``ConsumerPool`` owns ``Acks``, ``Polls``, ``Sweep``, ``Balance`` and
+``OwnerWait`` (the package docstring says what each does); all run on the
+I/O thread. Only ``HeldMessages`` (callers take from it) and ``TakenAcks``
+are shared with callers' threads, each under its own lock.
 """
 
 import collections
@@ -92,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 
 class ConsumerSettings(NamedTuple):
-    """How consumers keep messages: see the module docstring."""
+    """``linger`` and ``idle_timeout``: see ``Sweep``; ``prefetch``: the widest window."""
 
     linger: float
     idle_timeout: float
@@ -100,17 +74,17 @@ class ConsumerSettings(NamedTuple):
     max_consumers: int = 1000
 
 
-# A thread counts towards the prefetch window for this long after its last
-# blocking receive.
-THREADS_WINDOW = 10.0
+THREADS_WINDOW = 10.0  # seconds a thread counts in the window after its last blocking receive
 UNAVAILABLE_BACKOFF = 1.0  # seconds before a queue that failed to declare is tried again
 
 
 def requeues_in_place(quorum: bool, server_properties: Optional[Dict[str, Any]]) -> bool:
-    """Whether a queue puts a nacked message back in its place rather than
-    behind the later ones: a classic queue does; a quorum queue does from
-    RabbitMQ 4.0 (measured: 3.10.8 behind, 4.0.5 in place; 3.11-3.13 are
-    not measured, and count as behind)."""
+    """Whether a nacked message goes back in its place, not behind the later ones.
+
+    A classic queue: yes; a quorum queue: from RabbitMQ 4.0 only, and an
+    unknown version counts as behind
+    (``test_only_a_quorum_queue_before_rabbitmq_4_requeues_behind_the_later_messages``).
+    """
     if not quorum:
         return True
     version = (server_properties or {}).get("version", b"")
@@ -149,27 +123,21 @@ class Consumer(object):
         self.window = window  # the window it is to be started with
         self.prefetch = 0  # its window, once started
         self.confirmed = False  # the broker answered basic.consume
-        self.unacked = 0  # pushed to it, held, and not yet acked or nacked
-        self.fills = 0  # how often its window filled (the broker then keeps messages back)
+        self.unacked = 0  # pushed to it, held, not yet settled
+        self.fills = 0  # how often its window filled (the broker then holds back)
         self.checked = -1  # ``fills`` when a poll last found nothing (``Polls.checked``)
         self.polled = False  # started for non-blocking receives: see ``Sweep``
         self.served = False  # pushed a message: the active consumer of a shard (``Balance``)
-        self.handed_at = 0.0  # monotonic time a message of it was last handed to a caller
+        self.handed_at = 0.0  # monotonic time a message of it last went to a caller
         self.quorum = False  # a quorum queue (set when it starts)
-        # A nacked message goes back in its place, not behind the later
-        # ones (``requeues_in_place``; set when it starts).
-        self.requeues_in_place = True
+        self.requeues_in_place = True  # ``requeues_in_place`` (set when it starts)
 
 
 class BlockingReceive(Work):
     """A blocking receive: a Delivery from one of ``queues``, or None at ``deadline``.
 
-    The work ``Engine.wait`` hands the I/O thread; called with the session,
-    it adds a waiter to the session's ``ConsumerPool`` (``add_waiter``).
-    ``deadline`` is a ``time.monotonic()`` time, so a receive handed to the
-    next connection after an outage keeps its caller's limit. ``threads``:
-    how many of the process's threads make blocking receives (the
-    consumers' prefetch window follows it).
+    The work of ``Engine.wait``: it adds a waiter (``ConsumerPool.add_waiter``).
+    ``threads``: how many threads make blocking receives (the prefetch window).
     """
 
     __slots__ = ("queues", "deadline", "threads")
@@ -193,13 +161,12 @@ class _Waiter(object):
         self.timer: Any = None
 
 
-# An add_waiter call made before the channel opened: pending, queues, deadline, threads.
+# An add_waiter call made before the channel opened.
 _Backlogged = Tuple[Pending, Queues, float, int]
 
 
 class ConsumerPool(object):
-    """The consumers' channel: blocking receives here, polls in ``polls``,
-    the linger and idle timer in ``_sweep``, acks and nacks in ``acks``."""
+    """The consumers' channel and its consumers (I/O thread only)."""
 
     def __init__(
         self,
@@ -227,7 +194,6 @@ class ConsumerPool(object):
         self._by_tag: Dict[str, Consumer] = {}
         self._waiters: List[_Waiter] = []
         self._backlog: Deque[_Backlogged] = collections.deque()
-        # What the pool owns (see the module docstring).
         self.acks = Acks(self, taken if taken is not None else TakenAcks())
         self.polls = Polls(self, held, declare_executor, settings.linger, settings.prefetch)
         self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
@@ -254,12 +220,10 @@ class ConsumerPool(object):
 
     @property
     def channel(self) -> Optional[pika.channel.Channel]:
-        """The consumers' channel while it is open, else None."""
         return self._channel.current
 
     @property
     def ready(self) -> bool:
-        """Whether the channel is open and set up."""
         return self._channel.ready
 
     @property
@@ -268,7 +232,7 @@ class ConsumerPool(object):
         return self._connection.ioloop
 
     def consumer(self, queue: str) -> Optional[Consumer]:
-        """The consumer of ``queue``, started or being started, or None."""
+        """Started or being started."""
         return self._consumers.get(queue)
 
     def consumers(self) -> List[Consumer]:
@@ -276,13 +240,11 @@ class ConsumerPool(object):
         return list(self._consumers.values())
 
     def shards_handled(self) -> Set[str]:
-        """The shards whose frames this process's threads handle now."""
         return self._held.shards_handled()
 
     def served_shards(self) -> FrozenSet[str]:
-        """The shards whose frames this process handed to its threads on this
-        channel (``owners``). Not every shard the broker pushed: a frame
-        pushed and not handed out goes back unread, and waits for no reply."""
+        """The shards whose frames this channel gave to this process's threads
+        (``owners``); a frame pushed and not given out waits for no reply."""
         handed = frozenset(
             consumer.queue
             for consumer in self._consumers.values()
@@ -291,22 +253,20 @@ class ConsumerPool(object):
         return handed | self._held.shards_handled()
 
     def keep_asked(self, asked: List[Queues]) -> None:
-        """Do for ``asked``, what blocking receives asked for, what a waiter
-        does: its consumers are wanted now, and a missing one is started."""
+        """Keep the consumers that blocking receives served from held messages
+        asked for, as a waiter would: wanted now, started if missing."""
         for queues in asked:
             for queue, arguments in queues:
                 self._ensure_consumer(queue, arguments, self._window_for(queue))
 
     def waited_for(self) -> Set[str]:
-        """The queues a blocking receive waits on now."""
         wanted: Set[str] = set()
         for waiter in self._waiters:
             wanted |= waiter.queues
         return wanted
 
     def may_start(self, queue: str, now: float) -> bool:
-        """Whether a consumer of ``queue`` may start at once: it is known to
-        exist and did not just fail to declare."""
+        """Known to exist, and did not just fail to declare."""
         return self._liveness.alive(queue) and self._unavailable.get(queue, 0) <= now
 
     def start_shard(self, queue: str, arguments: Any) -> None:
@@ -314,7 +274,7 @@ class ConsumerPool(object):
         self._ensure_consumer(queue, arguments, self._window, polled=True)
 
     def start_polled(self, queue: str, arguments: Any, window: int) -> None:
-        """Start a consumer for non-blocking receives of ``queue`` (see ``Polls.keep``)."""
+        """Start a consumer for non-blocking receives (``Polls.keep``)."""
         consumer = self._add_consumer(queue, window)
         consumer.polled = True
         self._start(consumer, arguments)
@@ -333,9 +293,8 @@ class ConsumerPool(object):
     ) -> None:
         """Resolve ``pending`` with a Delivery from any of ``queues`` or None at ``deadline``.
 
-        It registers the waiter and returns at once; nothing here blocks.
-        ``deadline`` is a ``time.monotonic()`` time, so a wait handed to the
-        next connection after an outage keeps its caller's limit.
+        Returns at once. ``deadline`` is monotonic, so a wait carried over to
+        the next connection keeps its caller's limit.
         """
         if not pending.wanted:
             return
@@ -350,24 +309,18 @@ class ConsumerPool(object):
     def _window_for(self, queue: str) -> int:
         """The prefetch window a new consumer of ``queue`` gets.
 
-        A normal channel's window follows the threads that receive, so that
-        a busy process holds no more than it will take soon while another
-        process could take the rest. A process-local queue has no other
-        reader: all it holds is for this process, so its consumer gets the
-        whole ``consumer_prefetch`` window. daphne reads its one
-        process-local queue from one thread at a time, and with a window of
-        one every message waited a broker round trip after the previous
-        one's ack: about 700 deliveries a second on a 2-core machine, below
-        the fan-out of a busy chat (20 clients sending 10 messages a second
-        to rooms of 5), whose backlog then grew for as long as the chat ran.
+        A normal channel's follows the receiving threads, so a busy process
+        keeps back no more than it will use soon. A process-local queue has no
+        other reader, so it gets the whole ``consumer_prefetch``: with one,
+        daphne's one reading thread waited a round trip per message
+        (``test_only_a_process_local_channel_is_pushed_a_whole_window``).
         """
         return self._prefetch if is_process_local_queue(queue) else self._window
 
     def await_push(self, pending: Pending, names: Sequence[str], deadline: float) -> bool:
         """Hand ``pending`` what is held or next pushed for ``names``, or None at ``deadline``.
 
-        True if it now waits (nothing was held).
-        """
+        True if it now waits (nothing was held)."""
         if self.hand_over_held(pending, names):
             return False
         waiter = _Waiter(pending, set(names))
@@ -423,9 +376,10 @@ class ConsumerPool(object):
             return  # its owner may take it back first (``owners``)
         consumer = self._add_consumer(queue, window)
         consumer.polled = polled
-        # Declared first, and on the admin channel: basic.consume on a missing
-        # queue would 404 and close this channel under every other consumer,
-        # and a queue whose node is down must not starve the others.
+        # Declared first, on an admin channel: a consume of a missing queue
+        # gets a 404 that closes this channel under every consumer, and a
+        # queue whose node is down must not hold up the others
+        # (test_blocking_receive_over_a_down_queue_and_a_live_one).
         self._declares.run(
             Pending(
                 "declare %s" % queue,
@@ -439,8 +393,7 @@ class ConsumerPool(object):
         self._ensure_consumer(shard, arguments, self._window, polled)
 
     def _add_consumer(self, queue: str, window: int) -> Consumer:
-        """A new consumer of ``queue``, not yet started; room is made under
-        ``max_consumers`` first by cancelling the one wanted longest ago."""
+        """A new consumer, not yet started, within ``max_consumers`` (``_evict_one``)."""
         if len(self._consumers) >= self._max_consumers:
             self._evict_one()
         consumer = self._consumers[queue] = Consumer(queue, window)
@@ -455,9 +408,7 @@ class ConsumerPool(object):
             PRECONDITION_FAILED,
             ACCESS_REFUSED,
         ):
-            # The queue exists with other settings, or the user may not
-            # declare it: waiting cannot help, so the receive fails now with
-            # the broker's reason.
+            # Other settings, or no permission: waiting cannot help, so fail now.
             del self._consumers[consumer.queue]
             self._fail_waiters(consumer.queue, error)
             return
@@ -481,7 +432,7 @@ class ConsumerPool(object):
         if channel is None:  # an invariant, checked under -O too
             raise RuntimeError("channel is None: callers check ``ready`` first")
         self._liveness.touch(consumer.queue, arguments)
-        if self._qos != consumer.window:  # applies to the consumers started after it
+        if self._qos != consumer.window:  # broker: applies to consumers started after it
             channel.basic_qos(prefetch_count=consumer.window)
             self._qos = consumer.window
         consumer.prefetch = consumer.window
@@ -501,7 +452,7 @@ class ConsumerPool(object):
     def _confirmed(self, consumer: Consumer) -> None:
         consumer.confirmed = True
         if is_shard_queue(consumer.queue) and not consumer.quorum:
-            # A classic queue counts a waiting consumer; a quorum one does not.
+            # Broker: a classic queue counts a waiting consumer, a quorum one not.
             self._balance.check_alone(consumer)
 
     def _evict_one(self) -> None:
@@ -567,19 +518,18 @@ class ConsumerPool(object):
             self._sweep.due_by(since + self._sweep.allowed_wait(consumer.queue, count) + 0.002)
 
     def _on_broker_cancel(self, frame: Any) -> None:
-        # The queue was deleted (flush, or expiry); waiters re-declare on their next call.
+        # Its queue was deleted (flush, expiry); waiters declare it again on their next call.
         consumer = self._by_tag.pop(frame.method.consumer_tag, None)
         if consumer is not None:
             self._consumers.pop(consumer.queue, None)
             for held in self._held.withdraw(consumer.queue):
-                # Gone with their queue; a multiple ack may cover them harmlessly.
+                # Gone with their queue: no ack, and a multiple one covering them is harmless.
                 self.acks.gone(held.delivery_tag)
             self._liveness.forget(consumer.queue)
 
     def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
-        # The broker requeues every unacked delivery of a closed channel, so
-        # what was held is forgotten before anyone can be handed it; what
-        # was adopted from a lane that is still open goes back from there.
+        # The broker requeues a closed channel's unacked deliveries: what was
+        # held is forgotten; what was adopted from a lane still open goes back there.
         if reply_code == ACCESS_REFUSED:
             self._fail_refused(reply_text)
         for held in self._held.clear():
@@ -597,9 +547,9 @@ class ConsumerPool(object):
         self.polls.channel_gone()  # nothing more will arrive on this channel
 
     def _fail_refused(self, reply_text: Optional[str]) -> None:
-        """A basic.consume the user may not make (no read permission) closed
-        the channel: its waiters fail now, naming the queue, instead of
-        waiting out their timeout for a consumer that can never start."""
+        """A refused basic.consume (no read permission) closed the channel: its
+        waiters fail now, naming the queue, instead of waiting out their timeout
+        (``test_a_user_who_may_not_read_gets_the_403_from_a_blocking_receive``)."""
         text = reply_text or ""
         for queue in [q for q in self._consumers if "'%s'" % q in text]:
             self._fail_waiters(
@@ -611,9 +561,8 @@ class ConsumerPool(object):
         self._channel.shutdown()
 
     def forget(self) -> None:
-        """The connection is gone: cancel our timers on the I/O loop, which
-        outlives it, and drop the waiters without resolving them; the I/O
-        thread hands their receives to the next connection."""
+        """The connection is gone: remove our timers from the I/O loop and drop
+        the waiters unresolved; the I/O thread carries their receives over."""
         ioloop = self.ioloop
         for waiter in self._waiters:
             ioloop.remove_timeout(waiter.timer)

@@ -1,39 +1,21 @@
-"""Acks of held messages that callers took in their own threads, sent in batches.
+"""Every ack and nack of the consumers' channel; taken acks sent in batches.
 
-A caller that finds its next message already pushed (``HeldMessages``)
-takes it under a lock, and the ack follows through the I/O thread. Sent one
-by one, those acks cost the broker as much as the deliveries themselves:
-consuming 20,000 messages from a queue with a prefetch window of 16, the
-broker spent 141 us of CPU per message with one ``basic.ack`` each and 64 us
-with one ``basic.ack(multiple=True)`` per 8 (154 and 73 us for a quorum
-queue). daphne takes the whole fan-out of a chat, 1,000 deliveries a second
-for 20 clients in rooms of 5, from its one process-local queue, so its acks
-were a good part of what a 2-core machine's broker did. Each ack also woke
-the I/O thread unless a wake-up was pending already.
+A caller that takes a held message in its own thread leaves the ack to the
+I/O thread; one ``basic.ack`` per message costs the broker about as much as
+the delivery, so these acks wait in ``TakenAcks`` while the caller is likely
+to take the next one at once (a process-local queue with more held, fewer
+than ``ACK_BATCH`` waiting), then go as one ``multiple`` ack where
+``Unsettled`` allows. The I/O thread sends them before anything else it is
+woken for and before a sweep gives held messages back, so ``linger`` bounds
+their wait. A process-local queue's redelivery comes back to this process,
+whose hand-off log drops it (``deliveries.HandedOff``).
 
-So an ack may wait, in ``TakenAcks``, while its caller is likely to come
-back for the next held message of the same queue at once: the queue is
-process-local (no other process reads it, so a message redelivered after a
-connection loss comes back to this process, whose hand-off log drops it,
-``deliveries.HandedOff``), more of it is held, and fewer than ``ACK_BATCH``
-acks wait. Otherwise the take asks the I/O thread to send every waiting ack
-now. The I/O thread also sends them before anything else it is woken for,
-and before a sweep (``Sweep``) gives held messages back, so an ack never
-waits longer than the held messages behind it, which ``linger`` bounds.
+Broker fact: a ``multiple`` ack covers every unsettled delivery up to its tag
+on the channel (``test_batched_acks_never_cover_a_message_nobody_took``).
 
-``Acks.send_taken`` sends them: one ``basic.ack`` with
-``multiple=True`` for the run of waiting acks that starts at the oldest
-unsettled delivery of the consumers' channel, and a single ack for each of
-the others. ``Unsettled`` is what makes ``multiple`` safe: it knows every
-delivery tag the channel was pushed and not yet acked or nacked, so a
-multiple ack never covers a message nobody took.
-
-``Acks`` is owned by ``consumers.pool.ConsumerPool``: every ack and nack
-of the consumers' channel goes through it, which is what keeps
-``Unsettled`` exact. It owns that ``Unsettled`` and the ``requeued`` flag
-(I/O thread only); the ``TakenAcks`` it sends from is shared with the
-I/O thread's callers (``io.thread.IOThread.take_pushed`` adds to it). It
-reads the pool's channel and consumers through the pool's public names.
+Owned by ``pool.ConsumerPool``; ``Acks``, its ``Unsettled`` and ``requeued``
+are the I/O thread's. ``TakenAcks`` is shared: callers' threads add to it
+(``IOThread.take_pushed``), under its lock.
 """
 
 import threading
@@ -48,19 +30,16 @@ if TYPE_CHECKING:
     from ..session import Session
     from .pool import ConsumerPool
 
-# Acks that may wait together; half the default consumer_prefetch of 16, so
-# that the broker still has room to push while they wait.
+# Acks that may wait together: half the default consumer_prefetch, so the
+# broker still has room to push while they wait.
 ACK_BATCH = 8
 
 
 class SendTakenAcks(Work):
-    """Ack the held messages callers took in their own threads (``Acks.send_taken``).
+    """The work that wakes the I/O thread to send taken acks (``Acks.send_taken``).
 
-    The I/O thread already sends them when it drains its inbox; this work
-    is what wakes it for them (``IOThread.take_pushed`` submits it), and
-    finds nothing left as a rule. Nobody waits for it, and it never runs on
-    a next connection: the lost connection's deliveries are back in their
-    queues.
+    Nobody waits for it; not carried over, as a lost connection's deliveries
+    are back in their queues.
     """
 
     __slots__ = ()
@@ -72,9 +51,9 @@ class SendTakenAcks(Work):
 
 
 class TakenAcks(object):
-    """Held messages callers took whose acks the I/O thread has not sent yet.
+    """Taken held messages whose acks are not sent yet.
 
-    Callers' threads add; the I/O thread takes them all when it sends.
+    Callers' threads add; the I/O thread empties it; under its own lock.
     """
 
     def __init__(self) -> None:
@@ -82,10 +61,9 @@ class TakenAcks(object):
         self._taken: List[Tuple[str, Held]] = []
 
     def add(self, queue: str, held: Held, more_held: bool) -> bool:
-        """Record that a caller took ``held`` from ``queue``.
+        """Record that a caller took ``held``; True if the acks should go now.
 
-        True if the acks should go now: see the module docstring for when
-        one may wait. ``more_held``: whether ``queue`` still has held messages.
+        ``more_held``: whether ``queue`` still has held messages.
         """
         with self._lock:
             self._taken.append((queue, held))
@@ -93,7 +71,7 @@ class TakenAcks(object):
         return waiting >= ACK_BATCH or not more_held or not is_process_local_queue(queue)
 
     def take_all(self) -> List[Tuple[str, Held]]:
-        """Every ``(queue, held)`` recorded so far, oldest first."""
+        """Oldest first."""
         with self._lock:
             taken, self._taken = self._taken, []
         return taken
@@ -103,10 +81,9 @@ class TakenAcks(object):
 
 
 class Unsettled(object):
-    """Delivery tags of one channel not yet acked or nacked, oldest first.
+    """One channel's unsettled delivery tags, oldest first (I/O thread only).
 
-    Tags grow with each delivery on a channel, and a dict keeps insertion
-    order, so the first key is the oldest unsettled delivery. I/O thread only.
+    Tags grow on a channel and a dict keeps insertion order.
     """
 
     def __init__(self) -> None:
@@ -124,8 +101,7 @@ class Unsettled(object):
     def multiple_upto(self, tags: List[int]) -> Optional[int]:
         """The highest of ``tags`` that one ``multiple`` ack may cover, or None.
 
-        That is the end of the run of ``tags`` starting at the oldest
-        unsettled tag with no unsettled tag outside ``tags`` in it; None if
+        The end of the run of ``tags`` from the oldest unsettled tag; None if
         that run is shorter than two.
         """
         wanted = set(tags)
@@ -150,12 +126,12 @@ class Unsettled(object):
 
 
 class Acks(object):
-    """Acks and nacks on the consumers' channel, single or batched (I/O thread only)."""
+    """Every ack and nack of the consumers' channel (I/O thread only)."""
 
     def __init__(self, pool: "ConsumerPool", taken: TakenAcks) -> None:
         self._pool = pool
-        self._taken = taken  # shared with callers' threads: see TakenAcks
-        self._unsettled = Unsettled()  # this channel's deliveries not yet acked or nacked
+        self._taken = taken  # shared with callers' threads
+        self._unsettled = Unsettled()
         self.requeued = False  # a nack was sent since the last barrier (``Polls.barrier``)
 
     def new_channel(self) -> None:
@@ -163,15 +139,14 @@ class Acks(object):
         self._unsettled.clear()
 
     def pushed(self, tag: int) -> None:
-        """The channel was pushed ``tag``: it is unsettled until acked or nacked."""
         self._unsettled.pushed(tag)
 
     def gone(self, tag: int) -> None:
-        """``tag`` needs no ack any more (its queue was deleted with it)."""
+        """``tag`` needs no ack (its queue was deleted)."""
         self._unsettled.settled(tag)
 
     def acknowledge(self, queue: str, held: Held) -> None:
-        """Ack a held message a caller has taken on the I/O thread."""
+        """Ack a held message handed over on the I/O thread."""
         consumer = self._pool.consumer(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
@@ -180,13 +155,9 @@ class Acks(object):
             held.owner.handed_at = time.monotonic()
 
     def send_taken(self) -> None:
-        """Ack what callers took in their own threads (``TakenAcks``).
-
-        One ``multiple`` ack covers the run that starts at the oldest
-        unsettled delivery of this channel, where every message was taken;
-        the others are acked one by one. A message from a closed channel
-        needs no ack: the broker put it back, and the hand-off log drops it
-        when it comes again.
+        """Ack what callers took (``TakenAcks``): one ``multiple`` ack for the
+        run from the oldest unsettled delivery, the others one by one. A
+        closed channel's need none: the broker put them back.
         """
         taken = self._taken.take_all()
         if not taken:
@@ -232,11 +203,9 @@ class Acks(object):
         self._unsettled.settled(tag)
 
     def settle_held(self, held: Held, ack: bool) -> bool:
-        """Ack or nack a held message on the channel it came by, if that is still open.
-
-        That is the consumers' channel, or for a message adopted from a
-        ``basic.get`` (see ``Polls.adopt``) a getter's lane. Once its channel
-        closed the broker has put it back already. True if it was sent.
+        """Settle a held message on its channel (the consumers', or an adopted
+        message's lane) if still open; True if sent. A closed channel's
+        messages are back in their queue already.
         """
         channel = held.channel
         if held.owner is not None:

@@ -1,32 +1,26 @@
-"""Non-blocking receives on the consumers' channel: the polling half of ``ConsumerPool``.
+"""What non-blocking receives ask of the consumers' channel.
 
-Non-blocking receives use the same consumers (see ``Polls.keep``). A queue that
-only this process reads (a process-local ``foo!`` queue, such as daphne's
-reply channels) and that
-``receive(block=False)`` polls at least ``POLLS_TO_CONSUME`` times within
-``linger`` gets a consumer with the full ``prefetch`` window, so the next
-polls take what it was pushed in the caller's own thread, and a poll over
-queues that are all consumed costs one round trip on the consumers'
-channel (``let_pushes_land``) instead of one ``basic.get`` per queue. What such a
-consumer holds is kept for the poller while it polls, and the consumer is
-cancelled once its queue has not been polled for ``linger``. Any other
-channel is polled with ``basic.get`` only: several processes may read it
-(Channels 1.x parks messages in ``__wait__...?...`` channels that every
-worker reads), and a consumer there would take messages another reader is
-asking for. A consumed queue
-is never asked with ``basic.get``: a get racing the pushes to a consumer
-of the same queue can take a message ahead of one already on its way to
-us, and the channel's order would be lost. At most ``max_consumers``
-consumers are kept: past that, the one wanted longest ago (and not waited
-on) is cancelled.
+A process-local queue (only this process reads it) that is polled
+``POLLS_TO_CONSUME`` times within ``linger`` gets a consumer with the whole
+``prefetch`` window: the next polls take what it was pushed, and a poll over
+consumed queues costs one round trip (``let_pushes_land``), not a
+``basic.get`` each. Other queues are only asked with ``basic.get``: other
+processes may read them (Channels 1.x's ``__wait__...?...`` channels), and a
+consumer would keep messages from them
+(``test_a_channel_that_several_processes_may_read_is_never_consumed_by_polls``).
 
-``Polls`` is owned by ``consumers.pool.ConsumerPool``; it is kept apart
-so that what a poll costs and why a poll never overtakes a push can be
-read on its own. It owns the poll counts and the callbacks waiting for a
-``basic.qos`` round trip on the consumers' channel, and reads and starts
-the pool's consumers through the pool's public methods. The getter
-(``getter/waves.py``) calls these methods; everything here runs on the I/O
-thread.
+Broker facts:
+
+* a ``basic.get`` racing the pushes to a consumer of the same queue can take
+  a message ahead of one on its way, so a consumed queue is never asked with
+  one (``test_a_polled_channel_keeps_its_order_and_loses_nothing``);
+* a quorum shard refuses ``basic.get`` and closes the channel
+  (``test_peek_says_a_quorum_queues_shard_cannot_be_read``);
+* the answer to a ``basic.qos`` comes after the broker forwarded the
+  channel's nacks (``test_messages_taken_and_put_back_keep_their_order``).
+
+Owned by ``pool.ConsumerPool``; called by the getter; I/O thread only. Owns
+the poll counts and the callbacks waiting for a round trip.
 """
 
 import time
@@ -42,8 +36,7 @@ if TYPE_CHECKING:
     from ..declares import AdminChannels
     from .pool import ConsumerPool
 
-# Polls of one queue within ``linger`` after which it gets a consumer.
-POLLS_TO_CONSUME = 3
+POLLS_TO_CONSUME = 3  # polls of one queue within ``linger`` that get it a consumer
 
 
 class Polls(object):
@@ -63,19 +56,17 @@ class Polls(object):
         self._linger = linger
         self._prefetch = prefetch
         self._counts: Dict[str, Tuple[int, float]] = {}  # queue -> (polls, since when)
-        # Callbacks waiting for a basic.qos round trip on the consumers' channel.
+        # Callbacks waiting for a basic.qos answer, oldest first.
         self._round_trips: List[Callable[[], None]] = []
 
     def keep(self, queues: Queues) -> None:
-        """Consume each of ``queues`` that a non-blocking receive polls.
+        """Consume those of ``queues`` that are polled often (and shards).
 
-        Only queues this connection knows to exist get one, started at once
-        (a consume on a missing queue would close the channel under every
-        other consumer); the getter asks the others with ``basic.get``,
-        which declares them. The getter calls this between two requests,
-        never while a ``basic.get`` is out: a consumer started under a get
-        of the same queue could be pushed the message ahead of the one the
-        get returns.
+        Only queues known to exist, since a consume on a missing one closes
+        the channel under every consumer; the getter's ``basic.get`` declares
+        the others. Called between two requests, never with a ``basic.get``
+        out: a consumer started under it could be pushed the next message
+        before the get's answer arrives.
         """
         pool = self._pool
         if not pool.ready:
@@ -96,7 +87,7 @@ class Polls(object):
                 pool.start_polled(queue, arguments, self._prefetch)
 
     def _polled_often(self, queue: str, now: float) -> bool:
-        """Count a poll of ``queue``; True once it has ``POLLS_TO_CONSUME`` within ``linger``."""
+        """Count a poll; True at ``POLLS_TO_CONSUME`` within ``linger``."""
         count, since = self._counts.get(queue, (0, now))
         if now - since > self._linger:
             count, since = 0, now
@@ -110,22 +101,19 @@ class Polls(object):
         return False
 
     def consumes(self, queue: str) -> bool:
-        """Whether a consumer of ours is (being) started on ``queue``: then no basic.get.
+        """Whether ``queue`` has a consumer of ours, so no ``basic.get``.
 
-        Never a shard of an ordered channel: a ``basic.get`` there would take
-        a message from under the process that holds the shard (on a quorum
-        queue the broker refuses it, closing the channel)."""
+        Always for a shard: a get would take a frame from under the process
+        that holds it."""
         if is_shard_queue(queue):
             return True
         consumer = self._pool.consumer(queue)
         return consumer is not None and consumer.active
 
     def count_ready(self, queues: Sequence[str], callback: Callable[[int], None]) -> None:
-        """Ask the broker how many messages wait in ``queues``; ``callback(total)``.
+        """``callback(total)`` of the messages ready in ``queues``; a gone one counts 0.
 
-        Passive declares, on the admin channel: they never go to a consumer.
-        A queue gone since counts 0.
-        """
+        Passive declares on an admin channel, never the consumers'."""
         counts: List[int] = []
 
         def counted(method: Any, error: Optional[BaseException]) -> None:
@@ -140,17 +128,14 @@ class Polls(object):
             )
 
     def behind_queues(self, queues: Sequence[str]) -> List[str]:
-        """Those of ``queues`` for which ``behind`` holds."""
         return [queue for queue in queues if self.behind([queue])]
 
     def behind(self, queues: Sequence[str]) -> bool:
         """Whether a push for one of ``queues`` may still be on its way after one round trip.
 
-        A consumer just started, or whose window filled since a poll last
-        found nothing, is pushed its next messages only once the broker has
-        taken our acks (or the consume) into account, and that can come
-        after the answer to a ``basic.qos``; a second round trip lets them
-        arrive first.
+        Broker: a consumer just started, or whose window filled, is pushed
+        again once the broker has taken the consume or our acks in, which can
+        be after a ``basic.qos`` answer.
         """
         for queue in queues:
             consumer = self._pool.consumer(queue)
@@ -169,8 +154,7 @@ class Polls(object):
                 consumer.checked = consumer.fills
 
     def adopt(self, queue: str, channel: Any, delivery_tag: int, delivery: Delivery) -> bool:
-        """Hold a message a ``basic.get`` took from ``queue`` in front of its
-        pushed ones, if this process consumes ``queue``; True if it did."""
+        """Adopt a message a ``basic.get`` took, if we consume ``queue``; True if so."""
         consumer = self._pool.consumer(queue)
         if consumer is None or not consumer.active or not self._pool.ready:
             return False
@@ -182,13 +166,8 @@ class Polls(object):
         self._held.withdraw_where(lambda held: held.channel is channel and held.owner is None)
 
     def barrier(self, done: Callable[[], None]) -> None:
-        """Call ``done`` once the messages put back with a nack are in their queues again.
-
-        A ``basic.get`` through a getter's lane could overtake the nack and
-        take the message behind it (see ``getter.lanes.Lane.barrier``); the
-        answer to a ``basic.qos`` on this channel comes after the broker
-        forwarded our nacks.
-        """
+        """Call ``done`` once this channel's nacked messages are back in their queues,
+        so that a lane's ``basic.get`` cannot overtake them."""
         self._pool.acks.requeued = False
         if not self._pool.ready:
             done()
@@ -196,13 +175,8 @@ class Polls(object):
         self._round_trip(done)
 
     def let_pushes_land(self, queues: Sequence[str], callback: Callable[[], None]) -> None:
-        """Call ``callback`` once deliveries already pushed for ``queues`` have arrived.
-
-        A message sent before a non-blocking receive may have been pushed to
-        one of our consumers instead of being in the queue for basic.get. A
-        round trip on the consumers' channel (basic.qos, which changes
-        nothing) lets such a push land in ``held`` first.
-        """
+        """Call ``callback`` once deliveries already pushed for ``queues`` have arrived,
+        so a message sent before the poll is not missed (a ``basic.qos`` round trip)."""
         if not any(self.consumes(q) for q in queues) or not self._pool.ready:
             callback()
             return
@@ -210,7 +184,6 @@ class Polls(object):
 
     def _round_trip(self, callback: Callable[[], None]) -> None:
         self._round_trips.append(callback)
-        # The same value: a basic.qos applies to the consumers started after it.
         self._pool.same_qos(self._on_round_trip)
 
     def _on_round_trip(self, _frame: Any) -> None:

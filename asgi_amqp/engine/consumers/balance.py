@@ -1,50 +1,37 @@
 """Spreading an ordered channel's shards over the processes that receive it.
 
-Each shard is a single-active-consumer queue (``naming``) with one consumer
-at a time: a process consumes a shard only when the declare before its
-``basic.consume`` counts no consumer (``consumed_elsewhere``), and a shard
-another process consumes is asked about again after ``ELSEWHERE_RECHECK``
-seconds. No consumer waits behind another
-(``test_no_consumer_ever_waits_behind_another_on_a_shard``), because a
-waiting one is what breaks:
+A shard (a single-active-consumer queue, ``naming``) has one consumer at a
+time: a process consumes it only when the declare before its
+``basic.consume`` counts none (``consumed_elsewhere``). The first process to
+receive takes every shard; every ``BALANCE_EVERY`` seconds each process
+counts the receivers (the consumers of the channel's own queue) and gives
+back the shards it *serves* (was pushed from) beyond its share, which a
+process below its share takes. A process at its share is *full*: it
+subscribes to no more.
 
-* on RabbitMQ 3.10, a classic queue whose active consumer's channel closes
-  while another consumer waits and messages are ready stops delivering,
-  and crashes at the next publish it takes, with every frame in it
-  (rabbitmq-server#5460; 4.0 does not crash);
-* as the broker closes connections one by one, a waiting consumer is
-  pushed the frames of a connection that went a moment earlier, while that
-  process still holds the frame before them.
+A shard goes only when that cannot put a socket's frames out of order: no
+thread here handles one of its frames (``HeldMessages.handling``: Channels'
+enforce_ordering counts a frame done before its replies go out), and its
+queue requeues in place (``pool.requeues_in_place``), or else it holds
+nothing and a declare finds no frame ready (``_give_back_if_empty``). A
+process ``BEHIND`` on a shard gives it back too
+(``test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one``).
 
-So the first process to receive takes every shard, and the others get
-theirs as it gives them back: every ``BALANCE_EVERY`` seconds a process
-counts the processes receiving the channel (the consumers of the
-channel's own queue, which every blocking receive consumes) and, when it
-serves more than its share of the shards, cancels its consumers of the
-extra ones; a process below its share consumes the shards nobody
-consumes. A shard counts as served once the broker pushed this process a
-message from it. A process that serves its share is *full*: it cancels
-its consumers of the shards it does not serve and subscribes to no more.
+Broker facts, why no consumer ever waits behind another on a shard:
 
-A shard goes only when giving it back cannot put a socket's frames out
-of order. No thread here handles a frame of it (until the thread's next
-blocking receive, ``HeldMessages.handling``: Channels' enforce_ordering
-counts a frame done before its replies go out). What it holds, and what
-reaches it after ``basic.cancel`` (pika rejects that), goes back to the
-queue: a classic queue, and a quorum queue from RabbitMQ 4.0, put it back
-in its place (``pool.requeues_in_place``), so such a shard goes at once,
-busy or not. A quorum queue on 3.10 puts it behind the later frames
-(measured on 3.10.8), so there a shard goes only when it holds nothing and
-a declare finds no frame ready in it, with none handed out meanwhile
-(``_give_back_if_empty``): a frame still on its way finds no later one to
-go behind.
+* RabbitMQ 3.10: a classic shard whose active consumer goes while another
+  waits stops delivering, then crashes with its frames (rabbitmq-server#5460,
+  ``test_no_consumer_ever_waits_behind_another_on_a_shard``);
+* connections close one by one, so a waiting consumer is pushed frames while
+  the process that went still handles the one before
+  (``test_lost_connections_move_no_socket_while_a_worker_handles_its_frame``).
 
-A process that cannot keep up gives a busy shard back too: when
-``BEHIND`` frames wait in one it serves at two looks in a row, and no
-thread here handles one of its frames, it cancels the deepest, if its
-queue requeues in place, and a process below its share takes it
-(``test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one``:
-without it the idle worker took 0 of 960 frames).
+Broker facts, on giving back: what a consumer held or got after
+``basic.cancel`` (pika rejects it) goes back in its place, except on a quorum
+queue before 4.0, where it goes behind
+(``test_only_a_quorum_queue_before_rabbitmq_4_requeues_behind_the_later_messages``);
+a classic queue's ``consumer_count`` counts a waiting consumer, a quorum
+queue's does not (``check_alone``).
 
 Owned by ``pool.ConsumerPool``; everything here runs on the I/O thread.
 """
@@ -66,11 +53,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BALANCE_EVERY = 1.0  # seconds between two looks at the shards' spread
-# Seconds, give or take half, before a shard another process consumed is
-# asked about again (the jitter parts two processes that asked together).
+# Seconds, give or take half (to part two processes that asked together),
+# before a shard another process consumed is asked about again.
 ELSEWHERE_RECHECK = 1.0
-# Frames waiting in a served shard, at two looks in a row, that make this
-# process give the shard back though it is not quiet: the process is behind.
+# Frames waiting in a served shard at two looks in a row: this process is behind.
 BEHIND = 20
 # Seconds before this process takes again a shard it gave back for being behind.
 REGAIN_AFTER = 10.0
@@ -119,10 +105,8 @@ class Balance(object):
         return True
 
     def check_alone(self, consumer: "Consumer") -> None:
-        """After ``basic.consume-ok``: if another process subscribed to the
-        same shard between this one's declare and its consume, the one that
-        was pushed nothing goes (a classic queue counts a waiting consumer;
-        a quorum queue does not, and cannot crash)."""
+        """After ``basic.consume-ok``: if another process subscribed between
+        this one's declare and consume, the one pushed nothing goes."""
 
         def counted(method: Any, error: Optional[BaseException]) -> None:
             consumers = getattr(method, "consumer_count", 0) if error is None else 0
@@ -141,8 +125,7 @@ class Balance(object):
     def _count(
         self, queue: str, what: str, on_done: Callable[[Any, Optional[BaseException]], None]
     ) -> None:
-        """A passive declare of ``queue`` on an admin channel: its
-        ``declare-ok`` counts the consumers and the ready frames."""
+        """A passive declare: its answer counts consumers and ready frames."""
         self._declares.run(
             Pending("count the %s of %s" % (what, queue), on_done=on_done),
             [declares.queue_declare(queue, None, passive=True, not_found_ok=True)],
@@ -165,7 +148,7 @@ class Balance(object):
         self.schedule()
 
     def _served_by_channel(self) -> Dict[str, List["Consumer"]]:
-        """Channel queue -> the consumers of its shards that the broker pushes to."""
+        """Channel queue -> its served shards' consumers."""
         served: Dict[str, List["Consumer"]] = {}
         for consumer in self._pool.consumers():
             channel_queue, mark, _ = consumer.queue.partition(SHARD_MARK)
@@ -199,7 +182,7 @@ class Balance(object):
         self._count(channel_queue, "receivers", counted)
 
     def _fill(self, channel_queue: str) -> None:
-        """This process serves its share: it stops waiting for the other shards."""
+        """This process serves its share: cancel its consumers of the others."""
         self._full.add(channel_queue)
         for consumer in self._pool.consumers():
             if consumer.queue.partition(SHARD_MARK)[0] != channel_queue:
@@ -208,13 +191,10 @@ class Balance(object):
                 self._pool.cancel(consumer)
 
     def _measure_depths(self, channel_queue: str) -> None:
-        """Count the frames waiting in each shard served here; if one held
-        ``BEHIND`` or more at this look and the last, this process cannot keep
-        up with its shards while another process receives the channel: it
-        gives the deepest back, though it is not quiet (``_give_back_behind``)."""
+        """Count the frames waiting in each served shard (``_give_back_behind``)."""
         served = [c for c in self._served(channel_queue) if c.requeues_in_place]
         if not served:
-            return  # the others go only when empty (3.10's quorum queues): nothing to measure
+            return  # the others go only when empty (3.10's quorum queues)
         depths: Dict[str, int] = {}
 
         def counted_for(shard: str) -> Callable[[Any, Optional[BaseException]], None]:
@@ -229,11 +209,8 @@ class Balance(object):
             self._count(consumer.queue, "frames", counted_for(consumer.queue))
 
     def _give_back_behind(self, depths: Dict[str, int]) -> None:
-        """Give back the deepest shard that was deep at the last look too. Its
-        pushed frames go back to the queue, which puts them back in their
-        place (only such shards are measured: a quorum queue on 3.10 would
-        put them behind the whole backlog). Not a shard whose frame a thread
-        here handles: its replies may not be out yet."""
+        """Give back the deepest shard that held ``BEHIND`` frames at the last look
+        too, unless a thread here handles one of its frames."""
         deep = {shard for shard, depth in depths.items() if depth >= BEHIND}
         behind = deep & self._deep
         self._deep = (self._deep - set(depths)) | deep
@@ -273,10 +250,9 @@ class Balance(object):
                 self._give_back_if_empty(channel_queue, consumer)
 
     def _give_back_if_empty(self, channel_queue: str, consumer: "Consumer") -> None:
-        """Give back a shard whose queue requeues behind the later frames
-        once a declare finds no frame ready in it, and none reached this
-        process meanwhile: nothing is then on its way here, or if one is,
-        no frame waits in the queue for it to go behind."""
+        """Give back a shard that requeues behind once a declare finds no frame
+        ready and none came here meanwhile: a frame still on its way then
+        has no later one to go behind."""
         asked = time.monotonic()
         self._asking.add(consumer.queue)
 

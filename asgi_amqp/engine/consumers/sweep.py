@@ -1,21 +1,15 @@
 """The consumers' timer: held messages go back after ``linger``, unwanted consumers are cancelled.
 
-A message held for a caller who never comes would wait in a busy process
-while another process is idle, so it is nacked back once it has waited
-``linger`` (``linger / k`` when ``k`` of one normal channel's queue are
-held). A process-local queue's wait ``PROCESS_LOCAL_HOLD`` at least: no
-other process could take them, and a quorum queue puts what it is given
-back behind the later messages, so a daphne whose reactor paused for a
-moment delivered its replies out of order; a consumer
-nobody wanted for ``idle_timeout`` (``linger`` for one started for polls)
-is cancelled to free the broker's resources. One timer on the I/O loop
-serves every consumer, due when the oldest held message reaches its
-limit rather than a whole interval later.
+A held message could wait in a busy process while another is idle, so it
+goes back once it waited ``linger`` (``linger / k`` with ``k`` of one normal
+queue held). A process-local queue's wait ``PROCESS_LOCAL_HOLD`` at least: no
+other process could take them. A consumer nobody wanted for ``idle_timeout``
+(``linger`` if started for polls) is cancelled to free the broker's resources.
 
-``Sweep`` is owned by ``consumers.pool.ConsumerPool`` and runs on the I/O
-thread only. It owns the timer and when it is due; it reads the pool's
-consumers and waiters, and cancels consumers, through the pool's public
-methods.
+Broker fact: a quorum queue before 4.0 puts what it is given back behind the
+later messages (``test_a_poller_that_pauses_gets_its_messages_in_order``).
+
+Owned by ``pool.ConsumerPool``; I/O thread only. Owns its timer and when it is due.
 """
 
 import logging
@@ -30,14 +24,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Seconds the messages held from a process-local queue wait for this
-# process's next poll before they go back (for a process that stopped
-# polling: they expire in their queue, and its groups drop the channel).
+# Seconds a process-local queue's held messages wait for the next poll; then
+# they go back, to expire there if nobody polls (and drop their channel's groups).
 PROCESS_LOCAL_HOLD = 5.0
-# Seconds between two looks at what blocking receives served from held
-# messages asked for. Without it a busy worker, whose receives always find
-# a message held, cancelled the quiet shards it served after idle_timeout
-# and never consumed them again: their sockets stalled.
+# Seconds between two ``keep_asked``: the consumers of receives served from held
+# messages stay wanted (``test_a_busy_worker_keeps_consuming_a_quiet_shard``).
 KEEP_ASKED_EVERY = 1.0
 
 
@@ -51,8 +42,8 @@ class Sweep(object):
         self._held = held
         self._linger = linger
         self._idle_timeout = idle_timeout
-        self._timer: Any = None  # the I/O loop's timer handle, while one is scheduled
-        self._due_at = 0.0  # monotonic time the scheduled sweep runs at
+        self._timer: Any = None  # the I/O loop's, while one is scheduled
+        self._due_at = 0.0  # monotonic
         self._kept_at = 0.0  # monotonic time of the last ``keep_asked``
 
     def schedule(self, due: Optional[float] = None) -> None:
@@ -65,14 +56,13 @@ class Sweep(object):
             self._timer = self._pool.ioloop.call_later(interval, self._sweep)
 
     def due_by(self, when: float) -> None:
-        """Make the next sweep happen by ``when`` (monotonic) at the latest."""
+        """Sweep by ``when`` (monotonic) at the latest."""
         if self._timer is not None and self._due_at <= when:
             return
         self.stop()
         self.schedule(max(0.0, when - time.monotonic()))
 
     def stop(self) -> None:
-        """Cancel the timer: the channel or the connection is gone."""
         if self._timer is not None:
             self._pool.ioloop.remove_timeout(self._timer)
             self._timer = None
@@ -84,12 +74,8 @@ class Sweep(object):
         return self._linger / max(count, 1)
 
     def _sweep(self) -> None:
-        """Give back what lingered and cancel what nobody wants.
-
-        The next sweep is due when the oldest held message reaches
-        ``linger``, not a whole interval later: a held message is handed back
-        within a few ms of ``linger``.
-        """
+        """Then due when the oldest held message reaches its limit, not a whole
+        interval later."""
         self._timer = None
         pool = self._pool
         if not pool.ready:
@@ -97,7 +83,6 @@ class Sweep(object):
         pool.acks.send_taken()  # before held messages behind them go back
         now = time.monotonic()
         if now - self._kept_at >= KEEP_ASKED_EVERY:
-            # Blocking receives served from held messages reached no waiter.
             self._kept_at = now
             pool.keep_asked(self._held.asked_since(now - KEEP_ASKED_EVERY))
         wanted = pool.waited_for()
@@ -106,10 +91,8 @@ class Sweep(object):
             if consumer.queue in wanted or not consumer.active:
                 continue
             if is_shard_queue(consumer.queue):
-                # What a shard holds is this process's to hand out: given
-                # back, a quorum queue requeues it behind the shard's later
-                # frames, and another process takes the socket's next one.
-                # Only a shard nobody here wants any more goes back.
+                # What a shard holds is this process's to hand out: given back,
+                # a quorum queue may requeue it behind the later frames.
                 if now - consumer.wanted_at > self._idle_timeout:
                     pool.cancel(consumer)
                 continue

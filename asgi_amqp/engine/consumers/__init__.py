@@ -1,11 +1,10 @@
-"""The consumers' channel and what it owns: blocking receives, and polls served by pushes.
+"""The consumers' channel: blocking receives, and polls served by pushes.
 
-``pool.ConsumerPool`` keeps consumers between calls (``pool.py`` says why)
-and owns, each in its own module:
+``pool.ConsumerPool`` keeps consumers between calls and owns, each in its own module:
 
 ``acks.Acks``
-    every ack and nack of the channel, and the taken acks sent in batches
-    (``acks.TakenAcks``, shared with callers' threads);
+    every ack and nack of the channel; taken acks wait in ``acks.TakenAcks``,
+    shared with callers' threads;
 ``polls.Polls``
     what non-blocking receives ask of the consumers;
 ``sweep.Sweep``
@@ -13,8 +12,7 @@ and owns, each in its own module:
 ``balance.Balance``
     the spread of an ordered channel's shards over the processes;
 ``owners.OwnerWait``
-    after a lost connection, the shards that wait for the process that
-    served them.
+    after a lost connection, the shards that wait for their owner.
 
 All of it runs on the I/O thread, except where a docstring says otherwise.
 """

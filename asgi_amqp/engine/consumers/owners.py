@@ -1,18 +1,15 @@
 """After a lost connection, the shards that wait for the process that served them.
 
-Channels' ``enforce_ordering`` counts a frame done before the worker's
-replies go out, and after a lost connection those replies wait for the
-new one. A socket's next frame must so run in the process that ran the
-frame before, after those replies, and not in another process that
-reconnected first. So a process that reconnects takes back at once the
-shards whose frames it handed to its threads (``reclaimed``,
-``ConsumerPool.served_shards``), and waits before it consumes any other:
-``SHARD_GRACE`` seconds, then until another process consumes the shard
-(its owner took it back, and keeps it: ``balance``), looked at every
-``SHARD_LOOK_EVERY`` seconds, or until ``SHARD_OWNER_WAIT``, when the
-owner is taken to be gone. A process that reconnects late so keeps its
-sockets. A loss of this process alone (``IOThread._shared_loss``) waits
-for nothing: the others kept their connections.
+Channels' ``enforce_ordering`` counts a frame done before its replies go
+out, and those replies wait for the next connection: a socket's next frame
+must run in the same process, after them
+(``test_lost_connections_move_no_socket_while_a_worker_handles_its_frame``).
+So a reconnected process takes back at once the shards it gave its threads
+frames of (``reclaimed``), and holds off the others for ``SHARD_GRACE`` at
+least: until their owner consumes them again (then they stay its), or for
+``SHARD_OWNER_WAIT`` at most (the owner is taken to be gone)
+(``test_a_worker_that_reconnects_late_keeps_its_sockets``). A loss of this
+process alone (``IOThread._shared_loss``) waits for nothing.
 
 Owned by ``pool.ConsumerPool``; everything here runs on the I/O thread.
 """
@@ -43,7 +40,7 @@ class OwnerWait(object):
         reclaimed: FrozenSet[str],
     ) -> None:
         self._pool = pool
-        self._admin = admin  # the channels the passive declares go on
+        self._admin = admin
         now = time.monotonic()
         self._grace_ends = now + SHARD_GRACE if resumed else 0.0
         self._waits_until = now + SHARD_OWNER_WAIT if resumed else 0.0
@@ -70,8 +67,7 @@ class OwnerWait(object):
             self._timer = None
 
     def _schedule(self) -> None:
-        """Look at the waiting shards at the grace's end, then every
-        ``SHARD_LOOK_EVERY`` seconds."""
+        """Look at the grace's end, then every ``SHARD_LOOK_EVERY`` seconds."""
         if self._timer is None and self._waiting:
             now = time.monotonic()
             at = max(self._grace_ends, now + SHARD_LOOK_EVERY)
@@ -80,9 +76,8 @@ class OwnerWait(object):
             )
 
     def _look(self) -> None:
-        """Stop waiting for the shards another process consumes (the pool
-        then leaves them to it), and for all of them once ``SHARD_OWNER_WAIT``
-        is over."""
+        """Stop waiting for the shards another process consumes, and for all
+        once ``SHARD_OWNER_WAIT`` is over."""
         self._timer = None
         if not self._pool.ready:
             return
@@ -99,8 +94,7 @@ class OwnerWait(object):
         self._schedule()
 
     def _counted_for(self, shard: str) -> Callable[[Any, Optional[BaseException]], None]:
-        """What to do with a waiting shard's count: once another process
-        consumes it, hand it to the pool, whose declare leaves it to that one."""
+        """Once another process consumes the shard, the pool's declare leaves it be."""
 
         def counted(method: Any, error: Optional[BaseException]) -> None:
             if getattr(method, "consumer_count", 0) and shard in self._waiting and self._pool.ready:

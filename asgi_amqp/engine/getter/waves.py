@@ -1,14 +1,14 @@
-"""Taking messages off the broker: ``basic_get`` for non-blocking receives.
+"""Non-blocking receives: ``basic_get`` through the lanes, in waves.
 
-A receive names several queues. Each queue is declared first if this
-connection has not used it within half its ``x-expires`` lease (a declare,
-a get or a consume renews the lease, so a queue used that recently still
-exists), which keeps a 404 from closing the channel in the common case; a
-404 that happens anyway (the queue was flushed) counts as empty.
+A queue not used within half its ``x-expires`` lease is declared before its
+get, so a 404 is rare; one that happens anyway (a flush) counts as empty. A
+message is acked once its caller's ``Pending`` accepts it, else nacked back.
 
-Messages are acknowledged only once the caller has taken them (see
-``futures.Pending``); one the caller abandoned is put back with a nack.
-Everything here runs on the I/O thread.
+Broker fact: a get renews a queue's ``x-expires`` lease, and so does a
+declare, but not on a quorum queue
+(``test_quorum_queue_lease_is_not_renewed_by_a_redeclare``).
+
+``Getter`` owns its lanes, requests and empty-queue times; I/O thread only.
 """
 
 import collections
@@ -31,21 +31,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LANES = 16  # basic.get channels, i.e. queues asked at once by one receive
-# A non-blocking receive over consumed queues in which the broker says
-# messages wait, but none was pushed to us yet, waits this long at most for
-# the push (see ``Getter._after_count``).
-PUSH_WAIT = 0.05
-# A queue found empty is asked again, while other queues of the same call
-# have messages, only after this many seconds (it is always asked before a
-# call returns nothing).
+PUSH_WAIT = 0.05  # seconds a poll waits at most for a push on its way (``_after_count``)
+# Seconds before a queue found empty is in a first wave again (``Getter``).
 RECHECK_EMPTY = 0.01
 
 
 class Poll(Work):
-    """A non-blocking receive: a Delivery from one of ``queues``, or None at once.
-
-    The work ``Engine.get`` hands the I/O thread; called with the session,
-    it asks the session's ``Getter`` (``get``)."""
+    """A non-blocking receive, the work of ``Engine.get``: a Delivery from one
+    of ``queues``, or None at once."""
 
     __slots__ = ("queues",)
 
@@ -81,16 +74,16 @@ class _GetRequest(object):
         self.index = 0  # queues before this one have been asked
         self.outstanding = 0
         self.results: List[Tuple[int, Answer]] = []  # (position in queues, answer) this wave
-        self.round_trips = 0  # basic.qos round trips made for it (Polls.let_pushes_land)
+        self.round_trips = 0  # times it let pushes land
 
     def leave_out(self, consumed: Callable[[str], bool]) -> None:
-        """Ask with ``basic.get`` only the queues for which ``consumed(queue)`` is False."""
+        """Ask with ``basic.get`` only the queues not ``consumed``."""
         kept = [(i, entry) for i, entry in enumerate(self.queues) if not consumed(entry[0])]
         self.fresh = sum(1 for i, _ in kept if i < self.fresh)
         self.queues = [entry for _, entry in kept]
 
     def unasked(self, consumed: Callable[[str], bool]) -> Queues:
-        """Queues neither asked with basic.get nor consumed now (a consumer went meanwhile)."""
+        """Queues neither asked nor consumed now (a consumer went meanwhile)."""
         return [e for e in self.entries if e[0] not in self.asked and not consumed(e[0])]
 
     def ask(self, entries: Queues) -> None:
@@ -102,23 +95,12 @@ class _GetRequest(object):
 class Getter(object):
     """Serves non-blocking receives, one request at a time, in waves.
 
-    A wave asks up to ``LANES`` of the request's queues at once, one lane
-    each, and waits for every answer. The first queue (in the caller's
-    shuffled order) that had a message wins; any other message the wave
-    took goes back with a nack, to its place at the head of its queue, and
-    was never handed to anyone. So a receive over ten channels of which one
-    is busy costs one round trip, not ten.
-
-    Every ``basic.get`` is work for the broker, and a poller that asks ten
-    queues for each message it takes from a busy one spends most of the
-    broker's time on the nine empty ones. So the first wave leaves out
-    queues that answered empty within ``RECHECK_EMPTY`` seconds, and they
-    are asked in a later wave only if the first found nothing: a call
-    returns None only after every queue was asked, and a message arriving
-    in a quiet queue waits at most ``RECHECK_EMPTY`` longer while another
-    queue of the same call stays busy. Once every queue has answered
-    empty, pushes already on their way to consumers this process keeps are
-    let land (see ``Polls.let_pushes_land``) before the answer is None.
+    A wave asks up to ``LANES`` queues at once, one lane each; the first
+    queue (in the caller's shuffled order) with a message wins, and the
+    others' messages go back with a nack, to the head of their queue. The
+    first wave leaves out queues found empty within ``RECHECK_EMPTY``, so
+    a busy queue does not cost a get of every quiet one; they are asked
+    before the answer is None, and so are pushes let land.
     """
 
     def __init__(
@@ -134,7 +116,7 @@ class Getter(object):
         self._handed_off = handed_off
         self._requests: Deque[_GetRequest] = collections.deque()
         self._current: Optional[_GetRequest] = None
-        self._barriers = 0  # lanes still putting messages back; no new wave until 0
+        self._barriers = 0  # barriers not yet passed; no new wave until 0
         self._empty_at: Dict[str, float] = {}  # queue -> monotonic time it last answered empty
         self._lanes = [
             Lane(connection, liveness, handed_off, self._on_lane_ready, self._polls.drop_adopted)
@@ -171,11 +153,9 @@ class Getter(object):
             request = self._requests.popleft()
             if not request.pending.wanted:
                 continue
-            # A consumer of an earlier receive may hold one already.
             if self._consumers.hand_over_held(request.pending, request.queue_names):
                 continue
-            # No basic.get is out now: the queues this process consumes, and
-            # those it may start consuming, are served by their consumers.
+            # No basic.get is out now, so consumers may start (``Polls.keep``).
             self._polls.keep(request.queues)
             request.leave_out(self._polls.consumes)
             self._current = request
@@ -244,12 +224,8 @@ class Getter(object):
             self._ask_next_wave()
 
     def _give_back(self, loser: Taken) -> bool:
-        """Return a message the wave took but nobody gets; True if it was nacked.
-
-        A queue with a consumer of ours keeps it here, in front of what the
-        consumer was pushed meanwhile (those came after it): nacked back to
-        its queue it would be pushed behind them, out of order.
-        """
+        """Give back a message nobody gets; True if nacked. A consumed queue's is
+        adopted instead: nacked, it would be pushed behind later messages."""
         if self._polls.adopt(
             loser.delivery.queue, loser.channel, loser.delivery_tag, loser.delivery
         ):
@@ -291,11 +267,8 @@ class Getter(object):
         self._next()
 
     def _ask_again(self, request: _GetRequest, missed: Queues) -> None:
-        """Ask with basic.get the queues whose consumer was cancelled during the call.
-
-        What that consumer held went back with a nack: a barrier first, so
-        that the get cannot overtake it.
-        """
+        """Ask the queues whose consumer was cancelled during the call, after a
+        barrier if it nacked what it held."""
         request.ask(missed)
         if self._consumers.acks.requeued:
             self._barriers += 1
@@ -311,13 +284,9 @@ class Getter(object):
             self._next()
 
     def _after_count(self, request: _GetRequest, behind: List[str], ready: int) -> None:
-        """A consumer's window filled (or it just started) and nothing came.
-
-        Our acks (or the consume) may have reached the broker after the
-        ``basic.qos`` round trip, so its next pushes may still be on their
-        way: when the broker says messages wait in those queues, the receive
-        waits for the push, at most ``PUSH_WAIT``; otherwise one more round
-        trip lets whatever was already pushed arrive.
+        """A consumer is behind (``Polls.behind``) and nothing came: if the broker
+        says messages wait, wait ``PUSH_WAIT`` at most for the push; otherwise
+        let pushes land once more.
         """
         if request is not self._current:
             return

@@ -1,9 +1,8 @@
 """Non-blocking receives: ``basic_get`` asked in waves through lanes of their own.
 
-``waves.Getter`` serves the requests, one at a time, in waves; it owns
-its ``lanes.Lane`` objects, each one ``basic_get`` channel. It asks the
-consumers' ``Polls`` (``consumers/polls.py``) which queues their
-consumers serve instead. Everything here runs on the I/O thread.
+``waves.Getter`` owns its ``lanes.Lane`` objects (one ``basic_get`` channel
+each) and asks ``consumers.polls.Polls`` which queues consumers serve
+instead. Everything here runs on the I/O thread.
 """
 
 from .waves import LANES, PUSH_WAIT, RECHECK_EMPTY, Getter

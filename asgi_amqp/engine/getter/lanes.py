@@ -1,12 +1,14 @@
 """The getter's lanes: one AMQP channel each, for one ``basic_get`` at a time.
 
-A non-blocking receive over several queues asks them at once, one queue
-per lane, so that a receive over 16 queues costs one round trip, not 16.
-Each lane is a channel of its own because a 404 (a queue flushed since we
-last declared it) closes the channel it happens on, and must not close the
-others. A message a lane took stays unacked (``Taken``) until the request
-that asked decides whether its caller gets it; everything here runs on the
-I/O thread.
+Broker facts:
+
+* a channel runs one synchronous method at a time: queues asked at once need one each;
+* a 404 (a queue flushed since we declared it) closes its channel only;
+* a nack is never answered, and a get on another channel can overtake it
+  (``Lane.barrier``; ``test_messages_taken_and_put_back_keep_their_order``).
+
+A lane's message stays unacked (``Taken``) until the request decides. Each
+``Lane`` owns its channel and job; owned by ``waves.Getter``; I/O thread only.
 """
 
 import logging
@@ -61,13 +63,7 @@ Answer = Union[Taken, str, Exception]
 
 
 class Lane(object):
-    """One channel that takes the head of one queue at a time.
-
-    A channel carries one synchronous method at a time, so asking ten queues
-    through one channel costs ten round trips; ``Getter`` asks through
-    several lanes at once instead. A 404 (the queue was flushed) closes only
-    this lane's channel and counts as empty.
-    """
+    """One channel that gets the head of one queue at a time; a 404 counts as empty."""
 
     def __init__(
         self,
@@ -82,14 +78,13 @@ class Lane(object):
         self._notify_closed = on_closed  # called with the channel that closed
         self._opened: Optional[pika.channel.Channel] = None
         self._job: Optional[Tuple[str, Any, Callable[[Answer], None]]] = None
-        # Called once earlier nacks have reached their queues.
+        # The ``done`` of the barrier in flight.
         self._barrier: Optional[Callable[[], None]] = None
         self._channel = ReopeningChannel(connection, "get", self._setup, on_ready, self._on_lost)
         self._channel.open()
 
     @property
     def channel(self) -> Optional[pika.channel.Channel]:
-        """This lane's channel while it is open, else None."""
         return self._channel.current
 
     @property
@@ -97,14 +92,10 @@ class Lane(object):
         return self._channel.ready and self._job is None and self._barrier is None
 
     def barrier(self, done: Callable[[], None]) -> None:
-        """Call ``done`` once the messages this lane put back are in their queues again.
+        """Call ``done`` once the messages this lane nacked are in their queues again.
 
-        A nack is only sent, never answered, and the next ``basic.get`` of
-        the same queue may go through another lane, i.e. another channel
-        process of the broker, and overtake it: the queue would hand out
-        the message behind the one being put back. The answer to a
-        synchronous method on this channel (a basic.qos that changes
-        nothing) comes after the broker forwarded the nacks to the queues.
+        Broker: the answer to a ``basic.qos`` (that changes nothing) comes after
+        the channel's nacks were forwarded to their queues.
         """
         self._barrier = done
         channel: Any = self._channel.current  # None raises below: the channel is going
@@ -125,7 +116,7 @@ class Lane(object):
         done()
 
     def fetch(self, queue: str, arguments: Any, report: Callable[[Answer], None]) -> None:
-        """Take the head of ``queue``; ``report`` gets a _Taken, EMPTY or an exception."""
+        """Get the head of ``queue``; ``report`` gets a ``Taken``, EMPTY or an exception."""
         self._job = (queue, arguments, report)
         channel: Any = self._channel.current  # None raises below, as a lost connection
         try:
@@ -194,7 +185,6 @@ class Lane(object):
         if self._job is None:
             return
         if reply_code == NOT_FOUND:
-            # The queue was deleted under us (e.g. flushed): it is empty.
             self._liveness.forget(self._job[0])
             self._finish(EMPTY)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:

@@ -1,38 +1,28 @@
-"""Topology operations (declare, bind, unbind, delete): one round trip each.
+"""Topology operations (declare, bind, unbind, delete) on admin channels.
 
-An operation is a list of ``Step``s, each one AMQP RPC. Steps are written as
-plain data (see ``steps`` below) so that the layer states its intent, e.g.
-"declare the group exchange, declare the member exchange, bind them", and
-this executor alone deals with callbacks and channel errors.
+An operation is a list of ``Step``s, plain data the layer states; the
+executor alone deals with callbacks and channel errors. Its steps are
+pipelined: they go out with ``nowait`` up to the next step that must be
+answered, whose answer vouches for them all. If that pass fails, the
+operation runs again one step at a time (every step is idempotent) to find
+the failing step and apply its rules (a 404 is fine for something already
+gone). ``AdminChannels`` spreads operations over up to ``ADMIN_CHANNELS``, so
+calls from several threads overlap.
 
-Why pipelined. A ``group_add`` is several RPCs; run one after another, the
-caller paid a broker round trip each. The broker runs a channel's methods in
-the order they arrive, so steps go out with ``nowait`` (pika sends them so
-when given no callback) and the caller waits for the answer of the step that
-ends the run: when it comes, every step before it has succeeded. AMQP 0-9-1
-gives ``queue.unbind`` no ``nowait``, and pika holds every later call of the
-channel until its answer: the layer never unbinds a queue in a run (a
-membership's binding goes to an exchange, see ``naming``).
+Broker facts:
 
-What ``nowait`` costs besides the answer. A ``queue.declare`` sent with
-``nowait`` does not renew the queue's ``x-expires`` lease
-(``tests/test_group_renewal.py``), and the layer renews channel queues by
-declaring them again: so every ``queue_declare`` step is answered, and ends
-a run of nowait steps.
+* a channel runs its methods in the order they arrive
+  (``test_a_normal_channels_group_add_is_two_round_trips``);
+* a ``queue.declare`` sent with ``nowait`` does not renew the queue's
+  ``x-expires`` lease, so it is always answered (``tests/test_group_renewal.py``);
+* a failed ``nowait`` step closes the channel naming no step, and the broker
+  drops the steps after it
+  (``test_group_add_names_the_step_of_its_chain_that_differs``);
+* AMQP 0-9-1 gives ``queue.unbind`` no ``nowait`` and pika holds the channel's
+  later calls until its answer, so no run unbinds a queue.
 
-Why a careful pass. A ``nowait`` step that fails closes the channel and says
-only the reply code and text, not which step it was; the steps after it are
-dropped by the broker. So an operation whose pipelined pass failed runs again
-from its first step, one step at a time (every step is idempotent), which
-finds the step that fails and applies that step's rules: a 404 is fine for
-deleting or unbinding something already gone; anything else fails the
-operation, with an error that names the step and its object.
-
-Why several admin channels. A channel runs its operations one after
-another, so ``AdminChannels`` gives each operation to the least busy of up
-to 8 channels, opening one only when every open one is busy: ``group_add``
-calls from several threads overlap instead of queueing (docs/benchmarks.rst,
-"Measurements behind the code").
+Everything here runs on the I/O thread; each ``DeclareExecutor`` owns its
+channel and operations, ``AdminChannels`` its executors.
 """
 
 import collections
@@ -52,8 +42,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Admin channels per connection at most (see ``AdminChannels``).
-ADMIN_CHANNELS = 8
+ADMIN_CHANNELS = 8  # per connection, at most
 NOT_FOUND = 404
 STATE_ERRORS = (
     pika.exceptions.ConnectionWrongStateError,
@@ -67,11 +56,8 @@ STATE_ERRORS = (
 class Step(NamedTuple):
     """One RPC on a pika channel: ``getattr(channel, method)(callback=..., **kwargs)``.
 
-    A step is data the layer states (``groups.py`` builds lists of them),
-    so it names its RPC rather than holding a bound method of a channel
-    that does not exist yet. ``answered``: never sent with ``nowait``; the
-    broker does what the step is for only when it answers it (a re-declare
-    renews a queue's lease).
+    Named, not bound, as the channel may not exist yet. ``answered``: never
+    sent with ``nowait``.
     """
 
     method: str
@@ -96,8 +82,7 @@ def queue_declare(
     passive: bool = False,
     not_found_ok: bool = False,
 ) -> Step:
-    """Always answered: a ``nowait`` re-declare leaves the queue's ``x-expires``
-    lease where it was, and the layer renews queues by re-declaring them."""
+    """Always answered: a ``nowait`` re-declare does not renew the queue's lease."""
     return Step(
         "queue_declare",
         dict(queue=queue, durable=True, arguments=arguments, passive=passive),
@@ -156,9 +141,7 @@ def exchange_unbind(
 
 
 class Declare(Work):
-    """Run topology ``steps`` in order on an admin channel: the work a caller
-    hands the I/O thread for them (``Engine.declare``), which calls it with
-    the session and gets the run started here (``AdminChannels.run``)."""
+    """Run topology ``steps`` in order on an admin channel: the work of ``Engine.declare``."""
 
     __slots__ = ("steps",)
 
@@ -178,10 +161,8 @@ def broker_call_error(exc: BaseException, what: str) -> Exception:
 
 
 class _Operation(object):
-    """An operation in progress: its steps, the next one, and how it runs.
-
-    ``careful``: one step at a time, after its pipelined pass failed.
-    """
+    """An operation in progress. ``careful``: one step at a time, after its
+    pipelined pass failed."""
 
     __slots__ = ("pending", "steps", "index", "result", "careful", "sent_ahead")
 
@@ -194,10 +175,8 @@ class _Operation(object):
         self.sent_ahead = False  # its steps went out together: a refusal names none
 
     def run_end(self) -> int:
-        """The index of the step whose answer ends the run that starts at
-        ``index``: the next step that must be answered, or the last step.
-        Every step before it goes out with ``nowait``. A careful pass sends
-        one step at a time."""
+        """The index of the step whose answer ends the run from ``index``: the
+        next step that must be answered, or the last."""
         if self.careful:
             return self.index
         end = self.index
@@ -206,7 +185,6 @@ class _Operation(object):
         return end
 
     def run_carefully(self) -> None:
-        """Start again from the first step, waiting for each one's answer."""
         self.careful = True
         self.sent_ahead = False
         self.index = 0
@@ -260,8 +238,7 @@ class DeclareExecutor(object):
             self._next()
 
     def _send_ahead(self, operation: _Operation, end: int) -> None:
-        """Send the steps before ``end`` with ``nowait``; the answer of the
-        step at ``end`` then vouches for them all."""
+        """Send the steps before ``end`` with ``nowait``."""
         channel = self._channel.current
         operation.sent_ahead = operation.index < end
         while operation.index < end:
@@ -283,16 +260,13 @@ class DeclareExecutor(object):
             return
         step = operation.steps[operation.index]
         if reply_code is not None and 400 <= reply_code < 500 and operation.sent_ahead:
-            # Which of the steps sent together failed is unknown: find it step
-            # by step. (An operation of one step, the usual passive declare,
-            # is never sent ahead: its refusal is its own.)
+            # Which of the steps sent together failed is unknown: find it step by step.
             logger.debug(
                 "%s: %s %s; running it step by step", step.describe(), reply_code, reply_text
             )
             operation.run_carefully()
             self._queue.appendleft(operation)
         elif reply_code == NOT_FOUND and step.not_found_ok:
-            # Already gone is what we wanted; go on once the channel is back.
             operation.index += 1
             self._queue.appendleft(operation)
         elif reply_code is None or reply_code >= 500 or reply_code == 320:
@@ -327,12 +301,8 @@ class DeclareExecutor(object):
 
 
 class AdminChannels(object):
-    """Up to ``most`` admin channels; each operation goes to the least busy.
-
-    An executor (its channel) opens only when every open one is busy, so a
-    process that never declares from two threads at once keeps one admin
-    channel. The session treats this like one part of its own.
-    """
+    """Up to ``most`` admin channels; each operation goes to the least busy, and
+    a new one opens only when every open one is busy."""
 
     def __init__(self, connection: pika.SelectConnection, most: int = ADMIN_CHANNELS) -> None:
         self._connection = connection
@@ -340,14 +310,14 @@ class AdminChannels(object):
         self._executors = [DeclareExecutor(connection)]
 
     def run(self, pending: Pending, steps: Sequence[Step]) -> None:
-        """Run ``steps`` in order on one channel (see ``DeclareExecutor.run``)."""
+        """Run ``steps`` in order on one channel (``DeclareExecutor.run``)."""
         executor = min(self._executors, key=DeclareExecutor.busy)
         if executor.busy() and len(self._executors) < self._most:
             executor = DeclareExecutor(self._connection)
             self._executors.append(executor)
         executor.run(pending, steps)
 
-    # The session's part protocol, passed to every channel's executor.
+    # The session's part protocol, passed to every executor.
 
     def shutdown(self) -> None:
         for executor in self._executors:

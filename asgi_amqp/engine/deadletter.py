@@ -1,59 +1,41 @@
 """The dead-letter worker: group expiry and dropping members whose messages expire.
 
-It runs on its own thread with its own ``BlockingConnection``, so nothing it
-does can delay callers, and it competes with the workers of every other
-layer process on the one shared dead-letter queue, so each event is handled
-once. What arrives there:
+It runs on its own thread with its own ``BlockingConnection``, so it never
+delays callers; the workers of every layer process share the one dead-letter
+queue, so each event is handled once. What arrives there:
 
-* a **lease** that ended (reason ``expired``, from the lease queue): the
-  binding of that lease's stamp is removed from the group exchange. A
-  repeated ``group_add`` made a binding with a later stamp, whose own lease
-  ends later, so nothing needs to be looked up: the membership lasts while
-  any of its bindings does. The group exchange is auto-delete and goes with
-  its last binding.
-* a channel message that **expired**: its channel is not being read, so it
-  leaves all its groups. A normal channel's member exchange is deleted,
-  which takes every membership binding with it. A process-local channel's
-  bindings go to its process's member exchange, among its neighbours': they
-  are found through the management API's bindings to that exchange and
-  removed, and a drop notice tells the process (``local_groups``). Without
-  a management API that answers, they stay until their leases end, and
-  the notice alone stops the process copying group messages to the channel.
-* a join, leave or drop **notice** that expired in a process-local queue
-  before its process read it (a process that reads nothing for ``expiry``
-  seconds): sent back to the queue while it still means something, a join
-  notice until its lease ends, the others for a lease's longest life.
-  Otherwise the process, reading again, would not know its members.
-* a channel message that reached a quorum queue's **delivery limit**
-  (reason ``delivery_limit``): RabbitMQ 4.0 dead-letters a quorum queue's
-  message at its 21st delivery (``tests/test_quorum_delivery_limit.py``),
-  and the layer gives messages back with ``basic.nack(requeue=True)``
-  (held messages after ``linger``, those of a closed channel), so a message
-  nobody refused can reach it. It is sent back to its queue, at the end,
-  with what is left of its ``expiry`` as its expiration, and logged at
-  WARNING; one whose expiry has passed, or that its queue does not take
-  (full, or gone), is logged as dropped. The limit is not raised with
-  ``x-delivery-limit``: a new argument makes the broker refuse existing
-  queues' declarations (406), and ``-1``, 4.0's "no limit", is a limit of 0
-  on 3.10.8.
+* a **lease** that ended: its stamp's binding is removed from the group
+  exchange; a later ``group_add``'s binding lives on, with its own lease.
+* a channel message that **expired**: its channel leaves all its groups. A
+  normal channel's member exchange is deleted, with every binding; a
+  process-local channel's bindings are found through the management API
+  (else they stay until their leases end) and removed, and a drop notice
+  tells its process (``local_groups``).
+* a **notice** that expired unread in a process-local queue: sent back while
+  it still means something, so the process, reading again, knows its members.
+* a message at a quorum queue's **delivery limit**: the layer's own nacks
+  can reach it, so it is sent back to the end of its queue with what is left
+  of its ``expiry``, and logged; if expired or refused, logged as dropped.
 
-Fan-out to process-local members does not pass through here: a group
-message reaches the members' process through its own queue, which copies
-it (see ``local_groups``).
+Broker facts:
 
-Deliveries are collected by the consumer callback and handled after
-``process_data_events`` returns; topology changes run on a second channel, so
-a 404 (already deleted) only closes that channel. Every event is acked after
-it was handled. The loop reconnects with backoff after any error and stops
-within a fraction of a second of ``stop()``.
+* the group exchange is auto-delete and goes with its last binding
+  (``test_a_group_deleted_when_it_emptied_can_be_joined_again``);
+* RabbitMQ 4.0 dead-letters a quorum queue's message at its 21st delivery
+  (``test_a_message_given_back_25_times_is_still_received``);
+* ``x-delivery-limit`` cannot raise it: a new argument makes existing queues'
+  declares fail (406, ``test_a_receive_from_a_queue_with_another_expiry``),
+  and ``-1``, 4.0's "no limit", is a limit of 0 on 3.10.8;
+* a 404 closes only its channel, so topology changes run on a second one.
 
-One error is not retried every few seconds: the dead-letter queue existing
-with other settings (another ``queue_type`` on the same prefix). Retrying
-cannot fix it, so it is logged once at ERROR, kept in ``mismatch`` and
-checked again only every ``MISMATCH_RECHECK`` seconds, so that deleting the
-queue (the fix the message names) is picked up without a restart.
-``group_add`` and ``send_group`` raise the same ``QueueSettingsMismatch``,
-because they declare that queue too.
+Events are collected by the consumer callback, handled after
+``process_data_events`` returns, then acked. The loop reconnects with backoff
+after any error. A dead-letter queue with other settings cannot be fixed by
+retrying: it is logged once at ERROR, kept in ``mismatch``, and checked again
+every ``MISMATCH_RECHECK`` seconds.
+
+The worker thread owns the connection, its channels and ``_dropped``;
+``ready`` and ``mismatch`` are read by other threads.
 """
 
 import logging
@@ -74,7 +56,6 @@ from .futures import wait_seconds
 
 logger = logging.getLogger(__name__)
 
-# The dead-letter worker thread's name (``layer.threads()``, devtools.callpath).
 THREAD_NAME = "asgi_amqp-deadletters"
 
 POLL_SECONDS = 0.2
@@ -104,13 +85,12 @@ class DeadLetterWorker(object):
         self._connection: Optional[pika.BlockingConnection] = None
         self._inbox: List[Delivery] = []
         self._actions: Optional[BlockingChannel] = None
-        self._republish: Optional[BlockingChannel] = None  # a confirming channel, for _give_back
+        self._republish: Optional[BlockingChannel] = None  # a confirming channel
         self._bindings_to = bindings_to  # the management API's, or None
-        # process-local channel -> when it was last dropped (monotonic)
-        self._dropped: Dict[str, float] = {}
+        self._dropped: Dict[str, float] = {}  # process-local channel -> monotonic time
         self._attempt = 0
         self.ready = threading.Event()
-        # The dead-letter queue exists with other settings (a QueueSettingsMismatch).
+        # The dead-letter queue exists with other settings.
         self.mismatch: Optional[QueueSettingsMismatch] = None
 
     def start(self) -> None:
@@ -144,8 +124,8 @@ class DeadLetterWorker(object):
                 self.ready.clear()
                 self._attempt += 1
                 delay = min(self._max_backoff, 0.1 * 2 ** min(self._attempt, 10))
-                # The first failure of a run at WARNING, the retries at DEBUG: a
-                # process waiting for its broker would log one every few seconds.
+                # Retries at DEBUG: a process waiting for its broker would log one
+                # every few seconds.
                 logger.log(
                     logging.WARNING if self._attempt == 1 else logging.DEBUG,
                     "dead-letter worker: %s (%s); retrying in %.1f s",
@@ -158,7 +138,7 @@ class DeadLetterWorker(object):
                 self._close_connection()
 
     def _settings_differ(self, mismatch: QueueSettingsMismatch) -> None:
-        """Report the mismatch once, then check again only now and then."""
+        """Report the mismatch once, then check again every ``MISMATCH_RECHECK``."""
         if self.mismatch is None or str(self.mismatch) != str(mismatch):
             logger.error(
                 "dead-letter worker cannot run: %s. Group expiry does not run in this "
@@ -328,20 +308,19 @@ class DeadLetterWorker(object):
             logger.debug("an expired notice for %s was not renewed: %s", queue, exc)
 
     def _confirming(self) -> BlockingChannel:
-        """A channel of the worker's connection with publisher confirms on."""
         if self._republish is None or not self._republish.is_open:
             self._republish = self._connected().channel()
             self._republish.confirm_delivery()
         return self._republish
 
     def _connected(self) -> pika.BlockingConnection:
-        """The worker's connection; events are handled only while it has one."""
+        """Events are handled only while the worker has one."""
         if self._connection is None:
             raise RuntimeError("dead-letter worker: an event handled without a connection")
         return self._connection
 
     def _topology_channel(self) -> BlockingChannel:
-        """The channel for topology changes, which ``_serve`` opens first."""
+        """The channel for topology changes, opened by ``_serve``."""
         if self._actions is None:
             raise RuntimeError("dead-letter worker: an event handled without a channel")
         return self._actions
@@ -374,7 +353,7 @@ class DeadLetterWorker(object):
     def _drop_local_member(self, channel: str) -> None:
         """Unbind a process-local channel from every group, and tell its process.
 
-        Once per ``expiry`` per channel: each of its expired messages comes here.
+        Once per ``expiry`` per channel, though each of its expired messages comes here.
         """
         now = time.monotonic()
         if now - self._dropped.get(channel, -1e9) < self._topology.expiry:
@@ -415,8 +394,7 @@ class DeadLetterWorker(object):
 
 
 def _describe_error(exc: BaseException) -> str:
-    """The exception's class, and the broker's reply where there is one (a 403
-    says the user lacks a permission; see docs/permissions.rst)."""
+    """The exception's class, and the broker's reply if any (a 403: docs/permissions.rst)."""
     code = getattr(exc, "reply_code", None)
     if code is None:
         return type(exc).__name__

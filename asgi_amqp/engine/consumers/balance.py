@@ -5,33 +5,28 @@ time: a process consumes it only when the declare before its
 ``basic.consume`` counts none (``consumed_elsewhere``). The first process to
 receive takes every shard; every ``BALANCE_EVERY`` seconds each process
 counts the receivers (the consumers of the channel's own queue) and gives
-back the shards it *serves* (was pushed from) beyond its share, which a
-process below its share takes. A process at its share is *full*: it
-subscribes to no more.
+back the shards it *serves* (was pushed from) beyond its share, for a process
+below its share to take. A process at its share is *full*: it takes no more.
 
-A shard goes only when that cannot put a socket's frames out of order: no
-thread here handles one of its frames (``HeldMessages.handling``: Channels'
-enforce_ordering counts a frame done before its replies go out), and its
-queue requeues in place (``pool.requeues_in_place``), or else it holds
-nothing and a declare finds no frame ready (``_give_back_if_empty``). A
-process ``BEHIND`` on a shard gives it back too
+A shard goes only when no thread here handles one of its frames
+(``HeldMessages.handling``: Channels' enforce_ordering counts a frame done
+before its replies go out) and what it held goes back in its place
+(``pool.requeues_in_place``), or else once a declare finds it empty
+(``_give_back_if_empty``). A process ``BEHIND`` on a shard gives it back too
 (``test_a_worker_that_falls_behind_gives_busy_shards_to_an_idle_one``).
 
-Broker facts, why no consumer ever waits behind another on a shard:
+Broker facts:
 
 * RabbitMQ 3.10: a classic shard whose active consumer goes while another
   waits stops delivering, then crashes with its frames (rabbitmq-server#5460,
   ``test_no_consumer_ever_waits_behind_another_on_a_shard``);
 * connections close one by one, so a waiting consumer is pushed frames while
   the process that went still handles the one before
-  (``test_lost_connections_move_no_socket_while_a_worker_handles_its_frame``).
-
-Broker facts, on giving back: what a consumer held or got after
-``basic.cancel`` (pika rejects it) goes back in its place, except on a quorum
-queue before 4.0, where it goes behind
-(``test_only_a_quorum_queue_before_rabbitmq_4_requeues_behind_the_later_messages``);
-a classic queue's ``consumer_count`` counts a waiting consumer, a quorum
-queue's does not (``check_alone``).
+  (``test_lost_connections_move_no_socket_while_a_worker_handles_its_frame``);
+* what reaches a consumer after ``basic.cancel`` (pika rejects it) goes back
+  like what it held (``pool.requeues_in_place``);
+* a classic queue's ``consumer_count`` counts a waiting consumer, a quorum
+  queue's does not (``check_alone``).
 
 Owned by ``pool.ConsumerPool``; everything here runs on the I/O thread.
 """

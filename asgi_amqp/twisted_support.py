@@ -1,27 +1,14 @@
 """The ``twisted`` extension: ``receive_twisted`` for daphne's native mode.
 
-Daphne 1.x runs its reply reader natively on the reactor when the layer
-lists ``twisted`` in its extensions; otherwise it polls ``receive`` every
-50 ms. ``receive_twisted`` first takes a message the consumer behind daphne's
-queue was already pushed (its prefetch window keeps several there under
-load): that costs a lock, so it runs on the reactor thread, and the
-Deferred fires on the reactor's next turn. Only when none is there does it
-run an ordinary blocking receive on the reactor's thread pool, so the
-reactor thread never blocks, and the Deferred fires on the reactor thread
-as soon as the I/O thread hands a message over (the consumer is kept
-between calls, see ``consumers``). When the blocking receive times out it
-fires with ``(None, None)`` and daphne simply asks again.
-
-Why not always the thread pool: daphne reads its replies one at a time,
-and a trip through a pool thread and back costs two thread wake-ups per
-message, which bound how fast daphne drains every WebSocket reply of the
-process (docs/benchmarks.rst, "Measurements behind the code").
-
-Why the next turn and not at once: daphne's loop asks again as soon as its
-Deferred fires, so a Deferred that fired at once would drain every held
-message without letting the reactor read its sockets in between.
-
-Twisted is optional: without it the extension is not listed.
+Daphne 1.x reads its replies on the reactor when the layer lists ``twisted``,
+and polls ``receive`` every 50 ms otherwise. A held message is taken on the
+reactor thread (a lock, no wait), and its Deferred fires on the reactor's next
+turn: daphne asks again as soon as a Deferred fires, and the reactor must read
+its sockets in between. Only when none is held does a blocking receive run on
+the reactor's thread pool, whose round trip costs two thread wake-ups per
+message (tests/test_twisted.py::test_daphne_drains_what_was_pushed_without_a_pool_thread_each).
+Either way the Deferred fires on the reactor thread, with ``(None, None)`` on
+a timeout. Twisted is optional: without it the extension is not listed.
 """
 
 import collections.abc
@@ -38,7 +25,7 @@ if TYPE_CHECKING:
     from .receiving import Receiver
     from .serialization import Message
 
-    # What receive_twisted's Deferred fires with: receive()'s (channel, message).
+    # What the Deferred fires with: receive()'s (channel, message).
     Received = Tuple[Optional[str], Optional[Message]]
 
 _T = TypeVar("_T")
@@ -50,8 +37,7 @@ def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> "Deferred[
     """``receiver.receive(channels, block=True)`` as a Twisted Deferred."""
     if threads is None:
         raise RuntimeError("receive_twisted needs Twisted: pip install twisted")
-    # Validate in the caller so bad names fail the Deferred's creation, not
-    # later. A one-shot iterator is read once, before validating.
+    # Validated here, so bad names raise now, not in the Deferred; an iterator is read once.
     if isinstance(channels, collections.abc.Iterator):
         channels = list(channels)
     queues = receiver.queues(channels)

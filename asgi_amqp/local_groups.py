@@ -1,38 +1,25 @@
 """Group messages for process-local members: the process copies them itself.
 
-A process-local channel ``foo!bar`` lives in one process, which reads its
-queue ``{prefix}:q:foo!``. Its membership of a group is a binding from the
-group's exchange to the process's member exchange ``m:foo!``, which is
-bound to that queue (``naming.Topology.membership_binding``), the
-binding's arguments naming the member. So a group message reaches the
-queue **once**, however many of the process's channels are members: the
-broker delivers a message routed to one queue through several bindings
-once. This object, held by the layer, then makes one copy per member.
+A process-local channel ``foo!bar`` is read through its process's queue ``q:foo!``,
+and its membership is a binding to the member exchange ``m:foo!`` bound to that
+queue, so a group message reaches the queue once and this object makes one copy
+per member. Broker facts (tests/test_memberships_are_bindings.py):
 
-It learns who the members are from *notices* that come through the same
-queue: ``group_add`` sends a join notice (with the lease's end) before it
-binds, and ``group_discard`` a leave notice beside its unbinds. A notice
-confirmed before ``group_add`` returns is queued ahead of any group message
-sent after that, so a receive made after ``send_group`` returned finds the
-message and knows its members: no worker, no dead-lettering, and nothing
-for a quorum leader's move to lose between two queues. A lease that ends
-needs no notice: a member counts until the end its join notice named, and a
-later ``group_add`` sends a later one. (The dead-letter worker removes the
-binding at that end too, so nothing more arrives for the member unless
-another member of the process is still in the group.)
+* a message routed to one queue through several bindings is delivered once
+  (``test_a_group_message_reaches_a_process_queue_once_for_all_its_members``);
+* a notice confirmed before ``group_add`` returns is queued ahead of any group
+  message sent after it, quorum queues included
+  (``test_a_receive_right_after_send_group_sees_it_with_quorum_queues``).
 
-The copies wait here, in this process's memory, until a receive of their
-queue takes them: a process-local channel has no other reader, and dies
-with the process anyway. They wait at most ``expiry`` seconds, and at most
-the channel's capacity of them: beyond it a member misses the message, as
-a full member does (ASGI: ``send_group`` never fails for one member).
+Members come from notices in that queue: a join notice (with the lease's end)
+before ``group_add`` binds, a leave notice beside ``group_discard``'s unbinds; a
+member counts until the end its latest join notice named. Copies wait here for a
+receive of their queue, ``expiry`` seconds and the channel's capacity at most
+(ASGI: ``send_group`` never fails for one member). One layer instance reads a
+process-local queue, as daphne does: two would split the notices.
 
-What it does not do: a process reading the same ``foo!`` queue through two
-layer instances splits the notices between them; a process-local queue is
-read by one layer instance, as daphne does.
-
-State: ``_members`` and ``_waiting``, owned by this object and shared by
-the callers' threads under ``_lock``; nothing here runs on the I/O thread.
+State: ``_members`` and ``_waiting`` belong to this object, shared by the
+callers' threads under ``_lock``; nothing here runs on the I/O thread.
 """
 
 import collections
@@ -90,13 +77,8 @@ class LocalGroups(object):
     # -- what arrives through a process-local queue ---------------------------
 
     def members_of(self, queue: str, headers: Mapping[str, Any]) -> Members:
-        """For a delivery from a process-local ``queue``:
-
-        * ``NOTICE`` for a join or leave notice, which is applied here;
-        * the member channels, for a group message that came by a lease's
-          binding (possibly none: the members left meanwhile);
-        * None for anything else: a message with its channel in its headers.
-        """
+        """For a delivery from a process-local ``queue``: ``NOTICE`` for a notice (applied
+        here), the member channels for a group message (maybe none: they left), else None."""
         kind = _text(headers.get(naming.KIND_HEADER))
         if kind in naming.NOTICE_KINDS:
             self._apply(queue, kind, headers)

@@ -1,38 +1,29 @@
-"""Sends of daphne's reactor thread that wait: they never wait on the reactor.
+"""Sends of daphne's reactor thread that cannot go out now: parked, never waited for.
 
-daphne's reactor thread never waits for the broker beyond one round trip:
-every connection of daphne waits with it. A send there is *parked*, and
-``send`` returns at once, when it cannot be published now:
+The reactor thread waits for the broker one round trip at most: all of daphne
+waits with it. A send there is *parked*, and ``send`` returns at once, when the
+broker is away, when sends to its queue are parked already (a socket's frames
+keep their order), or when its channel is full or an alarm holds it back. Each
+queue's parked sends form a *line*, published one at a time in order (two in
+flight to a full queue could be taken out of order); the lines of different
+queues move side by side. A send parked past ``expiry`` is dropped as an expired
+message would be; none is dropped for a full channel, since daphne accepted the
+frame. Beyond ``MESSAGES`` or ``BYTES``, ``ChannelFull`` at once (daphne answers
+503 or 1013); a publish on its way when the connection went cannot be taken
+back, so it is parked whatever the bound, as a marked copy.
 
-* the broker is away (the send goes out once it is back);
-* sends to the same queue parked before it still wait (it goes out behind
-  them, so that a socket's frames keep the order daphne made them in);
-* its channel refused it as full (it waits for room); a resource alarm
-  holds it back the same way, until the alarm clears.
+Broker facts:
 
-Each queue's parked sends form a *line* that goes out one send at a time
-on the I/O thread, in the order they were parked, each when the queue
-takes it: a refusal is tried again after a short pause, a return (the
-queue expired while the broker was away) declares the queue and publishes
-again. One in flight per line keeps the order (two in flight to a full
-queue could be refused and taken out of order); the lines of different
-queues move side by side, so an HTTP request does not wait behind a full
-``websocket.receive``. A send parked longer than ``expiry`` is dropped as an expired
-message would be, counted in ``expired`` and logged. Nothing is dropped for
-a full channel: daphne had accepted the frame, and its client would never
-be told.
+* a full queue refuses a publish, and takes it once a reader made room
+  (tests/test_full_queues_and_long_outages.py,
+  ``test_a_full_channel_refuses_the_reactor_and_a_full_shard_parks_its_frames``);
+* a mandatory publish to a queue that expired while the broker was away is returned;
+* a quorum queue between leaders refuses a publish for a moment.
 
-The bound: ``MESSAGES`` and ``BYTES`` at most at a time. Beyond it the
-send raises ``ChannelFull`` at once (``BrokerUnreachable`` while the broker
-is away), and daphne answers 503 or closes the socket with 1013, "try
-again later". A publish that was on its way when the connection went
-is parked whatever the bound, as a copy its reader drops if the original
-arrived: it cannot be taken back.
-
-State: ``ParkedSends`` is shared by the reactor thread (which parks) and
-the I/O thread (which publishes and pauses), under its one lock. A line's
-head is in flight, or its pause scheduled, only while the line ``moving``;
-its ``declared`` and ``pause`` are the I/O thread's.
+State: ``ParkedSends`` is shared by the reactor thread (which parks) and the I/O
+thread (which publishes and pauses), under its one lock. A line's head is in
+flight, or its pause scheduled, only while the line is ``moving``; its
+``declared`` and ``pause`` are the I/O thread's.
 """
 
 import collections
@@ -51,10 +42,9 @@ logger = logging.getLogger(__name__)
 # At most this many sends parked at a time, of at most this many bytes in all.
 MESSAGES = 10000
 BYTES = 64 * 1024 * 1024
-# Sends of one queue whose messages have no order (a connect, an HTTP
-# request) that may wait for room: a refusal from a quorum queue between
-# leaders passes, and a storm meets ChannelFull (daphne: 503) after these
-# instead of queueing its connects for workers to run after the client left.
+# Parked sends at most for a queue whose messages have no order (a connect, an HTTP
+# request): a storm meets ChannelFull (daphne: 503), not connects run after their
+# client left, while a quorum queue's refusal between leaders still passes.
 SHORT_LINE = 10
 # The pause before a refused send is tried again: doubled up to the longest.
 FIRST_PAUSE = 0.01
@@ -121,12 +111,9 @@ class ParkedSends(object):
         marked: bool = False,
         most: Optional[int] = None,
     ) -> None:
-        """Park a send, or raise ``ChannelFull`` at once when the bound is reached,
-        or when ``most`` sends of its queue are parked already.
-
-        ``marked``: it was on its way when the connection went, and is parked
-        whatever the bound.
-        """
+        """Park a send, or raise ``ChannelFull`` at once when the bound is reached or
+        ``most`` sends of its queue are parked already; a ``marked`` one (on its way
+        when the connection went) is parked whatever the bound."""
         send = ParkedSend(channel, queue, body, properties, marked, time.monotonic())
         with self._lock:
             line = self._lines.get(queue)
@@ -157,7 +144,7 @@ class ParkedSends(object):
                 )
             raise ChannelFull("channel %s: %s" % (channel, why))
 
-    # -- moving a line's head, on the I/O thread --------------------------------------
+    # -- moving a line's head: on the I/O thread, but for its first publish --------------
 
     def _next(self, line: _Line) -> None:
         """Publish the line's head, or end the line when nothing waits; drops expired sends."""
@@ -198,8 +185,7 @@ class ParkedSends(object):
         if not line.sends:  # lost already
             return
         if isinstance(error, BrokerBlocked):
-            # A resource alarm: wait for it to clear, as for room; the send
-            # may have been on its way, so it goes again as a marked copy.
+            # An alarm: wait as for room; the send may have gone, so it goes again marked.
             with self._lock:
                 line.sends[0] = line.sends[0]._replace(marked=True)
             outcome, error = None, None

@@ -1,38 +1,33 @@
 """Groups and flush: the layer's ``groups`` and ``flush`` extensions.
 
-``AMQPChannelLayer`` holds one ``Groups``, kept apart because membership
-is where the topology is busiest. A membership is a *binding* from the
-group's fanout exchange, whose arguments carry its lease's stamp, plus a
-message in the lease queue that the broker dead-letters when the lease
-ends; the dead-letter worker then removes that binding
-(``engine.deadletter``). A normal channel is bound through its member
-exchange; a process-local one through its process's (``m:foo!``, bound to
-the process's queue ``q:foo!``), and its process learns of the membership
-from a join notice (``local_groups``).
-See ``naming`` for every object.
+A membership is a *binding* from the group's fanout exchange to the channel's
+member exchange (``m:foo``, or the process's ``m:foo!`` for a process-local
+channel), its arguments carrying the lease's stamp, plus a lease message the
+broker dead-letters when the lease ends, for the dead-letter worker to remove
+the binding. ``group_add`` has the lease (and a process-local channel's join
+notice, so it is queued ahead of any group message) confirmed before it binds;
+binding again with the current stamp is the renewal, and the channel queue's
+answered declare renews that queue. What this process knows exists is not
+declared again, and a 404 makes everything again.
 
-What each broker call of ``group_add`` does besides its answer:
+Broker facts (tests under tests/):
 
-* the lease message is what ends the membership: it goes first, so that no
-  binding ever exists without one, and is confirmed;
-* the channel queue's declare renews the queue's ``x-expires`` lease, and
-  must be answered to do so (``engine.declares``); it ends the run of
-  nowait steps, vouching for them, except for a normal channel whose
-  member exchange is to be made and bound to the queue, which may not
-  exist yet: its declare goes beside the lease, before that run;
-* the join notice (a process-local channel) is confirmed before the
-  binding is made, so it is queued ahead of any group message the binding
-  brings, and before ``group_add`` returns;
-* the binding, made again with the current stamp, is the renewal: a later
-  stamp outlives the earlier one's lease. Re-binding an existing binding
-  changes nothing, so a ``group_add`` repeated within one stamp (a quarter
-  of ``group_expiry``) neither adds a binding nor, from the same process,
-  another lease message;
-* the declares of the group's exchange and its binding to the router, and
-  of the member exchange and its binding to its queue, do nothing besides
-  their answer when the objects exist: they are left out when this process
-  knows they do (``MemberExchanges``, ``Groups._renewing``), and a 404
-  makes everything again when they went behind its back.
+* a binding made again changes nothing
+  (test_memberships_are_bindings.py::test_renewals_within_a_stamp_add_no_binding);
+* a declare of an exchange that exists changes nothing but its answer;
+* an expired lease message is dead-lettered
+  (test_memberships_are_bindings.py::test_a_lease_ends_while_its_member_is_read);
+* an answered re-declare renews a classic queue's ``x-expires``, a nowait one
+  does not (test_group_renewal.py);
+* an auto-delete group exchange goes when its group empties
+  (test_groups.py::test_a_group_deleted_when_it_emptied_can_be_joined_again);
+* a member exchange goes with its queue, its only binding
+  (test_group_add_remakes_what_went.py::test_a_member_exchange_gone_with_its_queue_is_made_again);
+* binding to an exchange that went is refused (404), closing the channel
+  (test_group_add_remakes_what_went.py::test_a_group_exchange_deleted_elsewhere_is_made_again);
+* unbinding what is not there, even from an exchange that went, is no error on
+  3.10 and 4.0 (test_groups.py::test_discard_of_unknown_member_and_group_is_harmless);
+* a full member's queue nacks a group message (test_send_group_waits_for_room.py).
 """
 
 import logging
@@ -56,14 +51,13 @@ from .statistics import Counters
 
 logger = logging.getLogger(__name__)
 
-# Leases this process remembers having sent (see ``_send_lease``).
+# Entries ``_remember`` keeps in a table (leases sent, bindings made).
 _LEASES_REMEMBERED = 100000
-# Seconds a runworker's group_add (its join notice) and send_group wait for
-# room in a full queue: the 2 s Channels 1.x gives a full channel in send.
+# Seconds a runworker's join notice and send_group wait for room in a full queue:
+# the 2 s Channels 1.x gives a full channel in send.
 ROOM_PATIENCE = 2.0
-# Seconds after a send_group gave up on a full member during which sends to
-# that group do not wait again: a member nobody reads (a dead daphne's queue,
-# until it expires) must not cost every send ROOM_PATIENCE.
+# Seconds after a send_group gave up on a full member that the group's sends do not
+# wait: a member nobody reads (a dead daphne's) must not cost each send ROOM_PATIENCE.
 GAVE_UP_FOR = 10.0
 GAVE_UP_REMEMBERED = 10000  # groups whose give-up is remembered (then forgotten at once)
 # Deletes a flush sends as one run, waited for within operation_timeout.
@@ -73,9 +67,9 @@ REMADE_AFTER = 600.0
 
 
 class RoomWait(object):
-    """A caller's wait for room in a full queue: pauses of 10 ms doubling to
-    250 ms (those of parked sends), ``ROOM_PATIENCE`` seconds at most within
-    ``operation_timeout``; none on daphne's reactor thread, or unless ``waits``."""
+    """A caller's wait for room in a full queue, with the pauses of parked sends:
+    ``ROOM_PATIENCE`` s at most within ``operation_timeout``; none on daphne's
+    reactor thread, or unless ``waits``."""
 
     def __init__(self, operation_timeout: float, caller: Caller, waits: bool = True) -> None:
         patience = min(ROOM_PATIENCE, operation_timeout)
@@ -102,28 +96,16 @@ def _remember(table: Dict[Tuple[str, str], int], key: Tuple[str, str], stamp: in
 
 class MemberExchanges(object):
     """The member exchanges (``m:{channel}``, ``m:foo!``) this process declared
-    and bound to their queue lately, so that ``group_add`` binds a
-    membership to one without declaring and binding it again.
+    and bound to their queue lately, so that ``group_add`` does not do it again.
 
-    Skipping those two calls changes nothing at the broker: a declare of
-    an exchange that exists and a binding made again have no effect
-    besides their answer. What could go wrong is that the exchange went
-    meanwhile. It is auto-delete and bound only to its queue, so it goes
-    only with that queue: through ``flush``, a deletion by hand, or the
-    queue's ``x-expires`` (``2 * expiry`` unused). Every ``group_add``
-    declares the queue, answered, which renews that lease; so an entry is
-    trusted for less than ``2 * expiry`` (and ``REMADE_AFTER``) after it
-    was made. Past that, or after a 404 (a flush), everything is made
-    again.
+    Such an exchange is auto-delete and bound only to its queue, so it goes only
+    with that queue (``flush``, a deletion by hand, ``x-expires`` after ``2 *
+    expiry`` unused), and every ``group_add`` renews that lease: an entry is
+    trusted for less than that. A 404 makes everything again. Group exchanges
+    are not remembered: one goes whenever its group empties, anywhere.
 
-    Group exchanges are not remembered here: one goes whenever its group
-    empties, through any process's ``group_discard`` or a lease's end, and
-    a binding to a group exchange that went is refused (404), closing a
-    channel and logged by pika. Only a renewal skips its declare
-    (``Groups._renewing``): the membership's own binding keeps it.
-
-    Callers' threads; a dict's get, set and pop are atomic, and an entry
-    lost to a race costs a declare.
+    Callers' threads; a dict's get, set and pop are atomic, and an entry lost to
+    a race costs a declare.
     """
 
     LIMIT = 100000
@@ -151,12 +133,10 @@ class MemberExchanges(object):
 class Groups(object):
     """``group_add``, ``group_discard``, ``group_channels``, ``send_group`` and ``flush``.
 
-    Made by ``AMQPChannelLayer`` with what it needs; used from callers'
-    threads only, several at once. It publishes and declares through the
-    engine itself (``Engine.publish`` waits through a resource alarm,
-    ``Engine.declare`` names a queue that exists with other settings), and
-    takes from the layer's ``Sender`` its message properties, a channel
-    queue's declare, ``operation_timeout`` and ``finish_send``.
+    Made by ``AMQPChannelLayer``; used from callers' threads only, several at
+    once. It publishes and declares through the engine, and takes from the
+    ``Sender`` its message properties, a channel queue's declare,
+    ``operation_timeout`` and ``finish_send``.
     """
 
     def __init__(
@@ -173,23 +153,20 @@ class Groups(object):
         self._engine = engine  # publishes, declares, and the queues a flush deleted
         self._topology = topology
         self._stats = stats  # group sends dropped (thread-safe, the layer's)
-        # The Receiver's process-local members: a flush empties it.
-        self._local_groups = local_groups
+        self._local_groups = local_groups  # the Receiver's: a flush empties it
         self._management_client = management_client  # the layer's, made on first use
-        # The process that declared the shared objects, None before and after
-        # a flush (callers' threads; a race declares them twice, harmlessly).
+        # The pid that declared the shared objects, None before and after a flush
+        # (callers' threads; a race declares them twice, harmlessly).
         self._infrastructure_pid: Optional[int] = None
-        # (group, channel) -> the lease stamp this process last put in the
-        # lease queue (callers' threads; a dict's get and set are atomic).
+        # (group, channel) -> the stamp of its lease this process last sent (callers'
+        # threads; a dict's get and set are atomic).
         self._leases_sent: Dict[Tuple[str, str], int] = {}
         # Member exchanges group_add made lately (callers' threads).
         self._member_exchanges = MemberExchanges(expiry)
-        # (group, channel) -> the stamp of the binding this process's last
-        # group_add of it made (``_renewing``; callers' threads, atomic dict
-        # operations; an entry lost to a race costs two declares).
+        # (group, channel) -> the stamp of this process's last binding of it
+        # (callers' threads, atomic; an entry lost to a race costs two declares).
         self._bound: Dict[Tuple[str, str], int] = {}
-        # group -> when send_group last gave up on a full member of it
-        # (callers' threads, atomic dict operations).
+        # group -> when send_group last gave up on a full member (callers' threads, atomic).
         self._gave_up: Dict[str, float] = {}
 
     def group_add(self, group: str, channel: str) -> None:
@@ -199,10 +176,9 @@ class Groups(object):
         stamp = self._topology.lease_stamp()
         renewing = self._renewing(group, channel)
         member = self._topology.membership_binding(channel, stamp)[0]
-        # A member exchange this process did not make lately is made now, and
-        # bound to its queue, which must then exist: a normal channel's queue
-        # is declared beside the lease, before the binding (a process-local
-        # channel's exists: the join notice was just confirmed into it).
+        # A member exchange not made lately is bound to its queue, which must exist:
+        # a normal channel's is declared beside the lease (a process-local one's
+        # holds the join notice).
         made_lately = self._member_exchanges.made_lately(member)
         queue_first = not made_lately and not is_process_local(channel)
         self._send_lease_and_notice(group, channel, stamp, queue_first)
@@ -215,12 +191,9 @@ class Groups(object):
         except BrokerOperationError as exc:
             if exc.reply_code != 404:
                 raise
-            # An exchange or queue was deleted between two steps: the member
-            # exchange with its queue (expired, flushed: ``MemberExchanges``),
-            # the group's when its last member left elsewhere (or, for a
-            # renewal, when this membership was discarded elsewhere), a
-            # process-local channel's queue when it expired. Building them
-            # again is correct.
+            # Something went between two steps (a member exchange with its queue, a
+            # group's exchange when it emptied elsewhere, a process-local queue that
+            # expired): make everything again.
             self._member_exchanges.forget(member)
             self._bound.pop((group, channel), None)
             self.ensure_infrastructure(again=True)
@@ -229,18 +202,10 @@ class Groups(object):
         _remember(self._bound, (group, channel), stamp)
 
     def _renewing(self, group: str, channel: str) -> bool:
-        """Whether ``group_add(group, channel)`` renews a membership this
-        process made, whose binding's lease has not ended.
-
-        Then the group's exchange exists: it is auto-delete, and that
-        binding is one of its own, so it goes only when the binding goes
-        first (a ``group_discard`` or the channel's expiry elsewhere, a
-        ``flush``), and the renewal's binding is then refused (404) and
-        everything made again. So a renewal neither declares the group's
-        exchange nor binds it to the router: a declare of an exchange that
-        exists and a binding made again change nothing besides their
-        answer. That is two of a renewal's four declares and bindings.
-        """
+        """Whether ``group_add(group, channel)`` renews a membership this process
+        made whose lease has not ended. Then that binding keeps the group's
+        auto-delete exchange, so a renewal neither declares it nor binds it to the
+        router; if it went elsewhere, the renewal's binding is refused (404)."""
         stamp = self._bound.get((group, channel))
         return stamp is not None and self._topology.lease_ends(stamp) > time.time()
 
@@ -256,24 +221,11 @@ class Groups(object):
     ) -> List[Step]:
         """The membership's binding and what it needs, in an order the broker accepts.
 
-        The group's exchange and its binding to the router are declared
-        unless the call renews a membership this process made (``renewing``,
-        see ``_renewing``): remembering them for a first membership would be
-        wrong once the group empties (the exchange is auto-delete) and cost
-        a refused chain. The member exchange and its binding to its queue
-        are left out when this process made them lately (``made_lately``:
-        ``MemberExchanges`` says why that is safe); ``again``, after a 404,
-        makes everything, the channel's queue first.
-
-        The channel's queue is declared, answered (which renews its
-        ``x-expires`` lease), last: its answer vouches for the nowait steps
-        before it, so the run is one round trip. Unless ``queue_declared``:
-        the caller declared it already, beside the lease, because the member
-        exchange is bound to it here and it may not exist yet (a normal
-        channel nothing was sent to). A queue that went since its member
-        exchange was made took that auto-delete exchange with it, so the
-        membership's binding to it is refused (404) and ``group_add`` makes
-        everything again.
+        Left out: the group's exchange and its router binding when ``renewing``,
+        the member exchange and its queue binding when ``made_lately``; ``again``
+        (after a 404) makes everything, the channel's queue first. Otherwise the
+        queue's answered declare goes last, vouching for the nowait steps before
+        it (one round trip), unless ``queue_declared`` beside the lease already.
         """
         topology = self._topology
         group_exchange = topology.group_exchange(group)
@@ -300,18 +252,12 @@ class Groups(object):
     def _send_lease_and_notice(
         self, group: str, channel: str, stamp: int, declare_queue: bool = False
     ) -> None:
-        """The lease (unless this process sent it), for a process-local channel
-        the join notice, and with ``declare_queue`` the channel queue's
-        declare: all started together and waited for together, so that they
-        cost one round trip, not one each.
+        """The lease (unless sent already), a process-local channel's join notice and,
+        with ``declare_queue``, the channel queue's declare, all in one round trip.
 
-        Nothing orders them: the binding, made after all are done, is what
-        needs each. Either publish not acked (a full process queue, a lease
-        queue gone, a resource alarm) goes again on its own, through the
-        path that knows what to do about it: ``_send_lease`` and
-        ``_notify``, each a publish of its own. A lease sent twice ends the
-        same binding twice, harmlessly; a notice is sent again only if the
-        broker did not take it."""
+        Nothing orders them: the binding, made after, needs each. A publish not
+        acked goes again on its own path (``_send_lease``, ``_notify``), which
+        knows what to do about it; a lease sent twice is harmless."""
         local = is_process_local(channel)
         lease = self._lease_message(group, channel, stamp)
         requests: List[PublishRequest] = []
@@ -337,9 +283,8 @@ class Groups(object):
             self._notify(naming.JOIN_KIND, group, channel, stamp)
 
     def _outcomes(self, in_flight: InFlight) -> List[Optional[str]]:
-        """Each outcome of publishes handed over together (``Engine.start_publishes``),
-        or None if a resource alarm blocks publishing (the caller's own path
-        waits for it)."""
+        """Each outcome of publishes started together, or None while an alarm blocks
+        publishing (the caller's own path waits for it)."""
         deadline = time.monotonic() + self._sender.operation_timeout
         outcomes: List[Optional[str]] = []
         for index in range(len(in_flight)):
@@ -372,12 +317,9 @@ class Groups(object):
         _remember(self._leases_sent, (group, channel), stamp)
 
     def _send_lease(self, group: str, channel: str, stamp: int) -> None:
-        """Put the lease of ``stamp`` in the lease queue, unless this process did.
-
-        Every lease message of a stamp ends when the stamp's leases end (its
-        expiration counts from now to then), so one is enough; another
-        process's copy ends the same binding at the same time, harmlessly.
-        """
+        """Put the lease of ``stamp`` in the lease queue, unless this process did: all
+        lease messages of a stamp expire at its end, so one is enough and another
+        process's copy is harmless."""
         properties = self._lease_message(group, channel, stamp)
         if properties is None:
             return
@@ -405,7 +347,6 @@ class Groups(object):
     def _notice_message(
         self, kind: str, group: str, channel: str, stamp: Optional[int] = None
     ) -> PublishRequest:
-        """A notice as a publish request."""
         headers: Dict[str, Any] = {
             naming.KIND_HEADER: kind,
             naming.GROUP_HEADER: group,
@@ -418,17 +359,12 @@ class Groups(object):
         return ("", queue, b"", self._sender.properties(headers), True, what)
 
     def _notify(self, kind: str, group: str, channel: str, stamp: Optional[int] = None) -> None:
-        """Tell the process of ``channel`` (process-local) that it joined or left
+        """Tell the process of a process-local ``channel`` that it joined or left
         ``group``, through its own queue: a confirmed publish, like ``send``.
 
-        A full queue is waited for, ``ROOM_PATIENCE`` seconds at most (and
-        within ``operation_timeout``): its process (daphne) reads it all the
-        time, and in a connect storm it fills with accepts for a moment. The
-        same 2 s Channels 1.x gives a full channel in ``send``: longer, and
-        a runworker thread stuck here in a storm delays the welcome its
-        client waits for. Then ``ChannelFull``: the process could not learn
-        of the membership. On daphne's reactor thread, which must never
-        wait, at once."""
+        A full queue (daphne's, full of accepts in a connect storm) is waited for
+        as ``RoomWait`` says, then ``ChannelFull``: the process could not learn of
+        the membership. Longer would delay the welcome its client waits for."""
         _, queue, _, properties, _, what = self._notice_message(kind, group, channel, stamp)
         room = RoomWait(self._sender.operation_timeout, self._sender.caller())
         while True:
@@ -446,17 +382,13 @@ class Groups(object):
         topology = self._topology
         group_exchange = topology.group_exchange(group)
         steps = []
-        # Every stamp whose lease may not have ended, with nowait, the last
-        # answered: one round trip. Unbinding a binding that is not there,
-        # or whose exchange is gone, is no error on RabbitMQ 3.10 and 4.0
-        # (tests/test_memberships_are_bindings.py); the leases of these
-        # stamps then unbind nothing.
+        # Every stamp whose lease may not have ended, nowait but the last: one round
+        # trip. Unbinding what is not there is no error (see the module docstring).
         for stamp in topology.live_stamps():
             member, arguments = topology.membership_binding(channel, stamp)
             steps.append(engine.exchange_unbind(member, group_exchange, arguments))
-        # The leave notice goes out with the unbinds, not after them: one
-        # round trip for both. The process may stop copying to the channel
-        # a moment before its bindings are gone; it is leaving.
+        # The leave notice goes with the unbinds (one round trip): the process may
+        # stop copying a moment before the bindings go; the channel is leaving.
         local = is_process_local(channel)
         in_flight = None
         if local:
@@ -469,8 +401,7 @@ class Groups(object):
             try:
                 self._notify(naming.LEAVE_KIND, group, channel)
             except ChannelFull as exc:
-                # The binding is gone; the process, not reading its queue,
-                # counts the channel a member until its lease ends.
+                # The binding is gone; the process counts it a member until its lease ends.
                 logger.warning(
                     "group_discard %s %s: its process was not told (%s); it hands the "
                     "channel messages of the group that reach it through its other "
@@ -497,14 +428,12 @@ class Groups(object):
         return channels
 
     def send_group(self, group: str, message: Message) -> None:
-        """ASGI: never ``ChannelFull``. A member whose queue is full (the
-        broker nacks) is waited for, ``ROOM_PATIENCE`` seconds at most, off
-        daphne's reactor: after an outage, workers running daphne's parked
-        frames fill its queue faster than it reads (61 group messages of a
-        30 s outage dropped on 4.0.5). The message is sent again marked, so a
-        member that took it the first time drops the copy. Then it is
-        dropped for that member, counted and logged, and the group's sends
-        do not wait for ``GAVE_UP_FOR`` seconds."""
+        """ASGI: never ``ChannelFull``. A member whose queue is full (the broker
+        nacks) is waited for as ``RoomWait`` says, since after an outage workers
+        fill daphne's queue faster than it reads; the message goes again marked,
+        so a member that took it drops the copy. Then it is dropped for that
+        member, counted and logged, and the group's sends do not wait for
+        ``GAVE_UP_FOR`` seconds."""
         check_group_name(group)
         body = self._sender.encode(message)
         self.ensure_infrastructure()
@@ -526,10 +455,8 @@ class Groups(object):
                     alarm_wait=self._sender.operation_timeout,
                 )
             except BrokerBlocked as exc:
-                # ASGI 1.0: send_group "cannot raise ChannelFull", and Channels
-                # 1.x ends a runworker on any other exception from it. A message
-                # the broker would not take through a whole alarm is dropped,
-                # counted and logged, like one for a full member.
+                # ASGI 1.0: send_group "cannot raise ChannelFull", and Channels 1.x ends a
+                # runworker on any other exception: dropped, like one for a full member.
                 self._stats.count_group_send_dropped()
                 logger.warning("send_group %s: message dropped: %s", group, exc)
                 return
@@ -552,9 +479,8 @@ class Groups(object):
     def flush(self) -> None:
         """``AMQPChannelLayer.flush``: what the layer made under its prefix goes,
         and what this process remembers of it."""
-        # Checked again here: an empty or wildcard prefix would list, and
-        # delete, other prefixes' objects. Names are filtered here too, not
-        # only by the API's name filter: only the layer's own kinds go.
+        # An empty or wildcard prefix would delete other prefixes' objects; and only
+        # the layer's own kinds go, whatever the API's name filter lets through.
         naming.check_prefix(self._topology.prefix)
         client = self._management_client()
         prefix = self._topology.prefix + naming.SEPARATOR
@@ -566,17 +492,14 @@ class Groups(object):
         steps += [engine.exchange_delete(x) for x in exchanges]
         steps.append(engine.queue_purge(self._topology.dead_letter_queue))
         try:
-            # In runs of FLUSH_RUN, each waited for within operation_timeout:
-            # thousands of deletes sent as one run outlast it on a busy
-            # broker (each queue's costs it milliseconds), and the caller
-            # would hear "no answer" from a broker that was working.
+            # In runs, each within operation_timeout: thousands of deletes in one run
+            # outlast it on a busy broker, which would look like no answer.
             for start in range(0, len(steps), FLUSH_RUN):
                 run = steps[start : start + FLUSH_RUN]
                 what = "flush (%d to %d of %d)" % (start + 1, start + len(run), len(steps))
                 self._engine.declare(run, what)
         finally:
-            # Whatever went, this process's memory of it is forgotten: a
-            # flush stopped halfway leaves it declaring again, harmlessly.
+            # Forget it all: a flush stopped halfway leaves it declaring again, harmlessly.
             self._leases_sent.clear()
             self._bound.clear()
             self._member_exchanges.clear()
@@ -589,8 +512,8 @@ class Groups(object):
         if self._infrastructure_pid == os.getpid() and not again:
             return
         topology = self._topology
-        # Senders need only the exchanges. The dead-letter queue is the
-        # workers' business; its node being down must not stop group_add.
+        # Senders need only the exchanges: the dead-letter queue's node being down
+        # must not stop group_add.
         self._engine.declare(
             [
                 engine.exchange_declare(topology.dead_letter_exchange),

@@ -1,23 +1,13 @@
 """AMQPChannelLayer: the ASGI 1.0 channel layer API on RabbitMQ.
 
-Each call validates its input in the caller's thread, states what it wants
-from the broker as a short sequence of primitive operations (publish, a list
-of topology steps, get, wait for a delivery), and asks the engine for each
-(``engine.Engine``, which runs them on the I/O thread and waits with a
-timeout). No code here runs on the I/O thread. All broker objects and their
-arguments come from ``naming.Topology``.
-
-The layer is put together from one part per concern, each an object it
-holds, so that a behaviour is found by its module's name: ``sending.Sender``
-(``send``, the end of a refused publish, and the message properties of
-every part), ``receiving.Receiver`` (``receive``) and ``groups.Groups`` (the
-``groups`` and ``flush`` extensions); ``pipeline`` sends many at once
-(``send_many``, ``send_group_many``, made by ``send_pipeline`` with the
-engine) through the first and the last, and
-``twisted_support`` makes ``receive_twisted`` of the second. Each part is
-built here with exactly what it needs and owns the state it uses, said
-where it is declared. This module holds the settings, the parts, and the
-rest of the API; its ASGI methods hand each call to its part.
+Each call validates its input in the caller's thread and goes to one of the
+layer's parts, each built here with exactly what it needs and owning the state it
+uses: ``sending.Sender`` (``send``, and every part's message properties),
+``receiving.Receiver`` (``receive``, and ``receive_twisted`` through
+``twisted_support``) and ``groups.Groups`` (the ``groups`` and ``flush``
+extensions); ``pipeline`` sends many at once. They ask the broker through
+``engine.Engine``, which runs each request on the I/O thread: no code here runs
+there. Every broker object and its arguments come from ``naming.Topology``.
 """
 
 import math
@@ -62,8 +52,7 @@ class AMQPChannelLayer(BaseChannelLayer):
         with different prefixes on one vhost never see each other's data.
     :param management_url: RabbitMQ management API; defaults to
         ``$AMQP_MANAGEMENT_URL``, else the first URL's host and credentials on
-        port 15672. Needed by ``group_channels``
-        and ``flush``.
+        port 15672. Needed by ``group_channels`` and ``flush``.
     :param receive_timeout: seconds a blocking ``receive`` waits before it
         returns ``(None, None)``.
     :param operation_timeout: seconds any other call waits for the broker
@@ -75,52 +64,44 @@ class AMQPChannelLayer(BaseChannelLayer):
         receive may wait for the next call before it is given back.
     :param consumer_idle_timeout: seconds after which an unused consumer is cancelled.
     :param consumer_prefetch: messages the broker may push to one consumer of
-        this process before they are taken (16). More lets the threads of one
-        worker process (``runworker --threads N``) overlap; a process-local
-        channel's consumer always gets the whole window (daphne's replies).
-        The pushed messages are unacked, so they are not counted against
-        ``capacity``, and go back to their queue after ``linger`` or if the
-        process dies.
+        this process before they are taken (16); more lets a worker's threads
+        (``runworker --threads N``) overlap. A process-local channel's consumer
+        always gets the whole window. Pushed messages do not count against
+        ``capacity``, and go back after ``linger`` or if the process dies.
     :param max_consumers: consumers this process keeps at most (1000). Every
-        channel received from gets one, non-blocking receives included, so
-        that the next receive takes what the broker already pushed; past
-        this many, the one wanted longest ago is cancelled (daphne polls a
-        reply channel per open connection).
+        channel received from gets one, non-blocking receives included, so that
+        the next receive takes what was pushed; past this many, the one wanted
+        longest ago is cancelled (daphne polls a reply channel per connection).
     :param queue_type: ``"classic"`` or ``"quorum"``: quorum channel queues
         survive the loss of a cluster node with their messages.
     :param dead_letter_worker: run the dead-letter worker in this process
         (group expiry, dropping expired members). At least one process
         sharing the prefix must run it.
-    :param persistent: publish persistent messages (``delivery_mode`` 2),
-        so that classic queues keep them through a broker restart, at the
-        price of a disk write the confirm waits for. Quorum queues keep
-        every message anyway. Off by default: ASGI 1.0 promises at most
-        once, and a restart of a classic queue's node then drops what waits.
+    :param persistent: publish persistent messages (``delivery_mode`` 2), so
+        that classic queues keep them through a broker restart, at the price of
+        a disk write the confirm waits for; quorum queues keep every message
+        anyway. Off by default, as ASGI 1.0 promises at most once: a restart of
+        a classic queue's node then drops what waits.
     :param hosts: the node list under the name asgi_redis uses: a list of
         AMQP URLs, the same as a list in ``url``. asgi_redis's ``(host,
         port)`` pairs are refused with an error that names ``url``.
-    :param ordered_channels: the channels whose messages with a
-        ``reply_channel`` and an integer ``order`` reach one receiving
-        process at a time per reply channel, in order (ASGI 1.0's
-        ``websocket.receive`` and ``websocket.disconnect``; see
-        ``docs/topology.rst``). Normal channel
-        names only; an empty list turns it off.
+    :param ordered_channels: the channels whose messages with a ``reply_channel``
+        and an integer ``order`` reach one receiving process at a time per reply
+        channel, in order (ASGI 1.0's ``websocket.receive`` and
+        ``websocket.disconnect``; see ``docs/topology.rst``). Normal channel names
+        only; an empty list turns it off.
     :param first_connect_timeout: seconds a process that has never connected
-        waits for the broker to come up (60). Meanwhile a node that refuses or
-        does not answer the connection is an outage, as after a connection was
-        lost; refused credentials, an unknown vhost and TLS failures fail at
-        once. After it, every call fails at once, naming the cause and the
-        time waited, until a connection opens. 0: fail at once, never wait.
-
+        waits for the broker to come up (60); 0 never waits. A node that refuses
+        or does not answer is waited for, as in an outage; refused credentials,
+        an unknown vhost and TLS failures fail at once. Once it has passed,
+        every call fails at once, naming the cause, until a connection opens.
 
     Its parts, which its methods call: ``sender`` (a ``sending.Sender``),
-    ``receiver`` (a ``receiving.Receiver``) and ``groups`` (a
-    ``groups.Groups``).
+    ``receiver`` (a ``receiving.Receiver``) and ``groups`` (a ``groups.Groups``).
     """
 
-    # Decided without I/O: every layer has a management URL (given or derived
-    # from its first URL), so "statistics" is always listed; the statistics
-    # calls raise ManagementAPIError when that API does not answer.
+    # Without I/O: every layer has a management URL, so "statistics" is always listed
+    # (its calls raise ManagementAPIError when that API does not answer).
     extensions = ["groups", "flush", "send_many", "statistics"] + (
         ["twisted"] if twisted_support.AVAILABLE else []
     )
@@ -217,11 +198,11 @@ class AMQPChannelLayer(BaseChannelLayer):
         )
         if not self._management_url.startswith(("http://", "https://")):
             raise ValueError("management_url must be an http:// or https:// URL")
-        # The management API's client, made on first use (callers' threads:
-        # two first calls at once may each make one; the last made is kept).
+        # The management API's client, made on first use (callers' threads: two first
+        # calls at once may each make one; the last made is kept).
         self._management: Optional[ManagementClient] = None
-        # Each calling thread's kind, which says what its calls may wait for
-        # (``callers``; every caller's thread, its own entry).
+        # Each calling thread's kind, saying what its calls may wait for (each caller's
+        # thread owns its own entry).
         self._callers = Callers()
         self._engine = Engine(
             self._parameters,
@@ -235,12 +216,10 @@ class AMQPChannelLayer(BaseChannelLayer):
             bindings_to=lambda exchange: self.management_client().exchange_bindings_to(exchange),
             caller=self._callers.kind,
         )
-        # ChannelFull, undecodable and dropped group messages, counted by the
-        # parts, read by the statistics (thread-safe, under its lock).
+        # ChannelFull, undecodable and dropped group messages, counted by the parts,
+        # read by the statistics (thread-safe, under its lock).
         self._stats = statistics.Counters()
-        # The parts, each made here with what it needs. The engine, the
-        # topology and the serializer they share are the layer's (the engine
-        # is closed by ``close``).
+        # The parts share the layer's engine, topology and serializer.
         # Sends, and the message properties of the other parts (callers' threads).
         self.sender = Sender(
             self._engine,
@@ -298,9 +277,8 @@ class AMQPChannelLayer(BaseChannelLayer):
 
     @operation_timeout.setter
     def operation_timeout(self, seconds: float) -> None:
-        # Both owners: the sender bounds its retries and alarm waits with it,
-        # the engine every wait for the I/O thread. Checked as the
-        # constructor checks it: ``inf`` or None would make waits endless.
+        # Both owners: the sender's retries and alarm waits, the engine's waits for the
+        # I/O thread. Checked as in the constructor: ``inf`` would make waits endless.
         _positive("operation_timeout", seconds)
         self.sender.operation_timeout = seconds
         self._engine.operation_timeout = seconds
@@ -322,16 +300,15 @@ class AMQPChannelLayer(BaseChannelLayer):
     def send_many(self, items: Iterable[Tuple[str, Message]]) -> List[Optional[BaseException]]:
         """Send every ``(channel, message)`` of ``items``, many in flight at once.
 
-        An extension for bulk senders: the same promise as ``send`` for each
-        message, without a broker round trip each. Returns one error per item,
-        in input order: None once the broker confirmed it, or the
-        exception ``send`` would have raised for it (``ChannelFull``, a
-        ``TypeError`` for an invalid name or message, ``MessageTooLarge``, a
-        broker error). An item is validated and encoded before it is
-        published; an invalid one is never published. Messages to one
-        channel keep their order. Items are read as they are sent, so a
-        generator of any length needs memory for the window only (4096
-        messages), plus the returned list.
+        The same promise as ``send`` for each message, without a broker round trip
+        each; messages to one channel keep their order, and an invalid item is
+        never published. Items are read as they are sent, so a generator of any
+        length needs memory for the window (4096 messages) and the returned list.
+
+        :returns: one error per item, in input order: None once the broker
+            confirmed it, else the exception ``send`` would have raised
+            (``ChannelFull``, a ``TypeError`` for an invalid name or message,
+            ``MessageTooLarge``, a broker error).
         """
         return send_all(self, items, "channel")
 
@@ -352,10 +329,10 @@ class AMQPChannelLayer(BaseChannelLayer):
     def receive(
         self, channels: Iterable[str], block: bool = False
     ) -> Tuple[Optional[str], Optional[Message]]:
-        """ASGI's ``receive``. A thread that makes a blocking receive is a
-        worker thread from then on: its other calls, non-blocking receives
-        included, wait through an outage until the broker is back, as a
-        Channels runworker needs (``callers``)."""
+        """ASGI's ``receive``: ``(channel, message)`` from one of ``channels``, or
+        ``(None, None)``; with ``block`` it waits up to ``receive_timeout``. A thread
+        that makes a blocking receive is a worker thread from then on: its other
+        calls wait through an outage until the broker is back, as a runworker needs."""
         if block:
             self._callers.receives_blocking()
         return self.receiver.receive(channels, block)
@@ -387,11 +364,9 @@ class AMQPChannelLayer(BaseChannelLayer):
     def flush(self) -> None:
         """Delete every queue and exchange the layer made under its prefix.
 
-        Only names of the layer's own kinds (``naming.Topology.owns``) go;
-        anything else under ``{prefix}:`` and every other prefix stays.
-
-        The shared dead-letter queue and exchange and the group router stay
-        (emptied), because other processes' workers depend on them.
+        Only names of the layer's own kinds go; anything else under ``{prefix}:``,
+        and every other prefix, stays. The shared dead-letter queue and exchange and
+        the group router stay (emptied): other processes' workers depend on them.
         """
         self.groups.flush()
 
@@ -432,27 +407,21 @@ class AMQPChannelLayer(BaseChannelLayer):
         ``retried_operations``
             calls in flight at a loss that ran again on the next connection;
         ``republished``
-            publishes whose confirm was lost with a connection and that were
-            sent again, marked so that their reader drops a copy it already
-            has (see the docs' "Broker outages");
+            publishes whose confirm was lost with a connection, sent again marked
+            so that their reader drops a copy (see the docs' "Broker outages");
         ``last_error``
             why the last connection was lost or refused, without credentials;
         ``undecodable_messages``
-            messages this layer took and dropped because they could not be
-            decoded (not msgpack, not a dict, encrypted with a key it does not
-            have); each is logged at WARNING with its channel.
+            messages taken and dropped as undecodable (not msgpack, not a dict,
+            encrypted with an unknown key), each logged at WARNING with its channel;
         ``blocked``, ``blocked_reason``
-            whether the broker blocks this process's publishing now (a
-            resource alarm), and its reason ("low on memory", "low on
-            disk"); meanwhile a send waits for it to clear, within
-            ``operation_timeout``, and then raises ``BrokerBlocked``; on
-            daphne's reactor thread it raises at once (see the docs'
-            "Broker alarms");
+            whether a resource alarm blocks this process's publishing now, and
+            its reason ("low on memory", "low on disk"); a send waits for it
+            within ``operation_timeout``, then raises ``BrokerBlocked`` (on
+            daphne's reactor thread at once; see the docs' "Broker alarms");
         ``group_sends_dropped``
-            ``send_group`` messages dropped because an alarm outlasted
-            ``operation_timeout`` or a member's queue stayed full for 2 s
-            (``send_group`` never raises ``ChannelFull``; each is logged at
-            WARNING).
+            ``send_group`` messages dropped, each logged at WARNING, because an
+            alarm outlasted ``operation_timeout`` or a member stayed full for 2 s.
         """
         figures = self._engine.connection_statistics()
         figures["undecodable_messages"] = self._stats.undecodable
@@ -470,7 +439,7 @@ class AMQPChannelLayer(BaseChannelLayer):
             )
         return self._management
 
-    # The base class's checks use loose regexes, and assert in valid_
+    # The base class's checks use loose regexes, and assert in valid_channel_names.
     def valid_channel_name(self, name: str, receive: bool = False) -> bool:
         check_channel_name(name, receive=receive)
         return True

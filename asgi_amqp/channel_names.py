@@ -1,18 +1,15 @@
 """ASGI channel and group names: which are valid, and what a name says.
 
-These are the ASGI spec's rules, checked in the caller's thread before
-anything reaches the broker; ``naming`` maps the names they admit onto
-broker objects. They live apart because they answer a different question
-("may the application use this name?") and ``naming`` relies on their one
-guarantee: ``:`` is not in the alphabet, so a broker name built from a
-channel or group parses back unambiguously.
+The ASGI spec's rules, checked in the caller's thread before anything reaches
+the broker. ``naming`` relies on their one guarantee: ``:`` is not in the
+alphabet, so a broker name built from a channel or group parses back.
 """
 
 import re
 
-# asgiref's own regexes end in "$" (which also matches before a trailing
-# newline) and use Unicode-aware \d and \w; a name that slips through them
-# can be longer than AMQP's 255-byte limit or be renamed by the broker.
+# Not asgiref's regexes: their "$" admits a trailing newline, which the broker drops from
+# a name, and their Unicode \d, \w a name past AMQP's 255 bytes
+# (tests/test_bad_input.py::test_names_the_broker_cannot_take_are_refused).
 CHANNEL_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+([?!][a-zA-Z0-9\-_.]*)?", re.ASCII)
 GROUP_NAME_RE = re.compile(r"[a-zA-Z0-9\-_.]+", re.ASCII)
 MAX_NAME_LENGTH = 99  # asgiref: names shorter than 100 characters

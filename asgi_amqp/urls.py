@@ -29,8 +29,8 @@ def _parameters(url: str, client_name: str) -> pika.URLParameters:
     if parts.scheme not in ("amqp", "amqps"):
         raise ValueError("unsupported URL scheme %r: use amqp:// or amqps://" % parts.scheme)
     if not url[len(parts.scheme) + 1 :].startswith("//") or not parts.hostname:
-        # pika reads 'amqp:/user:password@host/' as a vhost on localhost: it
-        # would connect to another broker and print the password as the vhost.
+        # pika reads 'amqp:/user:password@host/' as a vhost on localhost, and would print
+        # the password (tests/test_credentials_never_leak.py::test_bad_url_errors_leak_no_secret).
         raise ValueError(
             "invalid AMQP URL %s: it needs '//' and a host, as in "
             "amqp://user:password@host:5672/vhost" % redact(url)
@@ -42,9 +42,8 @@ def _parameters(url: str, client_name: str) -> pika.URLParameters:
     except ValueError:
         pass
     if parameters is None:
-        # Raised outside the except block: pika's message can quote part of
-        # the password (as the "port" when a '/' in it was not
-        # percent-encoded), and it must not ride along as __context__.
+        # Outside the except block: pika's message can quote part of the password, and
+        # must not ride along as __context__.
         raise ValueError(
             "invalid AMQP URL %s: check the host, port and query keys, and that "
             "special characters in the user name and password are percent-encoded" % redact(url)
@@ -52,9 +51,8 @@ def _parameters(url: str, client_name: str) -> pika.URLParameters:
     if "heartbeat" not in given:
         parameters.heartbeat = DEFAULT_HEARTBEAT
     if "blocked_connection_timeout" not in given:
-        # Off: during a resource alarm sends wait or fail with BrokerBlocked
-        # and receives go on (engine.io.alarms); closing a blocked
-        # connection would not end the alarm, only interrupt the receives.
+        # Off: closing a blocked connection would not end the alarm, only the receives that go
+        # on through it (test_an_alarm_blocks_sends_for_a_bounded_time_while_receives_go_on).
         parameters.blocked_connection_timeout = DEFAULT_BLOCKED_CONNECTION_TIMEOUT
     if "socket_timeout" not in given:
         parameters.socket_timeout = DEFAULT_SOCKET_TIMEOUT
@@ -70,9 +68,8 @@ _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:/*)(?P<user>[^:@/]*
 def redact(url: object) -> str:
     """The URL with any password replaced by ``***``.
 
-    Everything up to the last '@' counts as user information, so a password
-    with an unencoded '/', '?' or '#' is hidden too, and so is one in a
-    malformed URL with fewer slashes than two ('amqp:/user:password@host').
+    Everything up to the last '@' is user information: a password with an
+    unencoded '/', '?' or '#', or in 'amqp:/user:password@host', is hidden too.
     """
     if not isinstance(url, str):
         return "<url>"
@@ -92,10 +89,8 @@ def vhost_of(url: str) -> str:
 
 
 def management_url_for(url: str) -> str:
-    """The management API on the same host as ``url``, with its credentials.
-
-    Port 15672 (http), or 15671 (https) for an ``amqps://`` URL: RabbitMQ's defaults.
-    """
+    """The management API on the same host as ``url``, with its credentials, on
+    RabbitMQ's default port (https for ``amqps://``)."""
     parts = urlsplit(url)
     scheme = "https" if parts.scheme == "amqps" else "http"
     userinfo = parts.netloc.rpartition("@")[0]

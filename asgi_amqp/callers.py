@@ -1,19 +1,14 @@
 """Who makes a call, and so what it may wait for: decided here for every part.
 
-- ``Caller.REACTOR``, daphne's reactor thread: every socket of daphne waits
-  with it, so it never waits beyond one broker round trip. A send the
-  broker refuses, or that meets an outage, is parked (``parked_sends``);
-  a resource alarm raises ``BrokerBlocked`` at once, a full channel
-  ``ChannelFull`` at once, and any other call in an outage
-  ``BrokerUnreachable``.
-- ``Caller.WORKER``, a thread that has made a blocking receive (a Channels
-  runworker's): Channels 1.x catches nothing around a worker's sends, and
-  its ``enforce_ordering`` empties a socket's wait channel with a
-  non-blocking receive, so a worker's calls but its blocking receives wait
-  through an outage until the broker is back (``Engine._ride_out``).
-  ``AMQPChannelLayer.receive`` says so.
-- ``Caller.PLAIN``, any other thread: it waits up to ``operation_timeout``,
-  then raises an error that names the cause.
+- ``Caller.REACTOR``, daphne's reactor thread: every socket of daphne waits with it,
+  so it waits for one broker round trip at most. A refused send, or one in an outage,
+  is parked (``parked_sends``); an alarm, a full channel or any other call in an
+  outage raises at once (``BrokerBlocked``, ``ChannelFull``, ``BrokerUnreachable``).
+- ``Caller.WORKER``, a thread that made a blocking receive (a runworker's): Channels
+  1.x catches nothing around its sends, and ``enforce_ordering`` receives without
+  blocking, so all its calls but blocking receives wait through an outage
+  (``Engine._ride_out``).
+- ``Caller.PLAIN``, any other thread: waits up to ``operation_timeout``, then raises.
 """
 
 import enum
@@ -46,7 +41,6 @@ class Callers(object):
         self._local.worker = True
 
     def kind(self) -> Caller:
-        """The calling thread's kind."""
         if on_reactor_thread():
             return Caller.REACTOR
         if getattr(self._local, "worker", False):

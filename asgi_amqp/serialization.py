@@ -1,8 +1,7 @@
 """Message validation, msgpack encoding and optional Fernet encryption.
 
-Validation happens in the caller's thread before anything is handed to the
-I/O thread, so bad input never reaches the broker and the error names the
-offending key.
+Validation runs in the caller's thread, so bad input never reaches the broker
+and the error names the offending key.
 """
 
 import logging
@@ -55,10 +54,8 @@ def _plainly_valid(
 ) -> bool:
     """True when ``container`` holds only the exact built-in types ASGI allows.
 
-    Every send validates its message, so the common case must be cheap: no
-    error paths are built here and scalars are checked inline. False means
-    "look closer", not "invalid": ``_validate_value`` then decides, with
-    subclasses allowed and an error that names the offending key.
+    Every send's cheap common case. False means "look closer", not "invalid":
+    ``_validate_value`` then decides, and names the offending key.
     """
     if depth >= MAX_DEPTH:
         return False
@@ -173,11 +170,8 @@ def _make_crypter(keys: Optional[Sequence[Union[str, bytes]]]) -> Optional["Mult
 
 
 def _fernet_key(key: Union[str, bytes]) -> bytes:
-    """Accept either a Fernet key or any secret, as asgi_redis does.
-
-    A secret that is not a valid Fernet key is stretched with SHA-256, so
-    that a Django SECRET_KEY-like string works.
-    """
+    """A Fernet key as it is, or any other secret (a SECRET_KEY) stretched with SHA-256,
+    as asgi_redis does."""
     import base64
     import hashlib
 

@@ -1,24 +1,19 @@
 """The RabbitMQ permissions each kind of user of a prefix needs, and no more.
 
-RabbitMQ grants a user, per vhost, three regular expressions matched
-against the names of queues and exchanges: *configure* (declare, delete),
-*write* (publish to an exchange; be the destination of a binding) and
-*read* (get, consume, purge; be the source of a binding). The patterns here
-are derived from ``naming``: they admit exactly the objects one prefix's
-layer makes. ``docs/permissions.rst`` shows them, and a test checks that
-the page and this module agree.
+RabbitMQ grants a user, per vhost, three regular expressions on the names of queues and
+exchanges: *configure* (declare, delete), *write* (publish to an exchange; be a binding's
+destination) and *read* (get, consume, purge; be a binding's source). The patterns here
+come from ``naming`` and admit exactly one prefix's objects; ``docs/permissions.rst``
+shows them (test_the_docs_show_exactly_the_commands_of_the_code).
 
-Three things about RabbitMQ shape them:
+What RabbitMQ does that shapes them:
 
-* publishing to a queue goes through the default exchange, which RabbitMQ
-  checks as write on ``amq.default``; that exchange reaches every queue of
-  the vhost, so prefixes in one vhost cannot keep each other from
-  *sending*. Give each application a vhost of its own where that matters.
-* declaring a queue that has a dead-letter exchange needs read on the
-  queue and write on that exchange. A user that may create channels can
-  therefore also receive from them; the ``sender`` role may do neither.
-* a passive declare needs no permission, so anyone with access to the
-  vhost can learn whether a queue exists and how deep it is.
+* a publish to a queue is write on ``amq.default``, which reaches every queue of the vhost
+  (test_a_prefix_in_the_same_vhost_can_send_into_another): one vhost per application.
+* declaring a queue with a dead-letter exchange needs read on the queue and write on the
+  exchange: a user that may create channels may receive from them; ``sender`` does neither.
+* a passive declare needs no permission (test_sender_sends_to_channels_that_exist), so
+  anyone in the vhost can learn whether a queue exists and how deep it is.
 """
 
 from typing import Dict, NamedTuple, Tuple
@@ -29,8 +24,8 @@ ROLES = ("application", "sender", "monitoring")
 NOTHING = "^$"
 DEFAULT_EXCHANGE = r"amq\.default"
 
-# Management API user tags per role: ``management`` lets a user read the
-# vhosts it has permissions in, nothing more.
+# Management API user tags per role: ``management`` reads the vhosts the user has
+# permissions in, nothing more (test_monitoring_reads_statistics_and_nothing_else).
 TAGS: Dict[str, Tuple[str, ...]] = {
     "application": (),
     "sender": (),
@@ -64,23 +59,18 @@ def permissions(prefix: str, role: str) -> Permissions:
 
     ``application``
         daphne, runworker and anything else that receives or uses groups:
-        declares and deletes all of the prefix's objects, publishes through
-        the default exchange and the group router, binds, receives.
+        all of the prefix's objects, the default exchange and the group router.
     ``sender``
         a job that only sends to channels that exist (``asgi-amqp send``,
-        ``send`` and ``send_many``): write on the default exchange and
-        nothing else. It cannot create a channel, receive, or touch groups.
+        ``send``, ``send_many``): write on the default exchange alone.
     ``monitoring``
-        ``asgi-amqp stats`` and ``top``, through the management API: no
-        AMQP permission at all (the vhost access that comes with any
-        entry), plus the ``management`` tag (``TAGS``).
+        ``asgi-amqp stats`` and ``top``: no AMQP permission at all, plus the
+        ``management`` tag (``TAGS``).
     """
     check_prefix(prefix)
     if role == "application":
-        # Everything is configured and read; what is never a binding's
-        # destination nor a dead-letter exchange (lease queues) is not
-        # written. (A publish through the default exchange needs write on it
-        # alone.)
+        # Lease queues, never a binding's destination nor a dead-letter exchange, are
+        # not written; everything is configured and read.
         every = _objects(prefix, KINDS)
         written = _objects(prefix, tuple(kind for kind in KINDS if kind != "e"))
         return Permissions(

@@ -1,14 +1,10 @@
-"""A small client for RabbitMQ's management HTTP API.
+"""A small client for RabbitMQ's management HTTP API, on the standard library alone.
 
-AMQP 0-9-1 cannot list queues, exchanges or bindings, so ``group_channels``,
-``flush``, statistics and ``asgi-amqp top`` come from here. Only the
-standard library is used; every request has a timeout, and errors never
-include the credentials.
-
-Before its first request a client checks, once, that the URL serves
-RabbitMQ's API: a proxy, a web server or a wrong port may answer every path
-with a 404 or an HTML page, and read naively that looks like an empty broker
-(``flush`` deleting nothing, statistics all zero).
+AMQP 0-9-1 cannot list queues, exchanges or bindings: ``group_channels``, ``flush``,
+statistics and ``asgi-amqp top`` read them here. Every request has a timeout, and no
+error names the credentials. Before its first request a client checks, once, that the
+URL serves RabbitMQ's API: a proxy or a wrong port may answer with a 404 or an HTML page,
+which would read as an empty broker (test_flush_deletes_nothing_it_could_not_list).
 """
 
 import base64
@@ -50,10 +46,10 @@ class _Status(ManagementAPIError):
 
 
 class ManagementClient(object):
-    """The management API of one vhost.
+    """The management API of one vhost: the layer's, used from callers' threads.
 
-    ``url`` may carry credentials (``http://user:password@host:15672/``): they
-    go into the Authorization header, and messages name the URL without them.
+    Credentials in ``url`` (``http://user:password@host:15672/``) go into the
+    Authorization header only; messages name the URL without them.
     """
 
     def __init__(self, url: str, vhost: str, timeout: float = 5.0) -> None:
@@ -71,7 +67,7 @@ class ManagementClient(object):
         self._auth = "Basic " + token
         self._vhost = quote(vhost, safe="")
         self._timeout = timeout
-        self._is_rabbitmq = False  # set once /api/overview proved it
+        self._is_rabbitmq = False  # set once /api/overview proved it, never unset
 
     def __repr__(self) -> str:
         return "<ManagementClient %s>" % self._base
@@ -127,11 +123,8 @@ class ManagementClient(object):
             raise _NotJSON("the management API at %s did not answer JSON" % self._base) from None
 
     def overview(self) -> Dict[str, Any]:
-        """The node's ``/api/overview`` (versions), checked to be RabbitMQ's.
-
-        Raises ManagementAPIError naming the URL when it is not; a client
-        that passed the check once does not check again.
-        """
+        """The node's ``/api/overview`` (versions); ManagementAPIError naming the URL
+        unless it is RabbitMQ's."""
         try:
             body = self._request("overview", {"columns": ",".join(_OVERVIEW_KEYS)})
         except _NotJSON:
@@ -164,8 +157,7 @@ class ManagementClient(object):
             except ManagementAPIError:
                 if page == 1:
                     raise
-                # Objects went away meanwhile and this page no longer exists
-                # (the API answers 400 past the last page).
+                # Objects went meanwhile: the API answers 400 past the last page.
                 return items
             if body is None:
                 return items
@@ -187,7 +179,7 @@ class ManagementClient(object):
 
     def exchange_bindings_from(self, exchange: str) -> List[Dict[str, Any]]:
         """The bindings of ``exchange`` as source: ``destination``,
-        ``destination_type`` (``exchange`` or ``queue``) and ``arguments``."""
+        ``destination_type`` and ``arguments``."""
         body = self._get(
             "exchanges/%s/%s/bindings/source" % (self._vhost, quote(exchange, safe=""))
         )
@@ -213,12 +205,8 @@ class ManagementClient(object):
         return self._paged("exchanges/%s" % self._vhost, prefix, columns)
 
     def exchange_bindings(self, source_prefix: str) -> List[Dict[str, Any]]:
-        """The vhost's bindings whose source starts with ``source_prefix``.
-
-        The API cannot filter bindings, so this reads all of the vhost's in
-        one request and keeps ``source``, ``destination``, its type and the
-        binding's ``arguments``.
-        """
+        """The vhost's bindings whose source starts with ``source_prefix``: all of them
+        in one request, since the API cannot filter bindings."""
         body = self._get(
             "bindings/%s" % self._vhost,
             {"columns": "source,destination,destination_type,arguments"},
@@ -226,12 +214,11 @@ class ManagementClient(object):
         return [b for b in body or [] if str(b.get("source", "")).startswith(source_prefix)]
 
     def alarms(self) -> Optional[List[Dict[str, str]]]:
-        """The resource alarms in effect in the cluster, one ``{"node": ...,
-        "resource": ...}`` each (``memory``, ``disk space``, ...); None when
-        the API has no alarms check (RabbitMQ before 3.8.10).
+        """The cluster's resource alarms, one ``{"node": ..., "resource": ...}`` each;
+        None without the alarms check (RabbitMQ before 3.8.10).
 
-        RabbitMQ's ``health/checks/alarms`` answers 200 when there is none and
-        503, listing them, when there are; it needs only the ``management`` tag.
+        ``health/checks/alarms`` answers 503 listing them, 200 when there is none
+        (test_a_resource_alarm_is_served_while_it_lasts); the ``management`` tag suffices.
         """
         try:
             body = self._get("health/checks/alarms")

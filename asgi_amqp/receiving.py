@@ -1,13 +1,9 @@
 """Receiving: ``receive`` and what it hands out.
 
-``AMQPChannelLayer`` holds one ``Receiver``, kept apart because ``receive``
-is the hottest call of a worker and does the most in the caller's thread: it maps
-the channel names onto their queues (``ReceiveTargets``, cached, because a
-worker names the same handful of channels thousands of times), takes a
-message a consumer was already pushed without a trip to the I/O thread,
-and decodes what it gets, skipping (and counting) what cannot be read. The
-gets and waits themselves run on the I/O thread (``engine``).
-``twisted_support`` builds daphne's ``receive_twisted`` on a ``Receiver``.
+``receive`` is a worker's hottest call and does the most in the caller's thread: it
+maps channel names onto queues (``ReceiveTargets``), takes a message a consumer was
+pushed already without a trip to the I/O thread, and decodes, skipping (and counting)
+what cannot be read. The gets and waits run on the I/O thread (``engine``).
 """
 
 import logging
@@ -37,9 +33,8 @@ Target = Tuple[str, Optional[Dict[str, Any]]]  # (queue, its arguments)
 class Receiver(object):
     """``receive``, and the takes ``receive_twisted`` makes on daphne's reactor.
 
-    Made by ``AMQPChannelLayer`` with what it needs; used from callers'
-    threads only, several at once, daphne's reactor thread among them
-    (``take_held``, which never waits).
+    The layer's; used from callers' threads only, several at once, daphne's
+    reactor thread among them (``take_held``, which never waits).
     """
 
     def __init__(
@@ -55,14 +50,12 @@ class Receiver(object):
         self._topology = topology
         self._serializer = serializer
         self._stats = stats  # undecodable counts (thread-safe, the layer's)
-        # Seconds a blocking receive waits: the layer's ``receive_timeout``
-        # (callers' threads; set there only, checked by the property below).
+        # The layer's ``receive_timeout`` (callers' threads; set there only, checked below).
         self.timeout = receive_timeout
         # Channel names -> queues, cached (callers' threads; see ReceiveTargets).
         self.queues = ReceiveTargets(topology)
-        # Process-local members and copies of group messages waiting for them
-        # (callers' threads, under its lock). This receiver fills and reads it;
-        # ``Groups.flush`` empties it.
+        # Process-local members and the copies waiting for them (callers' threads, under
+        # its lock): this receiver fills and reads it, ``Groups.flush`` empties it.
         self.local_groups = LocalGroups(topology, get_capacity)
 
     @property
@@ -71,9 +64,8 @@ class Receiver(object):
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        """A positive, finite number: a blocking receive always ends. The
-        layer's constructor checks it so; its ``receive_timeout`` setter
-        comes here, where ``inf`` would have waited for ever."""
+        """A positive, finite number, so that a blocking receive always ends (the
+        layer's ``receive_timeout`` setter comes here)."""
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
             raise ValueError("receive_timeout must be a number of seconds, not %r" % (seconds,))
         if not 0 < seconds < math.inf:  # nan compares False
@@ -87,11 +79,8 @@ class Receiver(object):
         if not queues:
             return None, None  # as asgiref's in-memory layer and asgi_redis do
         names = [queue for queue, _ in queues]
-        # Copies of a group message made for this process's members come
-        # first: they were taken from their queue ahead of all it holds.
-        # Then a consumer of an earlier blocking receive may have been pushed
-        # one already: take it here, without a trip to the I/O thread.
-        # A notice taken counts against a blocking receive's timeout.
+        # Copies for this process's members first: they left their queue ahead of all it
+        # holds; then what a consumer was pushed already. Notices count against the timeout.
         deadline = time.monotonic() + self.timeout
         if block:
             self._engine.asked(queues)  # its consumers stay wanted (engine.consumers.sweep)
@@ -115,9 +104,8 @@ class Receiver(object):
     def take_held(self, queues: Sequence[Target]) -> Optional[Received]:
         """A message already pushed to this process for one of ``queues``, or None.
 
-        Never waits and never starts the layer's threads, so that daphne's
-        reactor thread may call it (``twisted_support.receive_twisted``): a lock, a decode,
-        and the ack handed to the I/O thread without waiting for it.
+        Never waits nor starts the layer's threads, so that daphne's reactor
+        thread may call it (``twisted_support.receive_twisted``).
         """
         names = [queue for queue, _ in queues]
         copy = self._local_copy(names)
@@ -172,7 +160,6 @@ class Receiver(object):
             raise settings_mismatch(exc, self._topology.explain_mismatch) from None
 
     def _decode(self, delivery: Delivery) -> Optional[Received]:
-        """(channel, message) for a delivery, or None for one that is skipped."""
         channel = self._topology.channel_of_delivery(delivery.queue, delivery.headers)
         return self._decode_body(delivery.queue, channel, delivery.body)
 
@@ -197,12 +184,10 @@ class Receiver(object):
 class ReceiveTargets(object):
     """``receive``'s channel names -> the distinct queues behind them, validated.
 
-    A worker receives from the same 10-20 names thousands of times: each
-    name is checked and mapped once, and each set of names once. The
-    queues come back in random order, so that no channel starves another.
-
-    Callers' threads: a dict's get and set are atomic, and an entry lost to
-    a race (or to a clear at the limit) is computed again.
+    A worker names the same few channels again and again: each name is checked
+    and mapped once, each set of names once. The queues come back shuffled, so
+    that no channel starves another. Callers' threads: a dict's get and set are
+    atomic, and an entry lost to a race (or to a clear at the limit) is made again.
     """
 
     def __init__(self, topology: naming.Topology) -> None:

@@ -1,20 +1,10 @@
 """Sending: ``send``, and the properties of every message of the layer.
 
-``AMQPChannelLayer`` holds one ``Sender``, kept apart because a send is more
-than a publish: a publish the broker refused (nacked) or returned is
-carried to its end here, in the caller's thread, as ``ChannelFull``, a
-declare and a new attempt, or an error (``SendAttempts`` says for how
-long). The publishes themselves run on the I/O thread (``engine``).
-
-Every part publishes and declares through the engine itself
-(``Engine.publish``, which waits through a resource alarm, and
-``Engine.declare``, which names a queue that exists with other settings),
-so that a call crosses no part it does not need. The other parts
-(``groups.Groups``, ``pipeline.SendPipeline``) take from the ``Sender``
-what is the sender's: the properties that number the layer's messages
-(``properties``), a channel queue's declare (``channel_queue_declare``),
-the encoding of a message (``encode``), ``operation_timeout``, and the end
-of a publish the broker refused or returned (``finish_send``).
+A send is more than a publish: one the broker refused (nacked) or returned is carried to
+its end here, in the caller's thread, as ``ChannelFull``, a declare and a new attempt, or
+an error (``SendAttempts``). The publishes run on the I/O thread (``engine``). ``groups``
+and ``pipeline`` take from the ``Sender`` what is its own: ``properties``, the queue
+declares, ``encode``, ``operation_timeout`` and ``finish_send``.
 """
 
 import itertools
@@ -38,9 +28,8 @@ from .statistics import Counters
 class Sender(object):
     """``send``, the end of a refused publish, and the layer's message properties.
 
-    Made by ``AMQPChannelLayer`` with what it needs; used from callers'
-    threads only, several at once, daphne's reactor thread among them
-    (which never waits for an alarm or a refused send: ``callers``).
+    The layer's; used from callers' threads only, several at once, daphne's reactor
+    thread among them (which never waits for an alarm or a refused send: ``callers``).
     """
 
     def __init__(
@@ -60,8 +49,7 @@ class Sender(object):
         self._serializer = serializer
         self._stats = stats  # ChannelFull counts (thread-safe, the layer's)
         self._get_capacity = get_capacity
-        # Seconds a publish, a declare or a refused send waits for the broker;
-        # the layer's ``operation_timeout`` (callers' threads; set there only).
+        # The layer's ``operation_timeout`` (callers' threads; set there only).
         self.operation_timeout = operation_timeout
         self._delivery_mode = 2 if persistent else 1
         # The calling thread's kind, which says what it may wait for (``callers``).
@@ -80,17 +68,14 @@ class Sender(object):
         body = self._serializer.dumps(message)
         queue = self._topology.send_queue(channel, message)
         headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
-        # A socket's frames outlive a restart: a frame lost from a classic
-        # queue would stall its socket under Channels' enforce_ordering.
+        # Persistent on a shard: a classic queue's node loses transient messages when it
+        # stops (test_traffic_through_the_loss_of_a_node), and a lost frame stalls its socket.
         shard = naming.is_shard_queue(queue)
         properties = self.properties(headers, persistent=shard)
-        # Parked instead of waiting (``parked_sends``): a send of daphne's
-        # reactor thread while the broker is away, or refused, or behind sends
-        # to its queue parked before it; and a socket's frame for a full
-        # shard, which may be enforce_ordering's requeue from a worker that is
-        # the shard's only reader (Channels does not retry it). A queue without
-        # order holds at most SHORT_LINE of them: then ChannelFull, and daphne
-        # answers 503 or 1013.
+        # Parked (``parked_sends``) instead of waiting: a reactor send while the broker is away,
+        # refused, or behind earlier parked sends to its queue; and a frame for a full shard,
+        # maybe enforce_ordering's requeue from its only reader, which Channels does not retry.
+        # An unordered queue parks SHORT_LINE at most, then ChannelFull (daphne: 503 or 1013).
         reactor = self.caller() is Caller.REACTOR
         parked = self.parked_sends
         most = None if shard else SHORT_LINE
@@ -142,7 +127,8 @@ class Sender(object):
                 attempts.refused(self._depth_unless_full(channel, queue))
                 marked = True  # in case a refusal ever lied: the receiver drops a copy
             else:
-                # Returned: the queue does not exist (new, expired or flushed).
+                # Returned: no such queue, new, expired or flushed
+                # (test_messages_count_is_what_the_queue_took_in).
                 attempts.returned()
                 self.engine.declare([self.queue_declare(channel, queue)], "declare %s" % queue)
             outcome = self.engine.publish(
@@ -152,18 +138,13 @@ class Sender(object):
     def _depth_unless_full(self, channel: str, queue: str) -> int:
         """After a refusal: ``ChannelFull`` if the queue is full, else its depth.
 
-        Full means at or past ``Topology.refusing_depth``: the capacity of a
-        classic queue, and for a quorum queue the mark down to which a full
-        one keeps refusing. Anything less is another cause: a queue on a
-        node that is going down, or a quorum queue between leaders, refuses
-        messages too, and that is not ChannelFull.
-
-        The depth comes from a passive declare, which works whatever the
-        queue's arguments. A queue that is not full by this layer's
-        capacity is then declared with this layer's arguments: one created
-        with a smaller capacity (full below ours) makes the broker refuse
-        that declare, which names the mismatch (``QueueSettingsMismatch``)
-        instead of a refusal that looks like a failing node."""
+        Full is ``Topology.refusing_depth`` or more. Below it the refusal has another
+        cause, not ChannelFull: a queue whose node is down refuses too
+        (test_traffic_through_the_loss_of_a_node), as does a quorum queue between leaders.
+        The depth comes from a passive declare, which works whatever the queue's
+        arguments; a queue not full then gets this layer's declare, which the broker
+        refuses for one made with a smaller capacity: ``QueueSettingsMismatch``
+        (test_a_send_to_a_queue_full_at_a_smaller_capacity), not a failing node."""
         depth: int = self.engine.declare(
             [engine.queue_declare(queue, None, passive=True)], "check %s" % queue
         ).message_count
@@ -196,8 +177,6 @@ class Sender(object):
         self, headers: Optional[Dict[str, Any]] = None, persistent: bool = False
     ) -> pika.BasicProperties:
         """The properties of a message of this layer, with a new id."""
-        # Ids only need to be unique per process and cheap: a random
-        # per-process token plus a counter (next() on it is atomic).
         return pika.BasicProperties(
             delivery_mode=2 if persistent else self._delivery_mode,  # 2 with persistent=True
             content_type="application/x-msgpack",
@@ -210,15 +189,11 @@ class Sender(object):
 class SendAttempts(object):
     """How long ``send`` keeps trying after the broker said no.
 
-    A refusal (nack) from a queue that is not full means it could not take
-    the message (a quorum queue between leaders, a node going down): the
-    message was not delivered. It is sent again at once, since a reader
-    may have made room between the refusal and the depth check. After
-    that a ``patient`` caller sends it again with a growing pause until
-    ``operation_timeout``; an impatient one, daphne's reactor thread,
-    which must never sleep, gets ``MessageRefused`` at once. A return
-    means the queue does not exist: it is declared and the message sent
-    again, three times at most.
+    A refusal (nack) of a queue that is not full: the message was not delivered. It
+    goes again at once (a reader may have made room before the depth check), then a
+    ``patient`` caller retries with a growing pause until ``operation_timeout``;
+    daphne's reactor thread, which must never sleep, gets ``MessageRefused`` at once.
+    A return (no such queue): declare and send again, three times at most.
     """
 
     def __init__(self, channel: str, queue: str, timeout: float, patient: bool = True) -> None:

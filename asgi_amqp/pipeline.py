@@ -1,24 +1,16 @@
 """Pipelined sends: many messages in flight, each one's error (or None) in input order.
 
-``send`` waits for its publisher confirm before it returns: one broker
-round trip per message on the caller's time. ``SendPipeline`` keeps a window
-of messages in flight instead. It hands them to the I/O thread a chunk at a
-time (one hand-off and one wake-up per chunk) and collects the confirms
-later, oldest first, so the broker and pika work at their own pace while the
-caller reads and encodes the next rows.
+``send`` waits for its confirm: a round trip per message on the caller's time.
+``SendPipeline`` keeps a window of messages in flight instead, hands them to the I/O
+thread a chunk at a time and collects the confirms later, oldest first, while the caller
+encodes the next rows. Memory is bounded by the window, whatever the input's size.
 
-What each message is promised is the same as for ``send``: reported sent
-only once the broker confirmed it; ``ChannelFull`` when its queue was full;
-the exception of ``send`` otherwise. Order per channel holds: every channel's
-queue is declared before the first of its messages leaves (so the broker
-does not return some of them and take later ones), and one connection's
-publishes reach a queue in the order they were sent. A message the broker
-returned anyway (its queue expired meanwhile) or refused although its queue
-is not full goes through ``send``'s own retry, which may put it behind
-later messages of the same channel; both need the queue to vanish or its
-node to fail during the call.
-
-Memory is bounded by the window, whatever the input's size.
+Each message has ``send``'s promise: sent only once confirmed, ``ChannelFull`` when its
+queue was full, ``send``'s exception otherwise. Order per channel holds: a channel's
+queue is declared before its first message leaves, and one connection's publishes reach
+a queue in the order sent (test_every_message_arrives_in_order_per_channel). A message
+returned (its queue vanished meanwhile) or refused by a queue not full (its node failed)
+goes through ``send``'s retry, which may put it behind later ones of its channel.
 """
 
 import collections
@@ -43,13 +35,10 @@ NOT_FOUND = 404
 CHUNK = 256  # messages per hand-off to the I/O thread
 WINDOW = 4096  # messages in flight at most
 
-# What the pipeline reports of a message: None once sent, else the exception
-# ``send`` would have raised. (An engine *outcome* is a confirm's ACKED,
-# NACKED or RETURNED; the pipeline carries one to its end, an error or None.)
+# A message's *error*: None once sent, else the exception ``send`` would have raised.
 SendError = Optional[BaseException]
-# report(tag, error, in_doubt): ``in_doubt`` is True for an error of a
-# message that was written to the broker without a confirm coming back, so
-# the broker may have it; False means sent (error None) or certainly not.
+# report(tag, error, in_doubt): ``in_doubt`` for the error of a message *written* with no
+# confirm back, which the broker may have; False: sent (error None) or certainly not.
 Report = Callable[[Any, SendError, bool], None]
 
 
@@ -91,20 +80,14 @@ class _Entry(object):
 class SendPipeline(object):
     """Sends through ``layer`` with a window of confirms outstanding.
 
-    Made by ``AMQPChannelLayer.send_pipeline``, which gives it the layer's
-    ``engine`` to publish and declare through. Of the layer it reads public
-    parts only: message properties, encoding and the end of a refused
-    publish from its ``sender``, the shared objects a group send needs from
-    its ``groups``, queue names from its ``topology``; names are checked by
-    the layer's own ``valid_channel_name`` and ``valid_group_name``.
+    Made by ``AMQPChannelLayer.send_pipeline`` for one caller, whose thread alone uses
+    it; of the layer it reads public parts only (``sender``, ``groups``, ``topology``,
+    name checks) and publishes and declares through its ``engine``.
 
-    ``put`` takes one message and may block while the window is full;
-    ``flush`` waits for everything put so far. ``report(tag, error,
-    in_doubt)`` is called for every message in the order they were put,
-    from the calling thread, with ``error`` None once the broker confirmed
-    it (see ``Report``). Before each chunk goes, the messages whose confirm
-    came already are reported, so that a caller can ``stop`` before the next
-    chunk leaves.
+    ``put`` takes one message and may block while the window is full; ``flush`` waits
+    for everything put so far. ``report(tag, error, in_doubt)`` is called for every
+    message in the order put, from the calling thread (see ``Report``). Before each
+    chunk goes, the messages confirmed already are reported, so a caller can ``stop``.
     """
 
     def __init__(
@@ -120,9 +103,8 @@ class SendPipeline(object):
         self._sender = layer.sender  # message properties, encoding, finish_send
         self._engine = engine  # publishes and declares
         self._groups = layer.groups  # the shared objects a group send needs
-        # A tool sending for an application (the command line, Spark) must not
-        # re-declare a queue the application made: a passive declare first,
-        # and a queue that exists is used with the arguments it has.
+        # A tool sending for an application (command line, Spark) does not re-declare its
+        # queues: a passive declare first, and a queue that exists is used as it is.
         self._keep_existing = keep_existing
         self._report = report
         self._chunk_size = chunk
@@ -194,11 +176,8 @@ class SendPipeline(object):
         entry.body = sender.encode(message)
 
     def _launch(self) -> None:
-        """Declare the chunk's new queues, then hand its publishes over at once.
-
-        Interrupted before the hand-over (a KeyboardInterrupt in a declare),
-        the chunk's messages were never published: ``NotAttempted``.
-        """
+        """Declare the chunk's new queues, then hand its publishes over at once;
+        interrupted before (a KeyboardInterrupt in a declare), they are ``NotAttempted``."""
         entries, self._waiting = self._waiting, []
         if not entries:
             return
@@ -273,9 +252,9 @@ class SendPipeline(object):
     def _declare(self, channel: str, queue: str) -> None:
         """Declare ``channel``'s queue; for a user that may only send, check it exists.
 
-        A user with the ``sender`` permissions (docs/permissions.rst) may not
-        declare queues: a 403. A passive declare needs no permission; if the
-        queue is there, the messages go to it, else the 403 is their error.
+        The ``sender`` role gets a 403 for a declare, but a passive one needs no
+        permission (test_sender_sends_to_channels_that_exist): the messages go to a
+        queue that is there, else the 403 is their error.
         """
         declare = self._engine.declare
         if not self._passive_only:

@@ -1,46 +1,29 @@
 """The ASGI 1.0 ``statistics`` extension.
 
-``global_statistics(layer)`` and ``channel_statistics(layer, channel)`` return
-dicts with the keys the ASGI spec names:
+``global_statistics(layer)`` and ``channel_statistics(layer, channel)`` return dicts
+with the keys the ASGI spec names:
 
 ``messages_count``
-    messages the channel's queue took in since it exists: a classic queue's
-    own count (``backing_queue_status.next_seq_id``). The broker's
-    ``message_stats.publish`` is not used for a classic queue because it
-    counts publishes the queue never took: the layer's first send to a
-    queue that does not exist yet comes back unroutable (the default
-    exchange counts it against the queue's name), and a full queue refuses
-    publishes. A quorum queue has no such count, so for it ``publish`` is
-    the figure, and it can be higher by those publishes (see
-    :func:`messages_taken_in`). The count starts when the queue was
-    (re)created (queues expire when unused and ``flush`` deletes them), or
-    when its node restarted: "since the queue exists", not "since server
-    start".
+    messages the channel's queue took in since it was (re)created or its node
+    restarted, not since server start (:func:`messages_taken_in`).
 ``messages_count_per_second``
     the broker's publish rate into the queue (``publish_details.rate``).
 ``messages_pending``
     messages waiting in the queue (``messages_ready``).
 ``messages_max_age``
-    seconds the message at the head of the queue has waited, from the
-    ``timestamp`` property of that message (``head_message_timestamp``,
-    whole seconds); 0 when the queue is empty or its head has no timestamp.
+    seconds the head message has waited, by its ``timestamp`` (whole seconds:
+    test_messages_max_age_from_the_head_message_timestamp); 0 when there is none.
 ``channel_full_count``, ``channel_full_count_per_second``
-    how often ``send`` raised ``ChannelFull`` in *this process* (the broker
-    does not count refused publishes per queue), and how many of those were
-    in the last second. They come from the layer's ``_stats`` counters (a
-    :class:`Counters`); a layer without them reports 0.
+    ``send``'s ``ChannelFull`` in *this process* (the broker counts no refused publishes
+    per queue), in all and in the last second, from the layer's ``_stats`` (a
+    :class:`Counters`); 0 without it.
 
-Everything except the two ``channel_full`` figures comes from RabbitMQ's
-management HTTP API, which computes queue figures every
-``collect_statistics_interval`` (5 s by default): a figure can be up to that
-old, and on a fresh node or a new queue the rates are 0 until the node has
-taken two samples. The global figures are sums (the age a maximum) over the
-layer's channel queues, ``{prefix}:q:*``. When the management API does not
-answer (or is not RabbitMQ's), the calls raise ``ManagementAPIError``, which
-names the URL.
-
-A process-local channel ``foo!bar`` lives in the queue ``foo!``, shared by
-every channel ``foo!...``; its figures are those of that queue.
+The rest comes from RabbitMQ's management API, which computes queue figures every
+``collect_statistics_interval`` (5 s by default; tests/test_statistics.py waits for it):
+a figure can be that old, and a new queue's rates are 0 until it has two samples. The
+global figures are sums (the age a maximum) over ``{prefix}:q:*``; ``foo!bar``'s are
+its queue ``foo!``'s. Without the API the calls raise ``ManagementAPIError``, naming
+the URL.
 """
 
 import collections
@@ -86,11 +69,8 @@ Figures = Dict[str, Union[int, float]]  # the KEYS: counts are int, rates float
 
 
 class Source(Protocol):
-    """What the statistics read of a layer (``AMQPChannelLayer`` is one).
-
-    Its ``_stats`` (a :class:`Counters`) is optional and read with ``getattr``:
-    a layer without one reports 0 for the ``channel_full`` figures.
-    """
+    """What the statistics read of a layer (``AMQPChannelLayer`` is one), and its
+    optional ``_stats`` (a :class:`Counters`), read with ``getattr``."""
 
     @property
     def topology(self) -> Topology: ...
@@ -101,16 +81,12 @@ class Source(Protocol):
 
 
 class Counters(object):
-    """Thread-safe ``ChannelFull`` counters, owned by a layer.
+    """Thread-safe ``ChannelFull`` counters, owned by a layer: any thread, under its lock.
 
-    ``count_full(channel)`` records one ChannelFull. ``full_count(channel)``
-    is the total since the counters were made, ``full_rate(channel)`` the
-    number per second over the last ``window`` seconds (a sliding window in
-    ``buckets`` steps). ``channel=None`` means all channels together.
-
-    Channels are counted by their queue (``foo!bar`` as ``foo!``). At most
-    ``max_channels`` channels are remembered; the least recently counted are
-    forgotten beyond that, but still count in the totals.
+    ``count_full(channel)`` records one; ``full_count`` is the total, ``full_rate`` the
+    number per second over the last ``window`` seconds (in ``buckets`` steps);
+    ``channel=None`` means all. Channels count by their queue (``foo!bar`` as ``foo!``);
+    beyond ``max_channels`` the least recently counted are forgotten, not the totals.
     """
 
     def __init__(
@@ -241,16 +217,12 @@ def _from_queue(record: Optional[Mapping[str, Any]], now: float) -> Figures:
 def messages_taken_in(record: Mapping[str, Any]) -> int:
     """How many messages a queue (a management API record) took in since it exists.
 
-    A classic queue numbers what it takes in (``next_seq_id``); returned and
-    refused publishes get no number. That figure comes with the queue's full
-    statistics, which the management API keeps apart from its depth and
-    updates at other moments: a record may give a newer depth beside an
-    older ``next_seq_id`` (a test under load read 0, the declaration's, for
-    a queue that had taken in 3). It is used only when its own ``len`` is
-    the record's ``messages_ready``, i.e. both come from one sample;
-    otherwise the figure is what the queue holds plus what it delivered. A
-    quorum queue has no such figure: the broker's publish count, which
-    includes returned and refused publishes.
+    A classic queue numbers what it takes in (``next_seq_id``), unlike the broker's
+    ``publish``, which counts returned and refused publishes too
+    (test_messages_count_is_what_the_queue_took_in). The API updates it apart from the
+    depth, so it counts only when its ``len`` is the record's ``messages_ready``, else
+    held plus delivered (test_messages_count_ignores_a_queue_sample_older_than_the_depth).
+    A quorum queue has only ``publish``.
     """
     stats = record.get("message_stats") or {}
     if record.get("type") == "quorum":

@@ -13,10 +13,9 @@ from asgiref.base_layer import BaseChannelLayer
 class ChannelFull(BaseChannelLayer.ChannelFull):
     """The channel's queue holds ``capacity`` messages already.
 
-    Raised by ``send`` only; the message was not delivered. It is also
-    ``AMQPChannelLayer.ChannelFull`` and a subclass of asgiref's
-    ``BaseChannelLayer.ChannelFull``, so code written against asgiref
-    catches it.
+    Raised by ``send`` only; the message was not delivered. Also
+    ``AMQPChannelLayer.ChannelFull``, and a subclass of asgiref's
+    ``BaseChannelLayer.ChannelFull``, so code written for asgiref catches it.
     """
 
 
@@ -44,9 +43,9 @@ class MessageRefused(BrokerConnectionError):
     """The broker refused a message although its queue was not full.
 
     A queue whose node is going down, or a quorum queue between leaders,
-    refuses publishes. The message was not delivered. On daphne's reactor
-    thread this is raised at the second refusal, without a pause; on any
-    other thread after ``operation_timeout`` of refusals.
+    refuses publishes; the message was not delivered. Raised on daphne's
+    reactor thread at the second refusal, on any other thread after
+    ``operation_timeout`` of refusals.
     """
 
 
@@ -66,10 +65,10 @@ class BrokerOperationError(AMQPLayerError):
 
     ``reply_code`` and ``reply_text`` hold the broker's reply (such as
     ``406`` and its ``PRECONDITION_FAILED`` text); ``reply_code`` is
-    ``None`` when the error is not a broker reply (a client-side call that
-    failed). ``operation`` names the refused AMQP method and its object
-    where the layer knows it. A ``403`` (``ACCESS_REFUSED``) means the
-    user's permissions do not allow it: the broker was reached.
+    ``None`` for a client-side call that failed. ``operation`` names the
+    refused AMQP method and its object where the layer knows it. A ``403``
+    (``ACCESS_REFUSED``) means the user's permissions do not allow it: the
+    broker was reached.
     """
 
     def __init__(
@@ -105,15 +104,14 @@ class QueueSettingsMismatch(BrokerOperationError):
     The broker refuses (406 ``PRECONDITION_FAILED``, "inequivalent arg") to
     declare a queue that exists with other arguments, so a process whose
     ``capacity``, ``channel_capacity``, ``expiry`` or ``queue_type`` differs
-    from the process that created the queue cannot use it. The message names
-    the channel (or the shared queue), the setting as the layer knows it, the
-    existing and the requested value, and the fix. Attributes:
+    from its creator's cannot use it. The message names the channel (or the
+    shared queue), the setting, both values and the fix. Attributes:
 
     ``queue``, ``channel``
         the queue, and its channel (None for a shared queue);
     ``argument``, ``existing``, ``requested``
         the queue argument (``x-max-length``...) and its two raw values
-        (None where the argument is absent);
+        (None where absent);
     ``setting``, ``existing_setting``, ``requested_setting``
         the same in the layer's terms (``capacity``, 5, 10).
     """
@@ -192,8 +190,8 @@ def parse_inequivalent(reply_text: Optional[str]) -> Optional[Tuple[str, str, An
 
     The text reads ``inequivalent arg 'x-max-length' for queue 'q' in vhost
     '/': received the value '5' of type 'signedint' but current is none``
-    (or ``received '10' but current is '5'``). Values come back as int where
-    they are numbers, None where the broker says ``none``.
+    or ``received '10' but current is '5'`` (test_settings_mismatch_is_named.py).
+    Numbers come back as int, ``none`` as None.
     """
     found = _INEQUIVALENT.search(reply_text or "")
     if found is None:
@@ -221,11 +219,8 @@ def settings_mismatch(
     explain: Optional[Callable[[str, str, Any, Any], Optional[MismatchDetails]]] = None,
 ) -> BaseException:
     """``error`` as a ``QueueSettingsMismatch`` if it is the broker's 406 about
-    queue arguments, else ``error`` itself.
-
-    ``explain(queue, argument, existing, requested)`` (``naming.Topology.
-    explain_mismatch``) says it in the layer's terms, or None.
-    """
+    queue arguments, else ``error`` itself; ``explain(queue, argument,
+    existing, requested)`` says it in the layer's terms, or None."""
     if isinstance(error, QueueSettingsMismatch) or not isinstance(error, BrokerOperationError):
         return error
     if error.reply_code != PRECONDITION_FAILED:
@@ -247,19 +242,17 @@ class BrokerBlocked(ChannelFull, AMQPLayerError):
     """The broker blocks publishing: a resource alarm (memory or disk) is on.
 
     ``reason`` is the broker's own ("low on memory", "low on disk"). A send
-    waits for the alarm within ``operation_timeout`` and raises this if it
-    outlasts that; on daphne's reactor thread, which must not wait, it
-    raises at once. Either way the message was not delivered (one in flight
-    when the alarm began may still be, once it clears, as with a lost
-    connection). ``send_group`` never raises it: it drops and counts.
+    waits for the alarm within ``operation_timeout``, then raises this; on
+    daphne's reactor thread, which must not wait, at once. The message was
+    not delivered (one in flight when the alarm began may still be, once it
+    clears). ``send_group`` never raises it: it drops and counts.
 
-    It is a ``ChannelFull`` on purpose: every caller in the Channels 1.x
-    stack already treats that as "cannot take it now": daphne answers an HTTP
-    request 503 and closes a WebSocket with 1013 ("try again later"), and
-    Channels' own senders retry for a while. Any other exception would be a
-    500, a silently dropped frame or the end of a runworker process. It is
-    never a ``BrokerConnectionError``: the broker is reachable, and receives
-    keep working.
+    A ``ChannelFull`` on purpose: the Channels 1.x stack treats that as
+    "cannot take it now" (daphne answers 503 or closes a WebSocket with 1013
+    "try again later", Channels' senders retry), where another exception
+    would be a 500, a dropped frame or a dead runworker. Never a
+    ``BrokerConnectionError``: the broker is reachable, and receives keep
+    working.
     """
 
     def __init__(self, message: str, reason: Optional[str] = None) -> None:
@@ -270,15 +263,13 @@ class BrokerBlocked(ChannelFull, AMQPLayerError):
 class BrokerUnreachable(ChannelFull, BrokerConnectionError):
     """The broker is unreachable, and the caller is daphne's reactor thread.
 
-    That thread never waits for a reconnect: every connection of daphne
-    would wait with it. A send made there while the broker is away is
-    parked instead (the layer publishes it once the broker is back, see
-    ``parked_sends``); this is raised only when the parked sends already
-    fill their limit, or for a call that cannot be parked (the declare or
-    the depth check after a refused send). The message was not delivered.
+    That thread never waits for a reconnect, since all of daphne would wait
+    with it: its sends are parked until the broker is back. This is raised
+    only when the parked sends fill their limit, or for a call that cannot
+    be parked (the declare or the depth check after a refused send). The
+    message was not delivered.
 
-    It is a ``ChannelFull`` for the reason ``BrokerBlocked`` is one: daphne
-    then answers a WebSocket 503 or closes it with 1013 ("try again
-    later"), where any other exception resets the client's connection. It
-    is a ``BrokerConnectionError`` too, because that is what happened.
+    A ``ChannelFull`` as ``BrokerBlocked`` is one (daphne answers 503 or
+    1013, where another exception resets the client's connection), and a
+    ``BrokerConnectionError`` because that is what happened.
     """

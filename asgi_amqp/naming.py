@@ -1,75 +1,48 @@
 """Every name and argument the layer gives to broker objects, in one place.
 
-The topology (all objects are durable; transient messages live in them):
+The topology (all objects durable; docs/topology.rst tells it for users):
 
 ``{prefix}:q:{channel}``
-    The queue of a normal or single-reader channel. A process-local channel
-    ``foo!bar`` lives in the queue of its non-local part, ``foo!``, and the
-    message carries the full name in the ``asgi-channel`` header.
-    Arguments: ``x-max-length`` = capacity with ``x-overflow: reject-publish``
-    (a full queue nacks the publish, which the sender turns into ChannelFull),
-    ``x-message-ttl`` = expiry, ``x-expires`` = twice the expiry (unused queues
-    go away; RabbitMQ does not dead-letter what they hold), and dead-lettering
-    to the layer's dead-letter exchange so that an expired message can drop
-    its channel from every group.
-
+    a channel's queue; a process-local ``foo!bar`` lives in ``foo!``'s, its messages
+    naming it in the ``asgi-channel`` header. ``x-max-length`` = capacity with
+    ``reject-publish``: a full queue nacks the publish, and the sender raises ChannelFull
+    (test_a_full_channel_is_channel_full_for_its_items_only). ``x-message-ttl`` = expiry,
+    dead-lettered so that an expired message drops its channel from every group
+    (test_message_expiry_drops_normal_member_from_all_groups). ``x-expires`` = twice the
+    expiry (test_queues_and_exchanges_go_away_after_their_ttls); RabbitMQ does not
+    dead-letter what an expiring queue holds.
 ``{prefix}:q:{channel}#{shard}``
-    The ``ORDERED_SHARDS`` shards of an *ordered* channel (the layer's
-    ``ordered_channels``: ASGI's ``websocket.receive`` and
-    ``websocket.disconnect``). A message with a ``reply_channel`` and an
-    integer ``order`` goes to the shard its reply channel hashes to, so one
-    socket's frames stay in one queue; the shards have the channel queue's
-    arguments plus ``x-single-active-consumer``, so one process at a time
-    takes a shard's messages, in order (``engine.consumers.balance``).
-
+    the ``ORDERED_SHARDS`` shards of an ordered channel: a message with a ``reply_channel``
+    and an integer ``order`` goes to the shard its reply channel hashes to. With
+    ``x-single-active-consumer`` one process at a time takes a socket's frames, in order
+    (test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them).
 ``{prefix}:groups``
-    A direct exchange that always exists. ``send_group`` publishes to it with
-    the group name as routing key, so a send to a group nobody joined is
-    simply unroutable; publishing to a group exchange that does not exist
-    would be a 404 that closes the AMQP channel.
-
+    the router: a direct exchange that always exists, to which ``send_group`` publishes
+    with the group as routing key. A group nobody joined is then unroutable
+    (test_discard_of_unknown_member_and_group_is_harmless), where a publish to a group
+    exchange that does not exist would be a 404 that closes the AMQP channel.
 ``{prefix}:g:{group}``
-    The fanout exchange of a group, bound from the router with the group
-    name as routing key. It is auto-delete: when its last membership's
-    binding goes (``group_discard``, an expired lease, or a member exchange
-    that went with its channel) the broker deletes it, and the router's
-    binding with it. An exchange has no ``x-expires``; this is how it goes
-    away.
-
-A *membership* is a binding from the group exchange, whose arguments name
-its lease (``asgi-lease``: the lease's stamp, see ``Topology.lease_stamp``):
-
-* a normal channel's binding goes to its *member exchange*
-  ``{prefix}:m:{channel}`` (fanout, auto-delete, bound to the channel's
-  queue). Deleting that exchange drops the channel from all its groups at
-  once; it also goes by itself when the channel's queue expires.
-* a process-local channel ``foo!bar``'s binding goes to its *process's*
-  member exchange ``{prefix}:m:foo!`` (fanout, auto-delete, bound to the
-  queue ``{prefix}:q:foo!``, so it goes with it), its arguments naming the
-  member too (``asgi-member``). A group message reaches that queue once
-  however many of the process's channels are members, and the process
-  copies it to its members itself (``local_groups``), having learnt them
-  from the join and leave notices ``group_add`` and ``group_discard`` send
-  through the queue. Why an exchange and not a binding to the queue:
-  ``exchange.unbind`` can be sent with ``nowait``, ``queue.unbind`` cannot
-  (AMQP 0-9-1), so ``group_discard`` unbinds all its stamps in one round
-  trip.
-
+    a group's fanout exchange, bound from the router. An exchange has no ``x-expires``:
+    this one is auto-delete, and goes with the router's binding when its last membership
+    does (test_a_group_deleted_when_it_emptied_can_be_joined_again).
+``{prefix}:m:{channel}``
+    a *member exchange* (fanout, auto-delete, bound to the channel's queue, so it goes
+    with it). A *membership* is a binding to it from a group exchange naming its lease's
+    stamp (``asgi-lease``); deleting a normal channel's own drops it from all its groups. The
+    channels ``foo!...`` share ``m:foo!``, each binding naming its member (``asgi-member``):
+    a group message reaches ``foo!`` once, and the process copies it to its members
+    (``local_groups``). An exchange, since ``exchange.unbind`` can be sent ``nowait`` and
+    ``queue.unbind`` cannot (AMQP 0-9-1): ``group_discard`` takes one round trip.
 ``{prefix}:e:{milliseconds}``
-    The lease queue of one ``group_expiry``: each ``group_add`` puts a lease
-    message in it, which expires (all of them in the order they came,
-    having one lifetime) and is dead-lettered when the lease ends; the
-    dead-letter worker then removes that lease's binding. A repeated
-    ``group_add`` adds a binding with a later stamp, so it renews the
-    membership without a broker-side lookup.
-
+    the lease queue of one ``group_expiry``: each ``group_add`` puts a lease message in
+    it, which expires (in the order they came) and is dead-lettered when the lease ends;
+    the dead-letter worker then removes that lease's binding. A repeated ``group_add``
+    binds a later stamp, so it renews the membership without a broker-side lookup.
 ``{prefix}:dlx`` and ``{prefix}:dead-letters``
-    The dead-letter exchange and the queue every layer process's dead-letter
-    worker consumes from, competing, so each event is handled once.
+    the dead-letter exchange, and the queue every process's dead-letter worker consumes
+    from, competing, so each event is handled once.
 
-ASGI names use only ``[A-Za-z0-9-_.?!]`` (``channel_names`` checks them), so
-``:`` can never be part of a channel or group name and the names above parse
-back unambiguously.
+ASGI names never hold ``:`` (``channel_names``), so the names above parse back.
 """
 
 import math
@@ -82,14 +55,12 @@ from . import errors
 from .channel_names import is_process_local, non_local_name
 
 SEPARATOR = ":"
-# An ordered channel's shard queue is ``{prefix}:q:{channel}#{shard}``: ``#``
-# is never part of an ASGI name, so the channel parses back.
+# ``#`` is never part of an ASGI name, so a shard's channel parses back.
 SHARD_MARK = "#"
 ORDERED_SHARDS = 16  # shards of one ordered channel
-# ASGI 1.0's channels whose messages carry ``reply_channel`` and ``order``.
-# Not ``websocket.connect``: a socket's first message, which any process may
-# run (enforce_ordering parks a frame that comes before it), from one queue
-# whose capacity refuses a connect storm early (daphne answers 503).
+# ASGI 1.0's channels whose messages carry ``reply_channel`` and ``order``. Not
+# ``websocket.connect``: any process may run it (enforce_ordering parks frames before it),
+# from one queue whose capacity refuses a connect storm early (daphne answers 503).
 ORDERED_CHANNELS = ("websocket.receive", "websocket.disconnect")
 CHANNEL_HEADER = "asgi-channel"
 GROUP_HEADER = "asgi-group"
@@ -102,30 +73,25 @@ JOIN_KIND = "join"  # a notice to a process: its channel joined a group
 LEAVE_KIND = "leave"  # a notice to a process: its channel left a group
 DROP_KIND = "drop"  # a notice to a process: its channel left every group
 NOTICE_KINDS = (JOIN_KIND, LEAVE_KIND, DROP_KIND)
-# A lease's stamps are its group_expiry cut into this many slices: a
-# membership lasts from group_expiry to (1 + 1/LEASE_SLICES) times it after
-# its last group_add, and holds at most LEASE_SLICES + 1 bindings, which
-# group_discard unbinds one by one (LEASE_SLICES + 1 unbinds, one or two
-# more within CLOCK_SKEW of a slice's edge, or when a slice is shorter).
+# A lease's stamps cut group_expiry into this many slices: a membership lasts from
+# group_expiry to (1 + 1/LEASE_SLICES) times it after its last group_add, in at most
+# LEASE_SLICES + 1 bindings, which group_discard unbinds (``Topology.live_stamps``).
 LEASE_SLICES = 4
-# Seconds by which the clocks of two processes may differ (at most a slice
-# counts): group_discard unbinds the stamps a process with such a clock may
-# have bound. Stamps are taken from each process's own clock.
+# Seconds by which two processes' clocks may differ (a slice at most), each stamping by
+# its own: group_discard unbinds the stamps such a clock may have bound.
 CLOCK_SKEW = 300.0
-# On a copy of a message sent again after the connection dropped before its
-# confirm (see ``publisher``): the receiving process drops it if it already
-# handed out the original. Not an ``x-`` name: RabbitMQ 3.13+ strips those.
+# On a message sent again after its confirm was lost with its connection: the receiver
+# drops it if it handed out the original. Not ``x-``: RabbitMQ 3.13+ strips those.
 REPUBLISHED_HEADER = "asgi-republished"
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}", re.ASCII)
-# The kinds of per-channel and per-group objects (``{prefix}:{kind}:{name}``)
-# and the names of the shared ones (``{prefix}:{name}``): everything the layer
-# creates, and all that ``flush`` may delete or a permission pattern admit.
+# The kinds of ``{prefix}:{kind}:{name}`` and the shared ``{prefix}:{name}``: all that the
+# layer creates, ``flush`` may delete and a permission pattern admits.
 KINDS = ("q", "g", "m", "e")
 SHARED_NAMES = ("groups", "dlx", "dead-letters")
 QUEUE_TYPES = ("classic", "quorum")
-# A full quorum queue admits publishes again once its depth is down to this
-# share of x-max-length (see Topology.refusing_depth).
+# A full quorum queue admits publishes again once down to this share of x-max-length
+# (test_a_quorum_queue_admits_again_at_its_readmission_mark).
 QUORUM_READMIT = 0.8
 
 
@@ -134,7 +100,9 @@ def _ms(seconds: float) -> int:
 
 
 class Topology(object):
-    """Maps channels and groups onto queue and exchange names and arguments."""
+    """Maps channels and groups onto queue and exchange names and arguments.
+
+    Fixed once made: any thread may read it."""
 
     def __init__(
         self,
@@ -207,9 +175,8 @@ class Topology(object):
         return tuple("%s%s%d" % (queue, SHARD_MARK, i) for i in range(ORDERED_SHARDS))
 
     def send_queue(self, channel: str, message: Any) -> str:
-        """The queue a message for ``channel`` goes to: its reply channel's
-        shard for an ordered channel's message with ``reply_channel`` and an
-        integer ``order``, else the channel's queue."""
+        """The queue a message for ``channel`` goes to: for an ordered channel's message
+        with ``reply_channel`` and an integer ``order``, its reply channel's shard."""
         if channel in self.ordered_channels and isinstance(message, dict):
             reply, order = message.get("reply_channel"), message.get("order")
             if isinstance(reply, str) and isinstance(order, int) and not isinstance(order, bool):
@@ -242,13 +209,10 @@ class Topology(object):
         return (stamp + 1) * self.lease_slice + self.group_expiry
 
     def live_stamps(self, now: Optional[float] = None) -> range:
-        """Every stamp whose lease has not ended at ``now`` by the clock of a
-        process whose clock differs from this one's by ``CLOCK_SKEW`` (at
-        most a slice): the stamps of ``now - skew - group_expiry`` to those
-        of ``now + skew``. Usually ``LEASE_SLICES + 1`` stamps, one more
-        within ``CLOCK_SKEW`` of a slice's edge. (A binding whose lease
-        ended but that a late dead-letter worker has not removed yet is left
-        to that worker.)"""
+        """Every stamp whose lease has not ended at ``now`` by a clock up to
+        ``CLOCK_SKEW`` (a slice at most) off this one's: usually ``LEASE_SLICES + 1``,
+        one more near a slice's edge. A binding whose lease ended is the dead-letter
+        worker's to remove."""
         now = time.time() if now is None else now
         skew = min(CLOCK_SKEW, self.lease_slice)
         first = self.lease_stamp(now - skew - self.group_expiry)
@@ -256,9 +220,8 @@ class Topology(object):
         return range(first, last + 1)
 
     def membership_binding(self, channel: str, stamp: int) -> Tuple[str, Dict[str, str]]:
-        """``(member exchange, arguments)`` of one lease's binding from a group
-        exchange: a normal channel's own member exchange, or a process-local
-        channel's process's (``m:foo!``), the arguments naming the member."""
+        """``(member exchange, arguments)`` of one lease's binding from a group exchange:
+        a process-local channel's is its process's (``m:foo!``), naming the member."""
         arguments = {LEASE_HEADER: str(stamp)}
         if is_process_local(channel):
             arguments[MEMBER_HEADER] = channel
@@ -271,9 +234,8 @@ class Topology(object):
         destination_type: Optional[str],
         arguments: Optional[Mapping[str, Any]],
     ) -> Optional[str]:
-        """The channel a binding from a group exchange makes a member, or None:
-        a member exchange's channel, or for a process's member exchange
-        (``m:foo!``) the binding's ``asgi-member``."""
+        """The channel a binding from a group exchange makes a member, or None: for a
+        process's member exchange (``m:foo!``), the binding's ``asgi-member``."""
         if destination_type != "exchange":
             return None
         channel = self.channel_of_member_exchange(destination)
@@ -301,11 +263,8 @@ class Topology(object):
         return channel.partition(SHARD_MARK)[0] if channel else channel
 
     def channel_of_delivery(self, queue: str, headers: Mapping[str, Any]) -> Optional[str]:
-        """The channel a message taken from ``queue`` was sent to, or None.
-
-        A process-local queue ``foo!`` holds messages for many channels
-        ``foo!bar``: the sender names it in the ``asgi-channel`` header.
-        """
+        """The channel a message taken from ``queue`` was sent to, or None: for a
+        process-local queue ``foo!``, the one its ``asgi-channel`` header names."""
         channel = self.channel_of_queue(queue)
         if not channel or not channel.endswith("!"):
             return channel
@@ -350,14 +309,9 @@ class Topology(object):
         return arguments
 
     def refusing_depth(self, channel: str) -> int:
-        """The least depth at which ``channel``'s queue refuses a publish for
-        its length: its capacity for a classic queue.
-
-        A quorum queue that reached its ``x-max-length`` refuses every
-        publish until it is down to 80 % of it, on RabbitMQ 3.10 and 4.0
-        (``tests/test_full_queues_and_long_outages.py``). A refusal at any
-        depth from this mark up is the queue being full, not a node failing.
-        """
+        """The least depth at which ``channel``'s queue refuses a publish for its length:
+        its capacity, or a full quorum queue's ``QUORUM_READMIT`` mark. A refusal from
+        this depth up is the queue being full, not a node failing."""
         capacity = int(self._capacity_for(channel))
         if self.queue_type != "quorum":
             return capacity
@@ -365,10 +319,9 @@ class Topology(object):
         return max(1, int(QUORUM_READMIT * max_length) + 1)
 
     def lease_queue_arguments(self) -> Dict[str, str]:
-        """No ``x-expires``: it would delete the queue with leases pending, and
-        a lease lost is a binding nobody removes. Each lease message has its
-        own expiration, from group_expiry to a slice more, never shorter
-        than an earlier one's, so they expire at the head in order."""
+        """No ``x-expires``: it would delete the queue with leases pending, whose
+        bindings nobody would remove. Each lease message's own expiration is never
+        shorter than an earlier one's, so they expire at the head in order."""
         arguments = {"x-dead-letter-exchange": self.dead_letter_exchange}
         if self.queue_type == "quorum":
             arguments["x-queue-type"] = "quorum"
@@ -384,9 +337,8 @@ class Topology(object):
     def explain_mismatch(
         self, queue: str, argument: str, existing: Any, requested: Any
     ) -> Optional[errors.MismatchDetails]:
-        """``errors.MismatchDetails`` for a queue of this prefix whose argument
-        differs, in the layer's terms (``x-max-length`` is ``capacity``), or
-        None for a queue that is not the layer's."""
+        """``errors.MismatchDetails`` in the layer's terms (``x-max-length`` is
+        ``capacity``) for a queue of this prefix, or None for another queue."""
         channel = self.channel_of_queue(queue)
         if channel:
             what = "channel %r (queue %r)" % (channel, queue)
@@ -448,13 +400,9 @@ _CHANNEL_QUEUE_SETTINGS: Dict[str, Tuple[str, Optional[Callable[[Any], Any]]]] =
 
 
 def check_prefix(prefix: object) -> None:
-    """Raise ValueError unless ``prefix`` is a valid layer prefix.
-
-    Letters, digits, ``-``, ``_`` and ``.`` only, so a prefix is never empty
-    and never holds ``:``, a glob or a regular-expression wildcard: the
-    names of one prefix never start with another prefix's ``{prefix}:``,
-    and ``.`` is escaped wherever a prefix goes into a pattern.
-    """
+    """Raise ValueError unless ``prefix`` is a valid layer prefix: letters, digits,
+    ``-``, ``_`` and ``.``, never ``:``, a glob or a wildcard (``.`` is escaped in
+    patterns), so no prefix's names start with another's ``{prefix}:``."""
     if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
         raise ValueError(
             "prefix must be 1-40 characters of letters, digits, '-', '_' or '.', not %r" % (prefix,)
@@ -467,13 +415,8 @@ def is_shard_queue(queue: str) -> bool:
 
 
 def is_process_local_queue(queue: str) -> bool:
-    """Whether ``queue`` (``{prefix}:q:{channel}``) is a process-local ``foo!`` queue.
-
-    Only the process it belongs to reads it, so the receive side may keep a
-    consumer on it without keeping its messages from any other reader.
-    Single-reader ``foo?bar`` channels do not qualify in practice: Channels
-    1.x's ``enforce_ordering`` parks messages in ``__wait__.<reply>?...``
-    channels that every worker process reads.
-    """
+    """Whether ``queue`` is a process-local ``foo!`` queue, which only its process
+    reads, so a consumer may stay on it. Not ``foo?bar``: Channels 1.x's
+    ``enforce_ordering`` parks messages in ``__wait__...?...`` that every worker reads."""
     channel = queue.rpartition(SEPARATOR + "q" + SEPARATOR)[2]
     return channel.endswith("!")

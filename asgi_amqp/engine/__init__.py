@@ -1,41 +1,21 @@
 """The engine: everything that runs on, or waits for, the I/O thread.
 
-``Engine`` is the layer's one door to the broker. The layer says what it
-wants (publish this, run these declares, get or wait for a delivery from
-these queues) and the engine does it on the I/O thread, waiting for the
-answer with a timeout. The layer never touches pika, a thread or a
-``Pending``; the engine never imports the layer.
+``Engine`` is the layer's one door to the broker: the layer says what it
+wants, the engine does it on the I/O thread and waits for the answer with a
+timeout. The layer never touches pika, a thread or a ``Pending``; the engine
+never imports the layer. This ``__init__`` only re-exports what the layer uses.
 
-Inside, by module (this ``__init__`` only re-exports what the layer uses):
-
-``engine``
-    ``Engine`` itself, and ``InFlight``, the publishes it handed over
-    together;
-``io``
-    the I/O thread (``io.thread``): connect, reconnect, hand unfinished
-    work on, close; and the objects it owns (inbox, carry-over, alarm
-    gate);
-``session``
-    the parts of one connection pair: a channel for each kind of work;
-``work``
-    ``Work``, what callers hand the I/O thread; each kind lives with the
-    part that serves it (``publisher.Publish``, ``declares.Declare``...);
-``futures``
-    ``Pending``, the one wait protocol between a caller and the I/O thread;
-``publisher``, ``declares``, ``consumers``, ``getter``
-    the channels a session uses: confirmed publishes, topology steps,
-    blocking receives (the ``consumers`` package: the pool and the acks,
-    polls and sweep it owns), non-blocking receives (the ``getter``
-    package: the waves and their lanes);
-``reopening_channel``
-    the one AMQP channel each of those parts owns, reopened after an error;
-``deliveries``
-    receive state: held messages, the hand-off log, known queues;
-``deadletter``
-    the dead-letter worker, on its own thread and connection;
-``outages``
-    what callers do while the broker is away: which threads are workers,
-    and the one WARNING per outage.
+* ``engine``: ``Engine``, and ``InFlight``, publishes submitted together;
+* ``io``: the I/O thread and what it owns;
+* ``session``: the parts of one connection pair;
+* ``work``: what callers hand the I/O thread;
+* ``futures``: ``Pending``, the one wait protocol;
+* ``publisher``, ``declares``, ``consumers``, ``getter``: the parts (confirmed
+  publishes, topology steps, blocking and non-blocking receives);
+* ``reopening_channel``: the one AMQP channel each part owns;
+* ``deliveries``: receive state (held messages, the hand-off log, known queues);
+* ``deadletter``: the dead-letter worker, on its own thread and connection;
+* ``outages``: what callers do while the broker is away.
 """
 
 from .consumers import ConsumerSettings

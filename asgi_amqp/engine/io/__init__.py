@@ -1,17 +1,13 @@
-"""The I/O thread and what it owns: the one thread that touches the pika connections.
+"""The I/O thread (``thread.IOThread``), the one thread that touches the pika connections.
 
-``thread.IOThread`` owns the pieces here, each an object with one job:
+It owns the objects here, each with one job and its threads:
 
-``inbox.Inbox``
-    where callers' threads hand work over (any thread, under a lock);
-``carry_over.Dispatched``
-    the work in flight on the current connection pair, run again on the
-    next one if the pair is lost (I/O thread);
-``alarms.AlarmGate``
-    whether a resource alarm blocks publishing (set by the I/O thread,
-    read and waited on by callers);
-``connection_errors``
-    why a connection failed, named for the caller.
+* ``inbox.Inbox``: where callers' threads hand work over (any thread, under a lock);
+* ``carry_over.Dispatched``: the work in flight on the current pair, carried
+  over to the next if the pair is lost (I/O thread);
+* ``alarms.AlarmGate``: whether an alarm blocks publishing (set by the I/O
+  thread, read and waited on by callers);
+* ``connection_errors``: why a connection failed, named for the caller.
 """
 
 from .thread import IOThread

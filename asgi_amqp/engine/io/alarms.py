@@ -1,23 +1,16 @@
-"""Resource alarms: the broker blocks the publishing connection.
+"""Alarms: the broker blocks the publishing connection until a resource alarm clears.
 
-While the broker blocks the publishing connection (``Connection.Blocked``,
-with its reason, "low on memory" or "low on disk"), every publish fails at
-once with ``BrokerBlocked`` on the I/O thread, which never holds work for
-an alarm: whether a caller waits for it to clear is the caller's choice
-(``Engine.publish``: a worker's thread waits, daphne's reactor thread
-must not), and ``unblocked`` is the event it waits on. Publishes already in
-flight when the block arrives fail with it too (the broker may still
-deliver them when it reads their frames after the alarm). ``Connection.Unblocked`` ends it by
-itself; nothing reconnects. pika's ``blocked_connection_timeout`` is off
-unless the URL sets it: closing a blocked connection does not end an alarm,
-and the new connection would be blocked again at its first publish.
+Meanwhile every publish fails at once with ``BrokerBlocked``; whether to
+wait for ``unblocked`` is the caller's choice (``Engine.publish``: a worker
+waits, daphne's reactor thread must not). ``AlarmGate`` is
+``io.thread.IOThread``'s; its methods run on the I/O thread.
 
-``AlarmGate`` is owned by ``io.thread.IOThread``, which registers its own
-``Connection.Blocked`` callbacks on the publishing connection and hands
-the gate the frame's reason and the session's publisher. The gate's
-methods run on the I/O thread; ``blocked`` and ``blocked_since`` are read
-by callers for the layer's statistics, and ``unblocked`` is waited on by
-callers (a ``threading.Event``, set by the I/O thread only).
+* the broker blocks only connections that publish, and ``Connection.Unblocked``
+  ends it without a reconnect
+  (test_broker_alarms.py::test_an_alarm_blocks_sends_for_a_bounded_time_while_receives_go_on);
+* publishes in flight when the block arrives may still be delivered after it;
+* a new connection is blocked again at its first publish, so pika's
+  ``blocked_connection_timeout`` stays off unless the URL sets it.
 """
 
 import logging
@@ -34,14 +27,13 @@ logger = logging.getLogger(__name__)
 
 
 class AlarmGate(object):
-    """Whether the broker blocks publishing, and the event callers wait on for it to clear."""
+    """Whether an alarm blocks publishing, and the event callers wait on for it to clear."""
 
     def __init__(self) -> None:
-        # The broker's reason while it blocks publishing (a resource alarm),
-        # else None. Written by the I/O thread, read by callers.
+        # The alarm's reason and start while it lasts: written by the I/O thread, read by callers.
         self.blocked: Optional[str] = None
         self.blocked_since: Optional[float] = None
-        # Set while publishing is not blocked: callers wait on it, the I/O thread sets it.
+        # Set while no alarm lasts: callers wait on it, the I/O thread sets it.
         self.unblocked = threading.Event()
         self.unblocked.set()
 
@@ -71,7 +63,7 @@ class AlarmGate(object):
         self.clear(publisher)
 
     def clear(self, publisher: Optional[Publisher]) -> None:
-        """No alarm any more: it lifted, or the connection it blocked is gone."""
+        """The alarm lifted, or the connection it blocked is gone."""
         self.blocked = None
         self.blocked_since = None
         self.unblocked.set()

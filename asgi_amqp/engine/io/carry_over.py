@@ -1,18 +1,14 @@
-"""Work carried from a lost connection to the next: a lost connection fails nobody.
+"""Carry over: the work in flight on a lost connection runs again on the next one.
 
 Channels' worker loop catches nothing that ``receive`` or ``send_group``
-raise, so an exception there ends the runworker process. Instead, every
-piece of work dispatched on the lost connection that its caller still waits
-for is handed to the next connection, in the order it came: declares and
-binds run again (they are idempotent), receives ask again, and publishes
-are sent again (see ``publisher`` for the ones that may already be in their
-queue). The caller's own timeout bounds all of it: only an outage longer
-than ``operation_timeout`` reaches the caller, as ``OperationTimeout``
-naming the lost connection.
+raise, so a lost connection fails nobody: work whose caller still waits is
+carried over, in order, and only an outage longer than ``operation_timeout``
+reaches the caller. Publishes in doubt go again as marked copies (``publisher``).
+Declares and binds are idempotent, so they may run twice
+(tests/test_connection_loss.py::test_group_calls_ride_through_kills).
 
-``Dispatched`` keeps that work for the I/O thread (``io.thread.IOThread``),
-the only thread that touches it; ``retried`` and ``republished`` are read by
-callers for the layer's statistics.
+``Dispatched`` is the I/O thread's; callers read ``retried`` and
+``republished`` for the statistics.
 """
 
 import collections
@@ -27,18 +23,17 @@ PRUNE_EVERY = 1024  # finished work is dropped from the list once it grows this 
 
 
 class Dispatched(object):
-    """The work dispatched on the current connection pair that may run again."""
+    """The work dispatched on the current connection pair that may be carried over."""
 
     def __init__(self) -> None:
         self._works: Deque[Work] = collections.deque()
         self._prune_at = PRUNE_EVERY
-        self.retried = 0  # pieces of work handed from a lost connection to the next
+        self.retried = 0  # pieces of work carried over
         self.republished = 0  # marked copies of publishes whose confirm was lost
 
     def add(self, work: Work) -> None:
         self._works.append(work)
         if len(self._works) >= self._prune_at:
-            # Forget finished work, so the list grows only with work in flight.
             self._works = collections.deque(w for w in self._works if w.pending.wanted)
             self._prune_at = max(PRUNE_EVERY, 2 * len(self._works))
 
@@ -49,8 +44,7 @@ class Dispatched(object):
         return works
 
     def carry(self, works: Deque[Work]) -> List[Work]:
-        """Those of ``works`` whose callers still wait, counted and logged:
-        the next connection runs them first."""
+        """Those of ``works`` whose callers still wait, counted and logged, to run first."""
         carried = [work for work in works if work.pending.wanted]
         if not carried:
             return carried

@@ -1,15 +1,16 @@
-"""Why a connection failed or a channel closed, named for the caller and the log.
+"""Why a connection failed or a channel closed, in one line naming the node, never credentials.
 
-pika reports a failed connection attempt as a chain of workflow exceptions
-around the socket or TLS error, and a closed connection or channel as a
-reply code and text. A caller needs one line that names the cause (refused
-credentials, an unknown vhost, an unreachable node, a broker that closed
-the connection) and the node, without its credentials. ``broker_reply``
-is the one reading of a close reason; ``describe_reason`` the one line
-made of it (``broker_reply`` lives with the channels, in
-``reopening_channel``, which the I/O thread's modules may import and not
-the other way round). ``retry_may_help`` sorts a failed first attempt
-into an outage (the broker is not up yet) or a mistake (no retry fixes it).
+``describe_reason`` digs the cause out of pika's workflow exceptions or the
+broker's reply (``broker_reply``, in ``reopening_channel`` for the import
+order); ``retry_may_help`` tells an outage from a mistake no retry fixes.
+
+* a broker still starting refuses or ignores the TCP connection
+  (test_first_connection_waits_for_the_broker.py::
+  test_a_receive_loop_started_before_the_broker_is_served_once_it_starts);
+* the broker refuses bad credentials or a denied vhost the same way on every try
+  (test_first_connection_waits_for_the_broker.py::test_settings_no_retry_fixes_still_fail_at_once);
+* the management port answers the AMQP handshake with ``IncompatibleProtocolError``
+  (test_cli.py::test_a_url_at_the_management_port_names_the_likely_mistake).
 """
 
 import ssl
@@ -44,8 +45,7 @@ def root_cause(error: Any) -> Any:
 
 
 def describe_reason(reason: Any) -> str:
-    """Why a connection closed or failed, as one line: the broker's reply code
-    and text, or the root exception; never credentials."""
+    """The broker's reply code and text, or the root exception, as one line."""
     reason = root_cause(reason)
     code, text = broker_reply(reason)
     if code is not None:
@@ -54,15 +54,8 @@ def describe_reason(reason: Any) -> str:
 
 
 def retry_may_help(error: Any) -> bool:
-    """Whether a failed connection attempt may succeed later, unchanged.
-
-    True when the node refused the TCP connection, did not answer it, reset
-    it, timed out in the handshake, or its name does not resolve yet: a
-    broker that is still starting (a container started with the process)
-    looks like this. False for refused credentials, a denied vhost, a TLS
-    failure (certificate verification included) and a server that does not
-    speak AMQP 0-9-1: settings no retry can fix.
-    """
+    """True if a failed attempt may succeed later, unchanged: the node refused, ignored or
+    reset the TCP connection, or its name does not resolve yet (a broker still starting)."""
     if isinstance(
         error,
         (
@@ -79,9 +72,8 @@ def retry_may_help(error: Any) -> bool:
 
 
 def connection_error(error: Any, parameters: pika.connection.Parameters) -> Exception:
-    """The error a caller gets for a failed connection attempt: refused
-    credentials and a denied vhost are ``AuthenticationError`` (retrying
-    cannot help), anything else ``BrokerConnectionError`` naming the node."""
+    """``AuthenticationError`` for refused credentials or vhost, else
+    ``BrokerConnectionError`` naming the node."""
     where = describe_parameters(parameters)
     if isinstance(
         error, (pika.exceptions.ProbableAuthenticationError, pika.exceptions.AuthenticationError)
@@ -91,8 +83,6 @@ def connection_error(error: Any, parameters: pika.connection.Parameters) -> Exce
         return AuthenticationError("the broker at %s denied access to the vhost" % where)
     reason = describe_reason(error)
     if isinstance(root_cause(error), pika.exceptions.IncompatibleProtocolError):
-        # Something answered, but not in AMQP 0-9-1: usually the URL names
-        # the management API's port (15672) or another service.
         reason += (
             " (the server there does not speak AMQP 0-9-1: is the port the management "
             "API's, 15672, or another service's? RabbitMQ's AMQP port is 5672, 5671 with TLS)"

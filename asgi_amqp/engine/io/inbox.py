@@ -1,9 +1,8 @@
 """The I/O thread's inbox: the one place where callers' threads meet it.
 
 A caller appends its work under a lock and wakes the loop with pika's
-``add_callback_threadsafe`` (the one pika call that is safe from another
-thread), but only when no wake-up is on its way already: a burst of callers
-costs one wake-up, and the loop takes everything that came in one go.
+``add_callback_threadsafe`` (its one call safe from another thread), only
+when no wake-up is on its way: a burst of callers costs one wake-up.
 """
 
 import collections
@@ -15,7 +14,7 @@ from ..work import Work
 
 
 class Inbox(object):
-    """Work handed to the I/O thread, and whether a wake-up is pending."""
+    """Work for the I/O thread, and whether a wake-up is pending: callers put, it takes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -24,10 +23,7 @@ class Inbox(object):
         self.closed = False
 
     def put(self, works: Iterable[Work]) -> bool:
-        """Add ``works``; True if the caller must wake the loop (none pending).
-
-        Raises ``LayerClosed`` once the inbox is closed: nothing would run it.
-        """
+        """Add ``works``; True if the caller must wake the loop. ``LayerClosed`` once closed."""
         with self._lock:
             if self.closed:
                 raise LayerClosed("the layer is closed")

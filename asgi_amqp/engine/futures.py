@@ -1,30 +1,17 @@
-"""The hand-off between a calling thread and the I/O thread.
+"""``Pending``: the one wait protocol between a caller's thread and the I/O thread.
 
-``concurrent.futures.Future`` cannot express the one rule receives need: a
-message may be acknowledged to the broker only if the caller is still there
-to take it. ``Pending`` makes that a single atomic decision. The I/O thread
-calls ``resolve`` and learns whether the caller accepted the value; a caller
-that gives up calls ``abandon``, and from then on ``resolve`` returns False,
-so the I/O thread puts the message back instead of losing it.
+A message may be acked only if its caller is still there to take it, which
+``concurrent.futures.Future`` cannot express: once the caller called
+``abandon``, the I/O thread's ``resolve`` returns False and the message
+goes back instead of being lost. It also serves work nobody waits for (an
+ack) and steps the I/O thread needs first (``on_done``).
 
-The caller sleeps on a bare lock, released once when the result arrives,
-rather than on a ``threading.Event``, whose ``set`` runs Python code on the
-I/O thread, the layer's bottleneck; releasing a lock is one C call
-(docs/benchmarks.rst, "Measurements behind the code").
+The caller waits on a bare lock, released once: cheaper on the I/O thread,
+the layer's bottleneck, than ``threading.Event.set`` (docs/benchmarks.rst,
+"Measurements behind the code"). Every wait takes seconds; ``None`` is refused.
 
-It is the one wait protocol of the engine. The I/O thread also uses it for
-work nobody waits on: an acknowledgement is a ``Pending`` that no caller
-waits for, and a step the I/O thread needs before going on (a consumer's
-queue declare) is a ``Pending`` with ``on_done``, called on the resolving
-thread.
-
-Every wait has a timeout: ``result``, ``result_or`` and ``arrived`` take
-a number of seconds, and ``None`` (which a bare lock would read as
-"forever") is a type error and a ``ValueError``.
-
-A ``Pending`` is made by one thread and shared by two: the caller waits
-and may abandon it, the I/O thread resolves or fails it; ``_lock`` makes
-those one decision.
+Made by one thread and shared by two: the caller waits and may abandon, the
+I/O thread resolves or fails; ``_lock`` makes those one decision.
 """
 
 import threading
@@ -56,7 +43,6 @@ class Pending(object):
         self._value: Any = None
         self._error: Optional[BaseException] = None
         self.description = description
-        # on_done(value, error) runs on the thread that resolves or fails it.
         self._on_done = on_done
 
     @property
@@ -110,9 +96,8 @@ class Pending(object):
     def _arrives(self, timeout: float) -> bool:
         """True if a result arrived; False once abandoned after ``timeout``.
 
-        Anything that interrupts the wait (SystemExit from a signal handler,
-        KeyboardInterrupt) abandons the operation first, so a message that
-        arrives while the caller unwinds goes back to the queue.
+        An interrupted wait (SystemExit, KeyboardInterrupt) abandons first, so
+        a message that arrives while the caller unwinds goes back to its queue.
         """
         seconds = wait_seconds(timeout)
         try:
@@ -131,11 +116,8 @@ class Pending(object):
         return self._value
 
     def result(self, timeout: float) -> Any:
-        """The result, or OperationTimeout after ``timeout`` seconds.
-
-        On timeout the caller abandons the operation, unless the result won
-        the race, in which case the result is returned as usual.
-        """
+        """The result, or ``OperationTimeout`` after ``timeout`` seconds (the operation is
+        abandoned, unless the result won the race)."""
         if not self._arrives(timeout):
             raise OperationTimeout(
                 "%s: no answer from the broker within %.1f s" % (self.description, timeout)

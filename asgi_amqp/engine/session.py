@@ -1,20 +1,9 @@
-"""What the I/O thread does for callers: one ``Session`` per connection.
+"""One ``Session`` per connection pair: a part, on a channel of its own, for each kind of work.
 
-A session holds one AMQP channel for each kind of work (publishing with
-confirms, declares, consumers for blocking receives, ``basic_get`` lanes for
-non-blocking ones) and offers each kind as one method. Publishing runs on a
-connection of its own, which the broker blocks during a resource alarm;
-everything else shares the other one and goes on. Callers never touch a
-session: they hand the I/O thread a piece of work (a ``work.Work``, whose
-kinds live with the parts they call: ``publisher.Publish``,
-``declares.Declare``...) that calls the part it needs, and wait on its
-``Pending``.
-
-Every kind of work is safe to run again on the next connection when the
-one it ran on dropped before it finished: declares and binds are
-idempotent, a receive simply asks again, and a publish is sent again as a
-marked copy (see ``publisher``). ``io.thread.IOThread`` does that hand-on.
-A session and its parts are the I/O thread's alone.
+The publisher has the publishing connection, which an alarm blocks; the
+admin channels, consumers and getter share the main one, which goes on.
+Callers never touch a session: their work calls the part it needs
+(``work``). A session and its parts are the I/O thread's alone.
 """
 
 from typing import FrozenSet, Optional, Protocol, Tuple
@@ -59,7 +48,7 @@ class Session(object):
     ) -> None:
         self.connection = connection
         self.liveness = liveness
-        # Its own connection, which a resource alarm may block (see ``io.thread``).
+        # On the publishing connection, which an alarm may block.
         self.publisher = Publisher(publishing)
         self.declares = AdminChannels(connection)
         self.consumers = ConsumerPool(

@@ -1,33 +1,12 @@
-"""What callers hand the I/O thread: ``Work``, the base of every kind of work.
+"""``Work``: what a caller hands the I/O thread, the base of every kind of work.
 
-A caller's thread never touches a session: it builds a piece of work,
-hands it to ``IOThread.submit`` and waits on its ``pending``. On the I/O
-thread, ``IOThread`` calls it with the current ``session.Session``, and it
-calls the one session part that does the work, by name, so that a reader
-(and mypy) can follow a caller's request to the code that serves it.
+A caller hands a piece of work to ``IOThread.submit`` and waits on its
+``pending``; the I/O thread calls it with the current ``session.Session``,
+and it calls the one part that serves it, by name, so that a reader (and
+mypy) can follow a request to its code. Each kind lives in that part's
+module (the glossary's *work* lists them).
 
-Each kind lives in the module of the part that serves it, so that the
-I/O thread's call of a piece of work lands in that part's module at once:
-
-``publisher.Publish``
-    a confirmed publish, with what a hand-on must know about it
-    (``maybe_delivered``);
-``declares.Declare``
-    a run of topology steps on an admin channel;
-``consumers.pool.BlockingReceive``
-    a blocking receive, served by the consumers;
-``consumers.acks.SendTakenAcks``
-    the wake-up for the acks of messages callers took themselves;
-``getter.waves.Poll``
-    a non-blocking receive;
-``deliveries.ForgetQueues``
-    forget which queues exist (after a flush).
-
-Every kind is safe to run again on the next connection when the one it ran
-on dropped before it finished (``retry``): declares and binds are
-idempotent and a receive simply asks again; a publish goes again as a
-marked copy. The objects are built by a caller's thread and, once
-submitted, touched by the I/O thread only.
+Built by a caller's thread; once submitted, touched by the I/O thread only.
 """
 
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
@@ -45,8 +24,8 @@ class Work(object):
     """A piece of work for the I/O thread: ``work(session)``, answered through ``pending``."""
 
     __slots__ = ("pending",)
-    retry = True  # run again on the next connection if this one drops first
-    maybe_delivered = False  # a publish whose confirm was lost (``publisher``)
+    retry = True  # carried over if its connection drops before it finished
+    maybe_delivered = False  # a publish in doubt (``publisher``)
 
     def __init__(self, pending: Pending) -> None:
         self.pending = pending
@@ -56,9 +35,8 @@ class Work(object):
 
 
 class Pause(Work):
-    """``pending`` resolves ``seconds`` after the I/O thread runs it: a timer for
-    work that waits without a caller (``parked_sends``). On a lost connection
-    it runs again on the next one, and its first timer resolves nothing twice."""
+    """A timer for work without a caller (``parked_sends``): ``pending`` resolves ``seconds``
+    after the I/O thread runs it. Carried over, it starts again; nothing resolves twice."""
 
     __slots__ = ("seconds",)
 

@@ -1,15 +1,11 @@
 """What callers do while the broker is away.
 
-A blocking receive returns nothing through an outage, however long, and a
-worker thread (``callers.Caller.WORKER``) waits an outage out in its other
-calls too (``Engine.wait`` and ``Engine._ride_out``). Both say so once per
-outage, at WARNING, whatever the number of calls that meet it
-(``OutageNotice``, shared by every caller thread, under its lock).
-
-daphne's reactor thread (``Caller.REACTOR``) is the opposite: it never
-waits for the broker beyond one round trip. ``wait_while_reachable`` is its
-wait: it ends as soon as the broker is away. A send it makes then is parked
-by the layer (``parked_sends``); anything else raises ``BrokerUnreachable``.
+A blocking receive returns nothing through an outage, and a worker thread
+(``Caller.WORKER``) waits one out in its other calls too; ``OutageNotice``
+says so once per outage, at WARNING. daphne's reactor thread
+(``Caller.REACTOR``) waits only while the broker is reachable
+(``wait_while_reachable``): the layer parks a send it made, anything else
+raises ``BrokerUnreachable``.
 """
 
 import logging
@@ -25,10 +21,9 @@ logger = logging.getLogger(__name__)
 
 
 class OutageNotice(object):
-    """One WARNING per outage, however many calls meet it.
+    """One WARNING per outage, told apart by ``IOThread.disconnected_since``.
 
-    An outage is told apart by the moment its connection was lost
-    (``IOThread.disconnected_since``). Shared by every caller thread.
+    Shared by every caller thread, under ``_lock``.
     """
 
     def __init__(self) -> None:
@@ -68,11 +63,8 @@ REACHABLE_CHECK = 0.05
 
 
 def wait_while_reachable(io: IOThread, pending: Pending, timeout: float) -> bool:
-    """Wait up to ``timeout`` for ``pending`` while the broker is reachable.
-
-    True once the result arrived; False at the timeout, or at once when the
-    broker is (or goes) away, without giving up the work (the caller decides).
-    """
+    """Wait up to ``timeout`` for ``pending`` while the broker is reachable: True once it
+    arrived, False at the timeout or once the broker is away (the work is not given up)."""
     deadline = time.monotonic() + timeout
     while not io.outage():
         left = deadline - time.monotonic()

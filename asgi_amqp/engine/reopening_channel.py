@@ -1,16 +1,13 @@
-"""One AMQP channel that reopens itself, owned by each part of a session that uses one.
+"""``ReopeningChannel``: the one AMQP channel of a session's part, reopened after an error.
 
-Each part of the session (publisher, admin channels, getter lanes,
-consumers) runs on its own AMQP channel, because a channel-level error such
-as a 404 closes the whole channel: a failed ``basic_get`` must not take the
-publisher's outstanding confirms or the consumers' unacked deliveries with
-it.
+Each part has a channel of its own because a channel error (a 404) closes
+the whole channel: a failed ``basic_get`` must not take the publisher's
+confirms or the consumers' unacked deliveries with it
+(test_cluster.py::test_blocking_receive_over_a_down_queue_and_a_live_one).
 
-A part owns a ``ReopeningChannel`` and gives it three callables: ``setup``
-(e.g. ``confirm.select``, calling ``done`` when finished), ``on_ready`` and
-``on_lost``. After an unexpected channel close the channel is reopened
-while the connection lives; ``on_lost`` must answer whatever was in flight
-on it. Everything here runs on the I/O thread.
+The part gives ``setup`` (e.g. ``confirm.select``, then ``done``),
+``on_ready``, and ``on_lost``, which answers what was in flight on the
+channel. All of it runs on the I/O thread.
 """
 
 import logging
@@ -27,8 +24,8 @@ OnLost = Callable[[Optional[int], Optional[str]], None]
 
 
 def broker_reply(reason: Any) -> Tuple[Optional[int], Optional[str]]:
-    """The broker's reply code and text in a pika close reason; without a
-    reply code, (None, the reason's class name). Never credentials."""
+    """The broker's reply code and text in a pika close reason, else (None, its class
+    name): never credentials."""
     code = getattr(reason, "reply_code", None)
     if code is None:
         return None, type(reason).__name__
@@ -49,11 +46,7 @@ def _nothing(*_args: Any) -> None:
 
 
 class ReopeningChannel(object):
-    """One AMQP channel of a session's part, reopened after a channel error.
-
-    ``current`` is the open pika channel, or None while there is none;
-    ``ready`` is true once ``setup`` finished on it.
-    """
+    """``current``: the open pika channel or None; ``ready`` once ``setup`` finished on it."""
 
     def __init__(
         self,
@@ -98,10 +91,8 @@ class ReopeningChannel(object):
         self.current = None
         self.ready = False
         if connection_lost(reason, self._connection):
-            # The whole session goes with the connection: the I/O thread
-            # calls ``forget`` on every part and hands the callers' work to
-            # the next connection. Failing it here would raise in callers
-            # for an outage the layer rides through.
+            # The I/O thread carries the work over: failing it here would
+            # raise in callers for an outage the layer rides through.
             return
         code, text = broker_reply(reason)
         if not self._closing:
@@ -111,12 +102,8 @@ class ReopeningChannel(object):
             self.open()
 
     def shutdown(self) -> None:
-        """The session is going away: stop reopening, and stop listening.
-
-        After a loss the other connection of the pair closes gracefully
-        (see ``io.thread``), so answers and deliveries can still arrive on
-        its closing channels; a part ignores them once ``closing`` is true.
-        """
+        """The session is going: stop reopening and listening. The pair's other connection
+        closes gracefully, and a part ignores what still arrives once ``closing``."""
         self._closing = True
         self.ready = False
 

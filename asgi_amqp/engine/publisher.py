@@ -1,44 +1,28 @@
-"""Confirmed, mandatory publishing, pipelined across all callers.
+"""Confirmed, mandatory publishing, pipelined across all callers on one channel.
 
-Every publish is confirmed by the broker; many callers' publishes are in
-flight at once on one channel, so throughput is bounded by the broker and
-not by one round trip per caller. The outcome handed back is one of:
+Many callers' publishes are in flight at once, so throughput is bounded by
+the broker, not by one round trip per caller. The outcome is ``ACKED``,
+``NACKED`` (a full queue) or ``RETURNED`` (unroutable: for a channel send,
+its queue does not exist, so the caller declares it and publishes again).
 
-``ACKED``
-    the broker has the message;
-``NACKED``
-    a queue refused it (``x-overflow: reject-publish`` on a full queue);
-``RETURNED``
-    it was unroutable: for a channel send this means the queue does not
-    exist (yet, or any more), and the caller declares it and publishes again.
+A publish in doubt when its connection drops is sent again on the next,
+marked with ``REPUBLISHED_HEADER``: under ``enforce_ordering`` a lost
+``websocket.receive`` frame stalls its socket for good, and a reader drops
+a copy of what it has (``deliveries.HandedOff``). That is exact for a
+channel with one reader; with competing readers a copy can be received
+twice (the docs' "Broker outages" weigh it). While an alarm lasts,
+``block`` fails every publish at once with ``BrokerBlocked``.
 
-The broker sends basic.return before the ack of the same message, matched
-here through the ``message_id`` property the layer gives each message.
-
-When the connection drops, a publish that was handed to pika but not yet
-confirmed may or may not be in its queue: the broker routes what it read
-before it closed the connection and drops what came after, and the client
-cannot tell which (measured: 10-60% of such publishes were in the queue).
-Losing it is the worse choice for Channels: a lost ``websocket.receive``
-frame stalls its socket for good under ``enforce_ordering``. So it is sent
-again on the next connection, marked with ``REPUBLISHED_HEADER``, and the
-process that reads it drops the copy when it already handed out or holds
-the original (``deliveries.HandedOff``). That guard is exact for a channel
-with one reader (process-local ``!``, single-reader ``?``, so every reply
-channel and group fan-out to them). A normal channel is read by competing
-processes: when the broker had the original and another process took it,
-the copy is received a second time. That needs a connection lost while the
-confirm of a message the broker did take was in flight; the docs' "Broker
-outages" weigh it against losing the message.
-
-A publish that never reached pika is simply sent on the next connection.
-
-While the broker blocks the publishing connection (a resource alarm, see
-``io.alarms``), ``block`` fails every publish at once with
-``BrokerBlocked``: the ones waiting for a confirm (the broker may still
-deliver them when it reads their frames after the alarm), and every new one
-without handing it to pika, so it is certainly not delivered. ``unblock``
-ends that.
+* a ``basic.return`` comes before the ack of its message, matched by ``message_id``
+  (test_statistics.py::test_messages_count_is_what_the_queue_took_in);
+* a full queue with ``x-overflow: reject-publish`` nacks
+  (test_send_many.py::test_a_full_channel_is_channel_full_for_its_items_only);
+* a publish in doubt may or may not be in its queue: the broker routes what it
+  read before the close (test_no_loss_through_broker_faults.py::test_connection_churn);
+* a refused publish (403) closes the channel
+  (test_least_privilege.py::test_monitoring_reads_statistics_and_nothing_else);
+* so does one over the broker's size limit (406), undelivered
+  (test_bad_input.py::test_a_raised_limit_carries_twenty_megabytes).
 """
 
 import collections
@@ -70,14 +54,11 @@ ACKED, NACKED, RETURNED = "acked", "nacked", "returned"
 
 
 class Publish(Work):
-    """One publish a caller waits for: the I/O thread runs it with ``publish(session)``.
+    """One publish a caller waits for, run by the I/O thread with ``publish(session)``.
 
-    It outlives a connection: ``maybe_delivered`` is set when a connection
-    dropped while its confirm was outstanding, and the next connection then
-    sends it as a marked copy. ``written`` is set just before the I/O thread
-    checks whether the caller still wants it and writes it to the channel:
-    a caller that gave up (or saw it failed) and then reads False knows the
-    broker never got it.
+    ``maybe_delivered``: in doubt, so the next connection sends a marked copy.
+    ``written`` is set just before the I/O thread checks ``wanted``: a caller
+    that gave up and reads False knows the broker never got it.
     """
 
     __slots__ = (
@@ -229,8 +210,7 @@ class Publisher(object):
 
     def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
         if reply_code == ACCESS_REFUSED:
-            # The user may not publish to that exchange: the broker was
-            # reached, and the refused message was not delivered.
+            # A 403: the broker was reached, and refused the message.
             error: Exception = BrokerOperationError(
                 reply_code, reply_text, operation="basic_publish"
             )
@@ -257,11 +237,11 @@ class Publisher(object):
         self._returned_ids.clear()
 
     def shutdown(self) -> None:
-        """The session is going away: stop reopening the channel and listening on it."""
+        """Stop reopening the channel and listening on it."""
         self._channel.shutdown()
 
     def forget(self) -> None:
-        """The connection dropped: what awaited a confirm may be in its queue."""
+        """The connection dropped: what awaited a confirm is in doubt."""
         for request in self._outstanding.values():
             request.maybe_delivered = True
         self._outstanding.clear()

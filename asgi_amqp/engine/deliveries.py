@@ -1,20 +1,12 @@
-"""Receive state: what the broker has pushed to this process, and what it handed out.
+"""Receive state: what the broker pushed to this process, and what it handed out.
 
-Everything a receive needs to remember between calls lives here, shared by
-the two ways of taking messages (``consumers`` for blocking receives,
-``getter`` for non-blocking ones) and by callers' threads:
+Shared by the consumers (blocking receives), the getter (non-blocking ones)
+and callers' threads; each class says on which threads.
 
-``Delivery``
-    a message as it came off the broker, decoded later by the caller;
-``HeldMessages``
-    deliveries pushed to this process's consumers, unacked, waiting for a
-    caller; any thread may take one, under its lock;
-``HandedOff``
-    the keys of messages recently handed to callers, which is how a
-    redelivery or a marked copy of one is recognised and dropped;
-``Liveness``
-    which queues this connection knows to exist from its own recent use,
-    so that a receive declares a queue only when it may have expired.
+* a message whose ack went with its connection comes again, flagged ``redelivered``
+  (test_connection_loss.py::test_sends_and_receives_ride_through_repeated_kills);
+* the broker may route an original from a closed connection after its copy
+  (test_connection_loss.py::test_an_original_that_comes_after_its_marked_copy_is_dropped).
 """
 
 import collections
@@ -41,9 +33,8 @@ import pika
 from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
 from .work import Queues, Work
 
-# After a marked copy arrives, unmarked messages are compared with the
-# copies for this long (seconds): its original, routed late from the closed
-# connection, comes within it.
+# Seconds after a marked copy arrives during which unmarked messages are checked:
+# its original, routed late from the closed connection, comes within them.
 COPY_WINDOW = 60.0
 
 
@@ -66,46 +57,30 @@ class Delivery(NamedTuple):
 
 
 class HandedOff(object):
-    """Keys of messages recently handed to callers of this process.
+    """Keys (queue, message id, ``asgi-channel``) of messages recently handed to callers here.
 
-    A message can reach this process a second time in two ways, both after
-    a connection dropped:
+    A redelivery (its ack went with the connection) or a marked copy (its
+    confirm did, ``publisher``) with a key here is dropped. A copy may come
+    before its original: for ``COPY_WINDOW`` after one arrived, an unmarked
+    message with the key of a copy held or handed out is dropped too; else
+    an unmarked message costs no lookup. A copy comes within
+    ``operation_timeout`` of the reconnect, so ``size`` keys are enough.
+    Other processes do not see this log (the docs' delivery guarantees).
 
-    * its ack was lost with the connection, so the broker redelivers it
-      (flagged ``redelivered``);
-    * its sender lost the publisher confirm and sent a marked copy
-      (``naming.REPUBLISHED_HEADER``, see ``publisher``).
-
-    Either is dropped when its key is in this log. A copy may also come
-    *before* its original, if the broker is still routing the original from
-    the closed connection when the sender's next connection publishes the
-    copy; a busy broker after a restart is where duplicates pointing to
-    this were counted. So for ``COPY_WINDOW`` after a copy arrived, an
-    unmarked message whose key is that of a copy held or handed out, its
-    original, is dropped too; otherwise an unmarked message costs no
-    lookup. The key is the queue, the message id and the channel (the
-    ``asgi-channel`` header). Other processes cannot see this log: on a
-    channel read by several processes a copy may reach another process;
-    see the docs' delivery guarantees. A copy comes back within
-    ``operation_timeout`` of the reconnect, so the log holds enough keys for
-    several seconds of a busy process.
+    Callers add what they take themselves, under ``_lock``; the I/O thread checks.
     """
 
     def __init__(self, size: int = 50000, copies: int = 10000) -> None:
         self._size = size
         self._keys: "collections.OrderedDict[DeliveryKey, None]" = collections.OrderedDict()
-        # Keys of marked copies handed out: if the original comes after all,
-        # it is the duplicate. Copies are rare: only after a copy arrived
-        # (within COPY_WINDOW) are unmarked messages looked up at all.
+        # Keys of marked copies handed out: an original that comes after one is the duplicate.
         self._copies_size = copies
         self._copies: "collections.OrderedDict[DeliveryKey, None]" = collections.OrderedDict()
         self._check_unmarked_until = 0.0
         self._lock = threading.Lock()  # callers add the messages they take themselves
-        # The I/O thread's held messages (HeldMessages): a copy
-        # that arrives while its original waits there, unhanded, is a copy.
+        # What arrives while a message with its key is held is a copy.
         self.held: Optional[HeldMessages] = None
-        # Keys of messages a non-blocking receive's wave has taken and not
-        # yet handed out or put back: a copy arriving meanwhile is a copy.
+        # Keys a wave has taken and not yet handed out or put back: the same again is a copy.
         self._taking: "collections.Counter[DeliveryKey]" = collections.Counter()
 
     def taking(self, delivery: Delivery) -> None:
@@ -142,10 +117,9 @@ class HandedOff(object):
                         self._copies.popitem(last=False)
 
     def is_duplicate(self, queue: str, method: Any, properties: pika.spec.BasicProperties) -> bool:
-        """Whether a delivery just pushed or fetched repeats one this process has.
+        """Whether a delivery just pushed or fetched repeats one this process has (I/O thread).
 
-        Runs on the I/O thread, for every delivery: the usual one (neither
-        redelivered nor marked, and no copy arrived lately) returns at once.
+        The usual one (neither redelivered nor marked, no copy lately) returns at once.
         """
         headers = properties.headers
         marked = headers is not None and REPUBLISHED_HEADER in headers
@@ -159,16 +133,13 @@ class HandedOff(object):
                 return False
         key = delivery_key(queue, properties.message_id, headers or {})
         # The held set first: a caller taking from it records the key here
-        # before it lets go of the held set's lock (see HeldMessages.take).
-        # For an unmarked message, what is held with its key is its copy.
+        # before it lets go of the held set's lock (HeldMessages.take).
         if self.held is not None and self.held.has(queue, key):
             return True
         with self._lock:
             if unmarked:
-                # The original of a copy handed out, or of one a wave has
-                # taken and not handed out yet (an unmarked message that is
-                # not redelivered reaches this process once: what is being
-                # taken with its key is its copy).
+                # An unmarked message that is not redelivered comes once: one
+                # with its key, handed out or being taken, was its copy.
                 return key in self._copies or key in self._taking
             if key in self._keys or key in self._taking:
                 return True
@@ -183,7 +154,7 @@ def delivery_key(queue: str, message_id: Optional[str], headers: Mapping[str, An
 
 
 class Liveness(object):
-    """Which queues this connection knows to exist, from its own recent use."""
+    """Which queues this connection knows to exist, from its own recent use (I/O thread)."""
 
     def __init__(self) -> None:
         self._until: Dict[str, float] = {}  # queue -> until when it surely exists
@@ -204,9 +175,7 @@ class Liveness(object):
 
 
 class ForgetQueues(Work):
-    """Forget which queues are known to exist (after a flush deleted them):
-    the work ``Engine.forget_queues`` hands the I/O thread for the session's
-    ``Liveness``."""
+    """``Engine.forget_queues``'s work: forget which queues exist (a flush deleted them)."""
 
     __slots__ = ()
 
@@ -234,25 +203,19 @@ class Held(object):
         self.owner = owner  # the consumer it was pushed to (its window counts it)
 
 
-# Seconds after which a caller thread's entry in ``HeldMessages.asked`` or
-# ``handling`` is forgotten: a thread that ended, or stopped receiving.
+# Seconds after which a caller thread's ``asked`` or ``handling`` entry is forgotten.
 FORGOTTEN_AFTER = 60.0
 
 
 class HeldMessages(object):
-    """Held messages per queue, oldest first; safe to use from any thread.
+    """Held messages per queue, oldest first: the I/O thread adds, withdraws and clears,
+    any thread may ``take``, under ``_lock``. One taken after its channel closed comes
+    again, ``redelivered``, and ``HandedOff`` drops it.
 
-    The I/O thread adds, withdraws and clears; any thread may ``take``. An
-    entry taken by a caller whose channel had already closed is harmless: the
-    broker redelivers that message flagged ``redelivered`` and the
-    hand-off log (``HandedOff``) drops it.
-
-    It also keeps what each caller thread's latest blocking receive asked
-    for: one served from held messages never reaches the I/O thread, whose
-    sweep must still count those queues as wanted (``consumers.sweep``);
-    and the shard whose frame each caller thread handles, from the receive
-    that gave it until the thread's next blocking receive: such a shard is
-    not given back (``consumers.balance``).
+    Per caller thread, it also keeps what its latest blocking receive asked
+    for, which the sweep counts as wanted even if held messages served it
+    (``consumers.sweep``), and the shard whose frame it handles until then,
+    which is not given back (``consumers.balance``).
     """
 
     def __init__(self) -> None:
@@ -311,9 +274,8 @@ class HeldMessages(object):
     ) -> Optional[Tuple[str, Held]]:
         """(queue, oldest Held) of a random one of ``queues`` holding any, or None.
 
-        ``record(delivery)`` runs before the lock is released, so a thread
-        asking ``has`` sees the message either here or wherever ``record``
-        put it, never in neither.
+        ``record(delivery)`` runs under the lock: ``has`` sees the message here or
+        wherever ``record`` put it, never in neither.
         """
         with self._lock:
             candidates = [q for q in queues if q in self._by_queue]

@@ -1,9 +1,7 @@
 """``Engine``, the layer's one door to the broker, and ``InFlight``.
 
-The layer says what it wants (publish this, run these declares, get or
-wait for a delivery from these queues); ``Engine`` hands it to the I/O
-thread and waits for the answer with a timeout, and starts and stops the
-threads. The package's ``__init__`` says what each other module holds.
+``Engine`` hands the layer's requests to the I/O thread, waits for the
+answers with a timeout, and starts and stops the threads.
 """
 
 import logging
@@ -60,10 +58,9 @@ PublishRequest = Tuple[str, str, bytes, pika.BasicProperties, bool, str]
 class Engine(object):
     """The I/O thread and the dead-letter worker of one layer, in this process.
 
-    Both start on first use, not in ``__init__``: a layer made in a Django
-    settings module must not start threads in a process that then forks
-    (gunicorn, ``runworker`` under a supervisor). A forked child starts its
-    own, and a thread that died is replaced on the next call.
+    Both start on first use: a layer made in a Django settings module must not
+    start threads in a process that then forks (gunicorn). A forked child
+    starts its own; a thread that died is replaced on the next call.
     """
 
     def __init__(
@@ -79,18 +76,14 @@ class Engine(object):
         caller: Callable[[], Caller] = lambda: Caller.PLAIN,
     ) -> None:
         self._parameters = list(parameters)
-        # The management API's bindings to an exchange, for the dead-letter
-        # worker (see DeadLetterWorker); None without one.
+        # The management API's bindings to an exchange, for the dead-letter worker.
         self._bindings_to = bindings_to
-        # The layer's ``naming.Topology``: the dead-letter worker's names, and
-        # ``explain_mismatch`` for a declare the broker refused (``declare``).
+        # The dead-letter worker's names, and ``explain_mismatch`` for ``declare``.
         self._topology = topology
-        # The calling thread's kind (``callers``), which says how long it may
-        # wait; asked on callers' threads by ``publish`` once an alarm blocks
-        # it, and by ``_submit_and_wait``.
+        # The calling thread's kind (``callers``): how long it may wait.
         self._caller = caller
         self.operation_timeout = operation_timeout
-        # Seconds a process waits for its first connection (io.thread says how).
+        # Seconds a process waits for its first connection (``io.thread``).
         self._first_connect_timeout = first_connect_timeout
         self._consumers = consumers
         self._run_worker = dead_letter_worker
@@ -133,13 +126,10 @@ class Engine(object):
             return io
 
     def _lock_of_this_process(self) -> threading.Lock:
-        """The start lock, new in a forked child.
+        """The start lock, new in a forked child, where one held at fork time stays held.
 
-        A lock held by some thread of the parent at fork time stays held
-        forever in the child, which has only the forking thread. The lock is
-        replaced once per process, under a module lock that is itself new
-        in every child: two first callers racing here must share one lock,
-        or each starts an I/O thread and one pair is never stopped.
+        Replaced under ``_fork_guard``'s lock, itself new in every child: two
+        first callers must share one lock, or each starts an I/O thread.
         """
         if self._lock_pid != os.getpid():
             with _fork_guard.lock:
@@ -184,11 +174,8 @@ class Engine(object):
         return found
 
     def close(self) -> None:
-        """Stop both threads; every later call raises ``LayerClosed``.
-
-        Marked closed under the start lock, so that a caller racing the
-        close cannot start a new I/O thread after the old one stopped.
-        """
+        """Stop both threads; every later call raises ``LayerClosed``. Marked closed under
+        the start lock, so a racing caller starts no new I/O thread."""
         if not self.started_here:  # never started here (a forked child's lock may be held)
             self._closed = True
             return
@@ -217,22 +204,15 @@ class Engine(object):
     ) -> str:
         """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``.
 
-        While a resource alarm blocks publishing, a caller's thread waits for
-        it to clear, ``alarm_wait`` seconds at most (the caller's
-        ``operation_timeout``), and then publishes again; after that,
-        ``BrokerBlocked``. A Channels worker that raised at once would die
-        of it (Channels 1.x retries a full channel for 2 s in
-        ``send_and_flush``, then raises). daphne's reactor thread must not
-        wait (every connection of daphne would freeze): there
-        (``Caller.REACTOR``) ``BrokerBlocked`` is raised at once, and daphne
-        answers 503 or closes the socket with 1013, "try again later".
-        ``marked``: sent as a possible copy (its reader drops it if it has
-        the original).
+        While an alarm lasts, a caller's thread waits up to ``alarm_wait`` seconds
+        for it to clear and publishes again, then raises ``BrokerBlocked``: a
+        Channels 1.x worker that raised at once would die of it. daphne's reactor
+        thread (``Caller.REACTOR``) raises at once, or every connection of daphne
+        would freeze; daphne answers 503, or closes the socket with 1013.
 
-        ``parks``, for a send on daphne's reactor thread: when the broker
-        goes away during the wait, the publish is given up and ``PARKED``
-        returned at once; the caller parks a marked copy of it
-        (``parked_sends`` says why).
+        ``marked``: a possible copy, which its reader drops if it has the original.
+        ``parks``, on daphne's reactor thread: if the broker goes away during the
+        wait, the publish is given up and ``PARKED`` returned (``parked_sends``).
         """
         deadline = None  # set at the first block: nothing extra on the usual path
         while True:
@@ -281,8 +261,7 @@ class Engine(object):
     ) -> None:
         """Publish (mandatory) without waiting: ``on_done(outcome, error)`` on the I/O thread.
 
-        It waits through outages, carried to the next connection; ``marked``
-        sends it as a copy its reader drops if it has the original."""
+        Outages do not end it (carry over); ``marked`` as in ``publish``."""
         publish = Publish(Pending(what, on_done), exchange, routing_key, body, properties, True)
         publish.maybe_delivered = marked
         self._running_io().submit(publish)
@@ -296,11 +275,10 @@ class Engine(object):
         self._running_io().submit(Declare(Pending(what, on_done), steps))
 
     def start_publishes(self, requests: Sequence[PublishRequest]) -> "InFlight":
-        """Hand many publishes to the I/O thread at once; wait for them later.
+        """Submit many publishes at once; ``InFlight.outcome`` waits for each later.
 
-        One hand-off and one wake-up for the lot, and the broker confirms
-        them in one stream, so a caller pays the round trip once per window
-        instead of once per message. ``InFlight.outcome`` gives each answer.
+        One wake-up for the lot and one stream of confirms: the caller pays the
+        round trip once per window, not once per message.
         """
         publishes = [
             Publish(Pending(what), exchange, routing_key, body, properties, mandatory)
@@ -313,10 +291,8 @@ class Engine(object):
     def declare(self, steps: Sequence[Step], what: str) -> Any:
         """Run topology steps in order; the result is the last step's frame.
 
-        A queue that exists with other settings raises
-        ``QueueSettingsMismatch``, which names them (``errors.settings_mismatch``
-        with the topology's ``explain_mismatch``); any other refusal raises
-        as it came."""
+        A queue that exists with other settings raises ``QueueSettingsMismatch``
+        naming them; any other refusal raises as it came."""
         try:
             return self._submit_and_wait(Declare(Pending(what), steps))
         except BrokerOperationError as exc:
@@ -325,12 +301,9 @@ class Engine(object):
     def get(self, queues: Queues) -> Optional[Delivery]:
         """A delivery from one of ``queues`` at once, or None: never waits for one.
 
-        While the broker is unreachable there is nothing to get: None at
-        once, without waiting for the connection to come back (a poll made
-        on daphne's reactor thread must not wait for a reconnect), but for
-        a worker thread, which waits for it (``_ride_out``). Before the
-        first connection the poll waits only while no attempt has failed:
-        a broker that is not up yet has nothing to get either.
+        While the broker is away, None at once (daphne's reactor thread must not
+        wait for a reconnect), except on a worker thread (``_ride_out``). Before
+        the first connection, it waits only while no attempt has failed.
         """
         io = self._running_io()
         # Channels' enforce_ordering empties a socket's wait channel with a
@@ -354,15 +327,11 @@ class Engine(object):
     def wait(self, queues: Queues, receive_timeout: float) -> Optional[Delivery]:
         """A delivery from one of ``queues``, or None after ``receive_timeout``.
 
-        The I/O thread answers None at the deadline; the caller waits a
-        little longer only while the connection is up (an I/O thread that
-        is slow to answer). While the broker is away nothing is waited for
-        beyond the receive's own limit, and no outage raises, however long:
-        an ASGI blocking receive may return nothing at any time, and
-        Channels' worker loop catches nothing, so an exception here would
-        end the runworker that the layer is reconnecting for. An outage
-        longer than ``operation_timeout`` is logged once, at WARNING; so is
-        the wait for a first connection, at once.
+        The caller waits past the I/O thread's deadline only while connected. No
+        outage raises, however long: ASGI lets a blocking receive return nothing,
+        and Channels' worker loop catches nothing, so an exception would end the
+        runworker the layer reconnects for. An outage past ``operation_timeout``,
+        or the wait for a first connection, is logged once.
         """
         deadline = time.monotonic() + receive_timeout
         pending = Pending("blocking receive")
@@ -394,26 +363,21 @@ class Engine(object):
         return len(receivers)
 
     def wait_unblocked(self, deadline: float) -> bool:
-        """Wait until the broker no longer blocks publishing (a resource alarm),
-        at most until ``deadline`` (``time.monotonic()``); True once it does not."""
+        """Wait for an alarm to clear, up to ``deadline`` (monotonic); True once none lasts."""
         io = self._running_io()
         return io.alarms.unblocked.wait(max(0.0, deadline - time.monotonic()))
 
     def asked(self, queues: Queues) -> None:
-        """A blocking receive asks for ``queues``, whether or not held messages
-        serve it; the frame the thread handled before is done."""
+        """A blocking receive asks for ``queues`` (held messages may serve it);
+        the thread's last frame is done."""
         self._running_io().asked(queues)
 
     def handling(self, shard: str) -> None:
-        """The calling thread was handed a frame of ``shard``: it stays here
-        until the thread's next blocking receive."""
+        """The calling thread was handed a frame of ``shard``, until its next blocking receive."""
         self._running_io().handling(shard)
 
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
-        """A delivery already pushed to this process for one of ``queues``, or None.
-
-        Runs in the caller's thread, with no trip through the I/O thread.
-        """
+        """A held message for one of ``queues``, or None, taken in the caller's thread."""
         return self._running_io().take_pushed(queues)
 
     def forget_queues(self) -> None:
@@ -421,13 +385,8 @@ class Engine(object):
         self._submit_and_wait(ForgetQueues(Pending("flush caches")))
 
     def _submit_and_wait(self, work: Work) -> Any:
-        """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``.
-
-        A connection lost meanwhile is not an error: the I/O thread runs
-        the work again on the next one. Only an outage that outlasts the
-        timeout reaches the caller, named as such, and not even that on a
-        worker thread (``_ride_out``).
-        """
+        """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``: only an
+        outage that outlasts it raises, and not on a worker thread (``_ride_out``)."""
         io = self._running_io()
         io.submit(work)
         pending = work.pending
@@ -448,18 +407,10 @@ class Engine(object):
     def _ride_out(self, io: IOThread, pending: Pending) -> None:
         """On a worker thread, wait for ``pending`` as long as the broker is away.
 
-        A worker thread is one that has made a blocking receive: a Channels
-        runworker's. Channels 1.x sends a consumer's queued replies in a
-        ``finally`` (``send_and_flush``) and catches nothing around it, so
-        an ``OperationTimeout`` from a send there ends the process, which
-        outlived the outage only to die of it. So for such a thread, an
-        outage extends the wait, checked every second, until the broker
-        answers (the work goes out on the new connection) or the layer is
-        closed, and ``operation_timeout`` counts only while connected. The
-        outage
-        is logged once, at WARNING. A broker that is connected but does
-        not answer still times out after ``operation_timeout``, as on any
-        other thread (counted from the end of the outage, if there was one).
+        Channels 1.x sends a consumer's replies in a ``finally`` and catches
+        nothing around it, so an ``OperationTimeout`` there would end a runworker
+        that outlived the outage. ``operation_timeout`` counts only while
+        connected; the outage is logged once, at WARNING.
         """
         deadline = time.monotonic() + self.operation_timeout
         while not pending.arrived(min(1.0, deadline - time.monotonic())):
@@ -512,7 +463,7 @@ class Engine(object):
 
 
 class InFlight(object):
-    """Publishes handed over together by ``Engine.start_publishes``."""
+    """Publishes submitted together by ``Engine.start_publishes``."""
 
     def __init__(self, engine: Engine, io: IOThread, publishes: List[Publish]) -> None:
         self._engine = engine
@@ -532,12 +483,9 @@ class InFlight(object):
         return self._publishes[index].written
 
     def outcome(self, index: int, deadline: float) -> str:
-        """``ACKED``, ``NACKED`` or ``RETURNED`` for publish ``index``.
-
-        Waits until ``deadline`` (monotonic) at most, then raises
-        ``OperationTimeout``, naming the outage if the broker is away. A
-        publish given up on that way is not sent late if it had not left.
-        """
+        """``ACKED``, ``NACKED`` or ``RETURNED`` for publish ``index``, waiting until
+        ``deadline`` (monotonic) at most; then ``OperationTimeout``, naming any
+        outage, and the publish is not sent late if it had not left."""
         pending = self._publishes[index].pending
         try:
             return pending.result(max(0.0, deadline - time.monotonic()))

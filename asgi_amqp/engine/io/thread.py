@@ -1,52 +1,30 @@
-"""The I/O thread: the only thread that ever touches the pika connection.
+"""The I/O thread: the only thread that touches the pika connections.
 
-Callers hand work to it with ``submit`` and wait on a ``Pending`` with a
-timeout. ``submit`` puts it in the ``Inbox`` (``io/inbox.py``), the one place
-where threads meet.
+Callers hand it work with ``submit`` (through the ``Inbox``) and wait on a
+``Pending``. It runs one pika ``IOLoop`` for its whole life, which services
+heartbeats whatever callers do, and after every loss opens a pair of
+``SelectConnection``s to one node, trying the URLs in turn with capped
+exponential backoff: the *publishing* connection carries publishes and
+their confirms only, the *main* one everything else. When either drops,
+the other is closed and the work of both is carried over
+(``io/carry_over.py``): a session never has half a pair.
 
-The thread runs one pika ``IOLoop`` for its whole life and opens two
-``SelectConnection``s on it, to the same node, after every loss, trying the
-configured URLs in turn with capped exponential backoff:
+Before the first connection, a failure no retry fixes (credentials, vhost,
+TLS) fails waiting work at once; a node that refuses or ignores TCP may be
+starting, an outage until ``first_connect_timeout`` after the first attempt.
 
-* the *publishing* connection carries publishes and their confirms, and
-  nothing else;
-* the *main* connection carries everything else: declares, ``basic_get``,
-  consumers and their acks.
+* an alarm stops the broker reading every connection that publishes: the main
+  one never does, so receives and declares go on through an alarm
+  (test_broker_alarms.py::test_an_alarm_blocks_sends_for_a_bounded_time_while_receives_go_on);
+* the broker requeues a closed connection's unacked deliveries
+  (test_polls_take_pushed_deliveries.py::test_a_process_that_dies_holding_pushed_messages_loses_none);
+* a 541 close (on 3.10, a consume racing another process's declare of a new
+  quorum queue) hits this process alone (test_ordered_channels.py::
+  test_a_connection_lost_to_its_own_channel_crash_waits_for_no_shard_owner).
 
-That split is RabbitMQ's own advice for resource alarms. Under a memory or
-disk alarm the broker stops reading every connection that publishes, and
-anything else on such a connection (a ``basic_get``, a consumer's ack, a
-declare) would stall with it. The main connection never publishes, so it is
-never blocked: receives keep working during an alarm, and so do the
-declares a send needs. Both connections live on the one I/O thread, so
-"one thread owns its connections" still holds and no thread is added. The
-two are one unit: when either drops, the other is closed too and the work
-of both is handed to the next pair as below, so a session never has half a
-connection.
-
-While the broker blocks the publishing connection for a resource alarm,
-publishes fail at once (``io/alarms.py`` says why and how).
-
-Heartbeats are serviced by the loop whatever callers do.
-
-Before the first connection, a failure no retry can fix (refused
-credentials, an unknown vhost, TLS) fails waiting work at once with the
-reason, so a mistake in the settings is an error in the caller within
-seconds, not a hang. A node that refuses or does not answer the TCP
-connection may only be starting (a container started with this process):
-that is an outage like any other, until ``first_connect_timeout`` seconds
-after the first attempt; then the layer fails as for a mistake, naming the
-cause and the time waited (``connection_errors.retry_may_help`` tells the
-two kinds apart).
-
-A lost connection fails nobody: the work in flight on it runs again on the
-next one (``io/carry_over.py`` says why and how), and work submitted while
-there is no connection waits for the next one.
-
-``IOThread`` owns an ``Inbox``, a ``Dispatched`` (the carry-over) and an
-``AlarmGate``; each says on which threads it is
-used. Everything else of the thread's state is the I/O thread's alone,
-except the figures callers read, marked where they are declared.
+``IOThread`` owns an ``Inbox``, a ``Dispatched`` and an ``AlarmGate``, each
+saying on which threads it is used; the rest of its state is the I/O
+thread's alone, but for the figures callers read, marked where declared.
 """
 
 import collections
@@ -95,8 +73,7 @@ class IOThread(object):
         first_connect_timeout: float = 0.0,
     ) -> None:
         self._parameters = list(parameters)
-        # Seconds from the first attempt during which a node that is down
-        # is an outage, not an error (read by callers too: outages.py).
+        # Seconds from the first attempt in which a down node is an outage (callers read it).
         self.first_connect_timeout = first_connect_timeout
         self._name = name
         self._consumer_settings = consumer_settings or ConsumerSettings(0.25, 30.0, 16)
@@ -109,37 +86,32 @@ class IOThread(object):
         # Everything below is touched by the I/O thread only.
         # The main connection: declares, gets, consumers.
         self._connection: Optional[pika.SelectConnection] = None
-        # The publishing connection of the same pair.
         self._publishing: Optional[pika.SelectConnection] = None
         # Not closed yet; the loop stops once empty.
         self._open_connections: Set[pika.connection.Connection] = set()
         self._session: Optional[Session] = None
         self._waiting: Deque[Work] = collections.deque()  # work that needs a session
-        self._dispatched = Dispatched()  # what a loss hands to the next connection
+        self._dispatched = Dispatched()  # carried over when the pair is lost
         self._attempt = 0
         self._ever_connected = False
         self._first_attempt: Optional[float] = None  # when the first attempt began
-        # Why calls fail at once while the layer has never connected: a
-        # failure no retry fixes, or first_connect_timeout passed. None while
-        # it waits for its first connection, and once connected.
+        # Why calls fail at once before any connection (a failure no retry
+        # fixes, or first_connect_timeout passed); None while waiting or connected.
         self._given_up: Optional[Exception] = None
         # Nodes whose last failed attempt no retry can fix (retry_may_help).
         self._unfixable: Set[str] = set()
-        # Each URL's last failed attempt since the last connection (its node
-        # -> the error), so that an error after all failed names every node.
+        # node -> its last failure since the last connection: an error names every node.
         self._attempt_failures: Dict[str, str] = {}
         # Why the last attempt failed or the pair was lost; None once connected.
         self._failure: Optional[Exception] = None
         self._liveness = Liveness()
-        # Shared with a replacement I/O thread, so a restart cannot hand a
-        # redelivered message over twice.
+        # Shared with a replacement I/O thread: a restart hands no redelivery out twice.
         self._handed_off = handed_off if handed_off is not None else HandedOff()
         self._held = HeldMessages()  # shared with callers: see take_pushed
         self._taken = TakenAcks()  # what they took, until the acks go (consumers/acks.py)
         self._handed_off.held = self._held  # a copy of a held message is a copy too
-        # The shards the lost session served, which the next one takes back
-        # before the others (``consumers.owners``), and whether the
-        # loss may have hit other processes too (``_on_closed``).
+        # The shards the lost session served, which the next takes back first
+        # (``consumers.owners``), and whether the loss hit other processes too.
         self._served_shards: FrozenSet[str] = frozenset()
         self._shared_loss = False
         # Read by callers: when the connection was lost (None while connected
@@ -166,12 +138,12 @@ class IOThread(object):
 
     @property
     def retried(self) -> int:
-        """Pieces of work handed from a lost connection to the next."""
+        """Pieces of work carried over."""
         return self._dispatched.retried
 
     @property
     def republished(self) -> int:
-        """Marked copies of publishes whose confirm was lost, sent again."""
+        """Publishes in doubt, sent again as marked copies."""
         return self._dispatched.republished
 
     @property
@@ -181,15 +153,11 @@ class IOThread(object):
 
     @property
     def alive(self) -> bool:
-        # Asked on every call: a flag the thread clears on its way out is
-        # cheaper than Thread.is_alive, which takes a lock.
+        # Asked on every call: cheaper than Thread.is_alive, which takes a lock.
         return self._running
 
     def submit(self, work: Work) -> None:
-        """Run ``work(session)`` on the I/O thread once a session exists.
-
-        ``work`` must be an object with ``pending`` and ``__call__(session)``.
-        """
+        """Run ``work(session)`` on the I/O thread once a session exists."""
         self.submit_many((work,))
 
     def submit_many(self, works: Iterable[Work]) -> None:
@@ -206,11 +174,8 @@ class IOThread(object):
         self._held.handling(shard)
 
     def take_pushed(self, queues: Sequence[str]) -> Optional[Delivery]:
-        """A Delivery already pushed to this process for one of ``queues``, or None.
-
-        Runs in the caller's thread: taking it needs no trip through the I/O
-        thread, and its ack is handed over without waiting for it.
-        """
+        """A held message for one of ``queues``, or None, taken in the caller's thread;
+        its ack is submitted without waiting for it."""
         taken = self._held.take(queues, record=self._handed_off.add)
         if taken is None:
             return None
@@ -405,9 +370,7 @@ class IOThread(object):
             )
         self._failure = failure
         self.last_error_text = str(failure)
-        # A layer that never connected decides once every URL of the list
-        # failed (a first node that is down is not an error), or at once
-        # for refused credentials.
+        # Never connected: decide once every URL failed, or at once for refused credentials.
         every_url_tried = self._attempt + 1 >= len(self._parameters)
         if self._ever_connected:
             logger.warning("%s", failure)
@@ -420,9 +383,8 @@ class IOThread(object):
         self._schedule_reconnect()
 
     def _first_connection_failed(self, failure: Exception) -> None:
-        """Every URL failed and the layer never connected: an outage while the
-        broker may still be starting, else fail the waiting work (and all
-        work from now until a connection opens) with the cause."""
+        """Every URL failed and the layer never connected: an outage while the broker
+        may be starting, else fail the work waiting and to come with the cause."""
         first_attempt = self._first_attempt if self._first_attempt is not None else time.monotonic()
         waited = time.monotonic() - first_attempt
         timeout = self.first_connect_timeout
@@ -457,9 +419,8 @@ class IOThread(object):
         if connection not in (self._connection, self._publishing):
             self._stop_when_closed()  # the other half of a pair already handled
             return
-        # The other half goes too, once the session's parts stopped listening:
-        # its channels close gracefully, and what arrives on them meanwhile
-        # is ignored (the work is handed on, the broker requeues deliveries).
+        # The other half goes too, once the parts stopped listening: what still arrives
+        # on it is ignored (the work is carried over, the broker requeues deliveries).
         other = self._publishing if connection is self._connection else self._connection
         self._connection = self._publishing = None
         self.alarms.clear(self._publisher())
@@ -481,11 +442,8 @@ class IOThread(object):
         if session is not None:
             self._served_shards = session.consumers.served_shards()
             session.lose()
-        # A connection the broker closed for a crash of one of its own channels
-        # (541: on 3.10, a consume racing another process's declare of a new
-        # quorum queue) is this process's loss alone. The others keep their
-        # connections and their shards, and hold no frame whose replies wait
-        # for a reconnect, so no shard waits for its owner.
+        # A 541 is this process's loss alone: the others keep their connections and
+        # shards, and no shard waits for its owner.
         self._shared_loss = getattr(reason, "reply_code", None) != INTERNAL_ERROR
         self._drop(other)
         self._hand_on(dispatched)
@@ -498,7 +456,7 @@ class IOThread(object):
         self._schedule_reconnect()
 
     def _hand_on(self, dispatched: Deque[Work]) -> None:
-        """Queue the lost connection's unfinished work first for the next one."""
+        """Carry the lost pair's unfinished work over: it runs first on the next one."""
         self._waiting.extendleft(reversed(self._dispatched.carry(dispatched)))
 
     def _on_blocked(self, connection: pika.connection.Connection, frame: Any) -> None:

@@ -290,10 +290,6 @@ class HeldMessages(object):
                 record(held.delivery)
             return queue, held
 
-    def holds(self, queue: str) -> bool:
-        """Whether any message is held for ``queue``."""
-        return queue in self._by_queue  # one dict lookup: atomic, no lock needed
-
     def has(self, queue: str, key: DeliveryKey) -> bool:
         """Whether a message with ``key`` (see ``delivery_key``) is held."""
         with self._lock:

@@ -205,7 +205,6 @@ class ConsumerPool(object):
         self._channel.open()
 
     def _setup(self, channel: pika.channel.Channel, done: Callable[..., None]) -> None:
-        self.acks.new_channel()
         channel.add_on_cancel_callback(self._on_broker_cancel)
         self._qos = 1
         channel.basic_qos(prefetch_count=self._qos, callback=done)
@@ -484,7 +483,6 @@ class ConsumerPool(object):
     ) -> None:
         if self._channel.closing:
             return  # unacked: the broker requeues it when the channel closes
-        self.acks.pushed(method.delivery_tag)
         consumer = self._by_tag.get(method.consumer_tag)
         if consumer is None:
             # Sent before our basic.cancel reached the broker.
@@ -522,9 +520,7 @@ class ConsumerPool(object):
         consumer = self._by_tag.pop(frame.method.consumer_tag, None)
         if consumer is not None:
             self._consumers.pop(consumer.queue, None)
-            for held in self._held.withdraw(consumer.queue):
-                # Gone with their queue: no ack, and a multiple one covering them is harmless.
-                self.acks.gone(held.delivery_tag)
+            self._held.withdraw(consumer.queue)  # gone with their queue: no ack
             self._liveness.forget(consumer.queue)
 
     def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:

@@ -3,6 +3,7 @@
 A queue not used within half its ``x-expires`` lease is declared before its
 get, so a 404 is rare; one that happens anyway (a flush) counts as empty. A
 message is acked once its caller's ``Pending`` accepts it, else nacked back.
+Why waves of lanes: with one lane, bench rows (d) receive-10 and (m) poll-10 fall.
 
 Broker fact: a get renews a queue's ``x-expires`` lease, and so does a
 declare, but not on a quorum queue

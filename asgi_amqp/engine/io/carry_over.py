@@ -4,6 +4,7 @@ Channels' worker loop catches nothing that ``receive`` or ``send_group``
 raise, so a lost connection fails nobody: work whose caller still waits is
 carried over, in order, and only an outage longer than ``operation_timeout``
 reaches the caller. Publishes in doubt go again as marked copies (``publisher``).
+Without it, test_connection_loss.py::test_sends_and_receives_ride_through_repeated_kills fails.
 Declares and binds are idempotent, so they may run twice
 (tests/test_connection_loss.py::test_group_calls_ride_through_kills).
 

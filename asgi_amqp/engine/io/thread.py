@@ -180,14 +180,13 @@ class IOThread(object):
         if taken is None:
             return None
         queue, held = taken
-        # The ack may wait for the next take (see ``consumers.acks``).
-        if self._taken.add(queue, held, self._held.holds(queue)):
-            try:
-                # Nobody waits for it; the lost connection's deliveries are
-                # back in their queues, so it is never run on the next one.
-                self.submit(SendTakenAcks(Pending("acknowledgements")))
-            except LayerClosed:
-                pass  # the connection closes with the layer: the broker requeues them
+        self._taken.add(queue, held)
+        try:
+            # Nobody waits for it; the lost connection's deliveries are
+            # back in their queues, so it is never run on the next one.
+            self.submit(SendTakenAcks(Pending("acknowledgements")))
+        except LayerClosed:
+            pass  # the connection closes with the layer: the broker requeues them
         return held.delivery
 
     @property

@@ -11,6 +11,8 @@ message would be; none is dropped for a full channel, since daphne accepted the
 frame. Beyond ``MESSAGES`` or ``BYTES``, ``ChannelFull`` at once (daphne answers
 503 or 1013); a publish on its way when the connection went cannot be taken
 back, so it is parked whatever the bound, as a marked copy.
+Without parking, e2e/test_stack_faults.py::test_a_30_s_outage_loses_nothing_daphne_accepted
+fails.
 
 Broker facts:
 

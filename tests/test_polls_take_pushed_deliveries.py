@@ -1,11 +1,10 @@
-"""Non-blocking receives served from deliveries the broker already pushed.
+"""Non-blocking receives take what a consumer of this process was pushed.
 
-A channel that only this process reads (a process-local ``foo!`` queue)
-and that is polled often gets a consumer
-(asgi_amqp.engine.consumers.polls.Polls.keep): the next polls take what it
-was pushed, without a ``basic.get`` each. These tests hold what that must
-never cost: order, a message, a duplicate, expiry, or a bound on consumers.
-The consumer counts come from the broker itself (a passive declare).
+A poll starts no consumer of its own (but a shard's); where a blocking
+receive left one, the next polls take what it was pushed, without a
+``basic.get`` each (asgi_amqp.engine.consumers.polls). These tests hold what
+that must never cost: order, a message, a duplicate, expiry, or a bound on
+consumers. The consumer counts come from the broker itself (a passive declare).
 """
 
 import json
@@ -24,11 +23,14 @@ def consumers_on(broker, queue):
     return queue_counts(broker, queue).consumer_count
 
 
-def poll_until_consumed(layer, broker, channel):
-    """Poll the empty ``channel`` until this layer consumes its queue."""
+def consume(layer, broker, channel):
+    """Leave a consumer of ``channel``'s queue: a blocking receive that finds nothing."""
     queue = layer.topology.channel_queue(channel)
     wait_until(
-        lambda: layer.receive([channel]) == (None, None) and consumers_on(broker, queue) == 1,
+        lambda: (
+            layer.receive([channel], block=True) == (None, None)
+            and consumers_on(broker, queue) == 1
+        ),
         10,
         message="a consumer on %s" % queue,
     )
@@ -43,7 +45,7 @@ def test_a_polled_channel_keeps_its_order_and_loses_nothing(layer, broker):
     channels = ["polled%d!reply" % i for i in range(3)]
     readable = ["polled%d!" % i for i in range(3)]
     for name in readable:
-        poll_until_consumed(layer, broker, name)
+        consume(layer, broker, name)
     per_channel = 400  # many windows' worth: each refill races the next poll
     for n in range(per_channel):
         for channel in channels:
@@ -58,7 +60,7 @@ def test_a_polled_channel_keeps_its_order_and_loses_nothing(layer, broker):
 
 
 def test_a_message_sent_is_found_by_the_next_poll(layer, broker):
-    poll_until_consumed(layer, broker, "next!")
+    consume(layer, broker, "next!")
     for n in range(50):
         layer.send("next!x", {"n": n})
         assert layer.receive(["next!"]) == ("next!x", {"n": n})
@@ -67,28 +69,25 @@ def test_a_message_sent_is_found_by_the_next_poll(layer, broker):
 
 @pytest.mark.parametrize(
     "channel",
-    ["shared.polled", "__wait__.daphne.response.abc?def"],
-    ids=["normal", "channels-wait-channel"],
+    ["shared.polled", "__wait__.daphne.response.abc?def", "local.polled!"],
+    ids=["normal", "channels-wait-channel", "process-local"],
 )
-def test_a_channel_that_several_processes_may_read_is_never_consumed_by_polls(
-    layer, broker, channel
-):
+def test_a_poll_starts_no_consumer_of_its_own(layer, broker, channel):
     """Channels 1.x's enforce_ordering parks messages in ``__wait__...?...``
     channels that every worker process polls: a consumer in one worker would
     keep them from the others."""
     for _ in range(10):
         assert layer.receive([channel]) == (None, None)
     assert consumers_on(broker, layer.topology.channel_queue(channel)) == 0
-    layer.send(channel, {"n": 1})
-    assert layer.receive([channel]) == (channel, {"n": 1})
+    layer.send(channel + ("x" if channel.endswith("!") else ""), {"n": 1})
+    assert layer.receive([channel])[1] == {"n": 1}
 
 
 def test_consumers_per_process_stay_bounded(broker, new_layer):
-    layer = new_layer(broker, expiry=30, max_consumers=3)
+    layer = new_layer(broker, expiry=30, max_consumers=3, receive_timeout=0.1)
     channels = ["bounded%d!" % i for i in range(8)]
     for channel in channels:
-        for _ in range(5):
-            assert layer.receive([channel]) == (None, None)
+        assert layer.receive([channel], block=True) == (None, None)
     queues = [layer.topology.channel_queue(channel) for channel in channels]
     total = wait_until(
         lambda: (lambda n: n if 1 <= n <= 3 else 0)(sum(consumers_on(broker, q) for q in queues)),
@@ -110,7 +109,7 @@ def test_a_poller_that_pauses_gets_its_messages_in_order(broker, new_layer, queu
     (``consumers.sweep.PROCESS_LOCAL_HOLD``)."""
     layer = new_layer(broker, expiry=30, linger=0.25, queue_type=queue_type, receive_timeout=0.5)
     channel = "pause!x"
-    poll_until_consumed(layer, broker, "pause!")
+    consume(layer, broker, "pause!")
     for n in range(20):
         layer.send(channel, {"n": n})
     got = [m["n"] for _, m in [layer.receive(["pause!"], block=True) for _ in range(3)]]
@@ -123,17 +122,17 @@ def test_a_poller_that_pauses_gets_its_messages_in_order(broker, new_layer, queu
     assert got == list(range(25))
 
 
-def test_a_consumer_nobody_polls_gives_its_messages_back(broker, new_layer):
-    reader = new_layer(broker, expiry=30, linger=0.2)
+def test_a_consumer_nobody_reads_gives_its_messages_back(broker, new_layer):
+    reader = new_layer(broker, expiry=30, linger=0.2, consumer_idle_timeout=1.0)
     channel = "handover!x"
-    poll_until_consumed(reader, broker, "handover!")
+    consume(reader, broker, "handover!")
     for n in range(5):
         reader.send(channel, {"n": n})
-    # Pushed to the reader's consumer, then given back once nobody polls:
+    # Pushed to the reader's consumer, then given back once nobody reads:
     # a second layer reading the same queue gets every message, in order.
     other = new_layer(broker, prefix=reader.topology.prefix, expiry=30)
     queue = reader.topology.channel_queue(channel)
-    wait_until(lambda: consumers_on(broker, queue) == 0, 10, message="the consumer cancelled")
+    wait_until(lambda: consumers_on(broker, queue) == 0, 20, message="the consumer cancelled")
     assert [m["n"] for _, m in drain(other, ["handover!"])] == [0, 1, 2, 3, 4]
 
 
@@ -175,19 +174,19 @@ def test_a_process_that_dies_holding_pushed_messages_loses_none(layer, broker):
 
 
 @pytest.mark.slow
-def test_an_unread_message_of_a_polled_channel_still_expires_and_drops_its_groups(
+def test_an_unread_message_of_a_consumed_channel_still_expires_and_drops_its_groups(
     broker, new_layer
 ):
-    layer = new_layer(broker, expiry=1, group_expiry=60, linger=0.2)
+    layer = new_layer(broker, expiry=1, group_expiry=60, linger=0.2, consumer_idle_timeout=1.0)
     channel = "member!x"
-    layer.group_add("polled-group", channel)
-    poll_until_consumed(layer, broker, "member!")
-    layer.send_group("polled-group", {"n": 1})
-    # Nobody polls any more: the consumer gives the message back, it expires
+    layer.group_add("consumed-group", channel)
+    consume(layer, broker, "member!")
+    layer.send_group("consumed-group", {"n": 1})
+    # Nobody reads any more: the consumer gives the message back, it expires
     # in its queue and the dead-letter worker drops the membership.
     wait_until(
-        lambda: channel not in layer.group_channels("polled-group"),
-        20,
+        lambda: channel not in layer.group_channels("consumed-group"),
+        30,
         message="membership dropped",
     )
     assert layer.receive(["member!"]) == (None, None)

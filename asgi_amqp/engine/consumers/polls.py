@@ -1,13 +1,11 @@
 """What non-blocking receives ask of the consumers' channel.
 
-A process-local queue (only this process reads it) that is polled
-``POLLS_TO_CONSUME`` times within ``linger`` gets a consumer with the whole
-``prefetch`` window: the next polls take what it was pushed, and a poll over
-consumed queues costs one round trip (``let_pushes_land``), not a
-``basic.get`` each. Other queues are only asked with ``basic.get``: other
-processes may read them (Channels 1.x's ``__wait__...?...`` channels), and a
-consumer would keep messages from them
-(``test_a_channel_that_several_processes_may_read_is_never_consumed_by_polls``).
+A non-blocking receive starts no consumer but a shard's (a ``basic.get``
+would take a frame from under the process that holds its shard). What a
+blocking receive's consumer was pushed, the polls take: a poll over consumed
+queues costs one round trip (``let_pushes_land``), not a ``basic.get`` each.
+Polls keep no messages from other processes
+(``test_a_poll_starts_no_consumer_of_its_own``).
 
 Broker facts:
 
@@ -20,13 +18,13 @@ Broker facts:
   channel's nacks (``test_messages_taken_and_put_back_keep_their_order``).
 
 Owned by ``pool.ConsumerPool``; called by the getter; I/O thread only. Owns
-the poll counts and the callbacks waiting for a round trip.
+the callbacks waiting for a round trip.
 """
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
-from ...naming import is_process_local_queue, is_shard_queue
+from ...naming import is_shard_queue
 from .. import declares
 from ..deliveries import Delivery, Held, HeldMessages
 from ..futures import Pending
@@ -35,8 +33,6 @@ from ..work import Queues
 if TYPE_CHECKING:
     from ..declares import AdminChannels
     from .pool import ConsumerPool
-
-POLLS_TO_CONSUME = 3  # polls of one queue within ``linger`` that get it a consumer
 
 
 class Polls(object):
@@ -47,26 +43,19 @@ class Polls(object):
         pool: "ConsumerPool",
         held: HeldMessages,
         declares: "AdminChannels",
-        linger: float,
-        prefetch: int,
     ) -> None:
         self._pool = pool
         self._held = held
         self._declares = declares
-        self._linger = linger
-        self._prefetch = prefetch
-        self._counts: Dict[str, Tuple[int, float]] = {}  # queue -> (polls, since when)
         # Callbacks waiting for a basic.qos answer, oldest first.
         self._round_trips: List[Callable[[], None]] = []
 
     def keep(self, queues: Queues) -> None:
-        """Consume those of ``queues`` that are polled often (and shards).
+        """Mark the consumers of ``queues`` wanted, and consume their shards.
 
-        Only queues known to exist, since a consume on a missing one closes
-        the channel under every consumer; the getter's ``basic.get`` declares
-        the others. Called between two requests, never with a ``basic.get``
-        out: a consumer started under it could be pushed the next message
-        before the get's answer arrives.
+        Called between two requests, never with a ``basic.get`` out: a
+        consumer started under it could be pushed the next message before the
+        get's answer arrives.
         """
         pool = self._pool
         if not pool.ready:
@@ -77,28 +66,7 @@ class Polls(object):
             if consumer is not None:
                 consumer.wanted_at = now
             elif is_shard_queue(queue):
-                # Never asked with basic.get (``consumes``): consumed from the first poll.
                 pool.start_shard(queue, arguments)
-            elif (
-                is_process_local_queue(queue)
-                and self._polled_often(queue, now)
-                and pool.may_start(queue, now)
-            ):
-                pool.start_polled(queue, arguments, self._prefetch)
-
-    def _polled_often(self, queue: str, now: float) -> bool:
-        """Count a poll; True at ``POLLS_TO_CONSUME`` within ``linger``."""
-        count, since = self._counts.get(queue, (0, now))
-        if now - since > self._linger:
-            count, since = 0, now
-        count += 1
-        if count >= POLLS_TO_CONSUME:
-            self._counts.pop(queue, None)
-            return True
-        if len(self._counts) > 4096:  # names come and go: forget the stale ones
-            self._counts = {q: v for q, v in self._counts.items() if now - v[1] <= self._linger}
-        self._counts[queue] = (count, since)
-        return False
 
     def consumes(self, queue: str) -> bool:
         """Whether ``queue`` has a consumer of ours, so no ``basic.get``.

@@ -195,7 +195,7 @@ class ConsumerPool(object):
         self._waiters: List[_Waiter] = []
         self._backlog: Deque[_Backlogged] = collections.deque()
         self.acks = Acks(self, taken if taken is not None else TakenAcks())
-        self.polls = Polls(self, held, declare_executor, settings.linger, settings.prefetch)
+        self.polls = Polls(self, held, declare_executor)
         self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
         self._balance = Balance(self, declare_executor)
         self._owners = OwnerWait(self, declare_executor, resumed, reclaimed)
@@ -264,19 +264,9 @@ class ConsumerPool(object):
             wanted |= waiter.queues
         return wanted
 
-    def may_start(self, queue: str, now: float) -> bool:
-        """Known to exist, and did not just fail to declare."""
-        return self._liveness.alive(queue) and self._unavailable.get(queue, 0) <= now
-
     def start_shard(self, queue: str, arguments: Any) -> None:
         """Declare and consume a shard a non-blocking receive polls (``Polls.keep``)."""
         self._ensure_consumer(queue, arguments, self._window, polled=True)
-
-    def start_polled(self, queue: str, arguments: Any, window: int) -> None:
-        """Start a consumer for non-blocking receives (``Polls.keep``)."""
-        consumer = self._add_consumer(queue, window)
-        consumer.polled = True
-        self._start(consumer, arguments)
 
     def same_qos(self, callback: Callable[[Any], None]) -> None:
         """A ``basic.qos`` that changes nothing: ``callback`` gets its answer."""

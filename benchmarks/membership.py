@@ -1,51 +1,32 @@
 """The broker work of one group membership, as the layer does it, as data.
 
-``add_phases`` and ``discard_runs`` spell out, call by call, what
-``AMQPChannelLayer.group_add`` and ``group_discard`` ask of the broker
-(asgi_amqp.groups, with the names and arguments of
-``asgi_amqp.naming.Topology``); ``PipelinedChannel`` runs such calls on a
-pika ``BlockingChannel``, sent together and waited for together. The
-group-membership ceiling (``contestants.RawMembershipContestant``) uses
-them, so that it does the layer's work, no less.
+``add_phases`` and ``discard_runs`` spell out, call by call, what ``group_add`` and
+``group_discard`` ask of the broker (asgi_amqp.groups, names from
+``asgi_amqp.naming.Topology``); ``PipelinedChannel`` sends such calls together and waits for
+them together. The membership ceiling (``contestants.RawMembershipContestant``) runs them, so
+it does the layer's work, no less. What limits the pipelining:
 
-What each call does besides its answer, and so how far it can be pipelined:
-
-* the **lease** message (persistent, into the lease queue, its expiration
-  the lease's end) is what ends the membership: it must be confirmed
-  before the binding is made, or a binding could outlive a lost lease;
-* a process-local member's **join notice** (into its process's queue) must
-  be confirmed before the binding is made too: the confirm, not the order
-  of frames on one channel, puts it ahead of every group message the
-  binding brings, on every node of a cluster. The two publishes do not
-  depend on each other: they go out together and are waited for together;
-* a queue's re-declare renews its ``x-expires`` lease only when it is
-  answered (a ``nowait`` one does not: measured on RabbitMQ 3.10.8 and
-  4.0.5), so it is always sent with a callback. pika holds back every
-  later RPC of the channel until that answer (and sends a publish at
+* the lease is confirmed before the binding is made, or a binding could outlive a lost lease;
+* so is a process-local member's join notice: the confirm, not frame order, puts it ahead of
+  the binding's group messages on every node of a cluster
+  (test_groups.py::test_a_join_notice_the_full_process_queue_refused_binds_nothing);
+  the two publishes go out together;
+* a queue re-declare renews ``x-expires`` only when answered (test_group_renewal.py), so it
+  always is; pika holds back the channel's later RPCs until the answer (a publish goes at
   once), so an answered call ends its phase;
-* declares of objects that exist and bindings made again change nothing
-  and need no answer of their own: they go with ``nowait`` and the phase's
-  last, answered, call vouches for them (the broker runs a channel's
-  methods in order and closes the channel at the first that fails);
-* a member exchange and its binding to its queue, made by this process
-  lately, are not declared again (``made``; the layer's
-  ``MemberExchanges`` says why that is safe);
-* a renewal of a membership this process made (``made`` holds its
-  ``(group, channel)``) declares neither the group's exchange nor its
-  binding to the router: the membership's own binding keeps that
-  auto-delete exchange (the layer's ``Groups._renewing``);
-* ``group_discard``'s unbinds (``exchange.unbind``: every membership's
-  binding goes to a member exchange, a process-local channel's to its
-  process's ``m:foo!``) go with ``nowait``, the last one answered; a
-  process-local channel's leave notice goes at the same time on a second
-  channel, and both are waited for (the layer sends the notice on its
-  publishing connection beside the unbinds on its main one, so the broker
-  runs the two at once).
+* declares of what exists and bindings made again go ``nowait``; the phase's last, answered,
+  call vouches for them: the broker runs a channel's methods in order and closes the channel
+  at the first that fails
+  (test_settings_mismatch_is_named.py::test_group_add_names_the_step_of_its_chain_that_differs);
+* ``made`` leaves out what this process made lately, as the layer's ``MemberExchanges`` and
+  ``Groups._renewing`` do;
+* ``group_discard``'s unbinds go ``nowait``, the last answered, while a process-local
+  channel's leave notice goes on a second channel, as the layer sends it on its publishing
+  connection beside the unbinds, so the broker runs the two at once.
 
-So ``group_add`` is two round trips here: the confirmed publishes (and a
-normal channel's queue re-declare, answered), then the declares and
-bindings ending with an answered call; the layer's too. A
-``group_discard`` is one round trip, in the layer as here.
+So ``group_add`` is two round trips, as in the layer
+(test_group_add_remakes_what_went.py::test_a_normal_channels_group_add_is_two_round_trips),
+and ``group_discard`` one.
 """
 
 import collections
@@ -149,22 +130,15 @@ def exchange_declare(exchange, exchange_type="fanout", auto_delete=True):
 
 
 def add_phases(topology, group, channel, stamp, lease=True, made=None):
-    """``group_add(group, channel)`` with the lease of ``stamp``, in two phases.
+    """``group_add(group, channel)`` with the lease of ``stamp``: a list of phases.
 
-    Phase 1: the lease (``lease=False``: this process already sent one of
-    that stamp, and the layer sends no other), a process-local channel's
-    join notice, and the queue re-declare, answered, of a normal channel
-    whose member exchange is to be made (an empty phase is left out).
-    Phase 2: the declares and bindings of ``Groups._membership_steps``,
-    nowait, and the last call answered: the binding when the queue was
-    declared in phase 1, else the queue's re-declare.
+    Phase 1: the lease (unless ``lease=False``: this process already sent that stamp's), a
+    process-local channel's join notice, and a normal channel's queue re-declare when its
+    member exchange is to be made. Phase 2: the steps of ``Groups._membership_steps``, nowait,
+    the last answered. An empty phase is left out.
 
-    ``made``: a set of what this process made lately: the member
-    exchanges, as the layer's ``MemberExchanges`` (the member exchange and
-    its binding to its queue are left out when it is in it), and the
-    memberships, as ``(group, channel)`` (a renewal: the group exchange's
-    declare and its binding to the router are left out, as the layer's
-    ``Groups._renewing``). Both are added to it.
+    ``made``: member exchanges and ``(group, channel)`` memberships this process made lately
+    (their declares are left out, see the module docstring); both are added to it.
     """
     from asgi_amqp import naming
 
@@ -173,10 +147,8 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
     queue = topology.channel_queue(channel)
     local = "!" in channel
     made = set() if made is None else made
-    # A normal channel's queue, to which a member exchange is about to be
-    # bound, may not exist yet: declared in phase 1. Otherwise it exists
-    # (a process-local channel's: the join notice was confirmed into it)
-    # and its answered declare ends phase 2.
+    # A normal channel's queue may not exist yet: declared in phase 1. Otherwise it exists
+    # (the join notice was confirmed into it) and its answered declare ends phase 2.
     queue_first = not local and member not in made
     first = [lease_publish(topology, group, channel, stamp)] if lease else []
     if local:
@@ -212,11 +184,8 @@ def add_phases(topology, group, channel, stamp, lease=True, made=None):
 
 
 def discard_runs(topology, group, channel):
-    """``group_discard(group, channel)`` as the layer sends it: ``(unbinds,
-    notices)``, sent together and waited for together (``PipelinedChannel.
-    run_beside``). The unbinds: every live stamp's binding, nowait, the
-    last one answered; the notices: a process-local channel's leave notice,
-    which the layer publishes on its publishing connection at the same time."""
+    """``group_discard(group, channel)``: ``(unbinds, notices)`` for ``run_beside``: every
+    live stamp's unbind, nowait, the last answered; a process-local channel's leave notice."""
     from asgi_amqp import naming
 
     group_exchange = topology.group_exchange(group)
@@ -245,13 +214,10 @@ class Refused(Exception):
 class PipelinedChannel(object):
     """A pika ``BlockingChannel`` whose calls go out together.
 
-    Publisher confirms are kept here, on the channel's ``_impl`` (a
-    ``BlockingChannel`` in confirm mode waits for each publish on its own):
-    ``run(calls)`` sends every call (publishes, RPCs with ``nowait`` unless
-    answered) and then waits for every confirm and every answer. A channel
-    error raises ``ChannelClosedByBroker`` (the channels are opened again
-    for the next call); a nacked publish raises ``Refused``, and a returned
-    one has its queue made (``Call.remedy``) and is sent again, once.
+    Confirms are tracked here on ``_impl`` (a ``BlockingChannel`` in confirm mode waits for
+    each publish alone). ``run(calls)`` sends every call, then waits for every confirm and
+    answer. A channel error raises ``ChannelClosedByBroker`` (the channel is reopened); a
+    nacked publish raises ``Refused``; a returned one has its queue made and is sent again, once.
     """
 
     def __init__(self, connection):
@@ -293,7 +259,6 @@ class PipelinedChannel(object):
     # -- calls --------------------------------------------------------------------------
 
     def send(self, call):
-        """Send one call."""
         impl = self.channel._impl
         if call.method == "basic_publish":
             impl.basic_publish(**call.kwargs)
@@ -330,11 +295,8 @@ class PipelinedChannel(object):
             raise Refused("%d publishes nacked" % len(nacked))
 
     def run_beside(self, calls, publishes):
-        """``calls`` on this channel and ``publishes`` on a second channel of
-        the same connection (``beside``), sent together and waited for
-        together: the broker runs the two channels' work at the same time,
-        as it runs the layer's unbinds on its main connection beside the
-        leave notice on its publishing one."""
+        """``calls`` here and ``publishes`` on a second channel (``beside``), sent and waited
+        for together, so the broker runs both at once, as it does the layer's two connections."""
         beside = self.beside
         if beside is None:
             beside = self.beside = PipelinedChannel(self.connection)
@@ -365,8 +327,8 @@ class PipelinedChannel(object):
         self._send_returned(calls, again)
 
     def _send_returned(self, calls, again):
-        """The mandatory publishes of ``calls`` that came back: their queues
-        made (``Call.remedy``) and sent again, once (``again``)."""
+        """Returned mandatory publishes of ``calls``: their queues made and sent again once
+        (``again``), else ``Refused``."""
         if not self._returned:
             return
         returned = [

@@ -1,39 +1,23 @@
 """The benchmark harness: scenarios, contestants, rounds and raw samples.
 
-Vocabulary
-----------
 scenario
-    *What* is measured: a name, a title, the metric it reports (``send/s``),
-    its kind (``rate`` or ``latency``) and a *runner* that drives one round
-    (``run_sequential`` calls ``trial.op`` ``ops`` times in one thread;
-    ``run_wakeup`` times a blocking receive woken by a send from another
-    thread).
-    Scenarios live in ``SCENARIOS`` (see ``scenarios.py``).
+    *What* is measured (``SCENARIOS``, from ``scenarios.py``): a metric, a kind (``rate`` or
+    ``latency``) and a runner that drives one round (``run_sequential``, ``run_wakeup``).
 contestant
-    *Who* is measured: an object with ``setup(env)``, ``teardown(env)`` and,
-    for each scenario it takes part in, a method ``scenario_<name>(env, ops)``
-    that returns a :class:`Trial`. Contestants live in ``CONTESTANTS`` (see
-    ``contestants.py``). A contestant without that method sits the scenario
-    out. A contestant may run in another process (``common.Worker``): its trial
-    then has ``run``, which plays the whole round there and returns the
-    ``RoundResult``.
+    *Who* is measured (``CONTESTANTS``, from ``contestants.py``): ``setup(env)``,
+    ``teardown(env)`` and a ``scenario_<name>(env, ops)`` returning a :class:`Trial` for each
+    scenario it takes part in. One in another process (``common.Worker``) gives its trial a
+    ``run`` that plays the whole round there and returns the ``RoundResult``.
 trial
-    One round of one scenario for one contestant: ``prepare()`` (untimed,
-    e.g. fill a queue), ``op(i)`` (timed, once per operation; returning
-    ``False`` marks a miss, raising marks an error) and ``finish()`` (untimed;
-    returns a list of problems found, e.g. messages missing from the queue;
-    it may set ``trial.delivered``, e.g. group deliveries counted in the
-    members' queues).
+    One round of one scenario for one contestant: ``prepare()`` (untimed, e.g. fill a queue),
+    ``op(i)`` (timed; ``False`` marks a miss, raising an error) and ``finish()`` (untimed;
+    returns the problems found, e.g. messages missing; may set ``trial.delivered``).
 
-Every round of every scenario runs every contestant, in an order that
-rotates from round to round (ABC, BCA, CAB, ...), after one unrecorded
-warm-up round each. Each operation's start and duration are recorded as a
-raw sample; the aggregation (rates, percentiles) happens afterwards, in
-``report_spark.py`` (PySpark) or ``report.aggregate_python``.
+Every round runs every contestant, in an order rotating from round to round (ABC, BCA, CAB),
+after one unrecorded warm-up round each. Each op's start and duration are a raw sample,
+aggregated afterwards by ``report_spark.py`` or ``report.aggregate_python``.
 
-This module uses the standard library and ``common`` only: the worker
-processes of remote contestants (another virtualenv, e.g. asgi_redis with its old msgpack)
-import it too.
+Standard library and ``common`` only: worker processes in asgi_redis's virtualenv import it.
 """
 
 import collections
@@ -264,14 +248,11 @@ WAKEUP_DELAY_S = 0.050
 def run_wakeup(trial, ops, delay_s=WAKEUP_DELAY_S):
     """Wake-up latency of a blocking receive.
 
-    For each op this thread calls ``trial.receive(i)`` (a blocking receive
-    that returns True when it got the message); a sender thread calls
-    ``trial.send(i)`` ``delay_s`` after the receive started. The sample is
-    the time from the *start* of that send to the return of the receive (so
-    it includes the send's own broker round trip: an upper bound of the
-    wake-up latency); ``values`` holds the send's duration in ms. A trial may
-    give ``sender_init()`` (run in the sender thread, returns the send
-    function, e.g. on a connection of its own) and ``sender_close()``.
+    For each op this thread calls ``trial.receive(i)`` (True when it got the message) and a
+    sender thread calls ``trial.send(i)`` ``delay_s`` later. The sample runs from the *start*
+    of that send to the receive's return, so it includes the send's own round trip (an upper
+    bound); ``values`` holds the send's duration in ms. Optional: ``sender_init()`` (in the
+    sender thread, returns the send function) and ``sender_close()``.
     """
     perf = time.perf_counter_ns
     delay_ns = int(delay_s * 1e9)

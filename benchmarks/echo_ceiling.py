@@ -1,45 +1,33 @@
 """The echo suite: how fast can one worker process echo messages, layer by
 layer, without Django? (``python -m benchmarks --only echo``, ``make bench-echo``)
 
-The Channels suite measures a real ``runworker``; this takes Channels
-out and asks where the rest of the time goes. ``--echo-drain COUNT``
-messages are queued first; one process then times its worker through
-them, each worker thread looping "receive one message from ``echo.w``
-(blocking), send a reply to ``echo.r``" until it takes a stop message of
-its own. Contestants, in rotating order:
+The Channels suite times a real ``runworker``; this takes Channels out. ``--echo-drain
+COUNT`` messages are queued first (untimed); then one worker process is timed through them,
+each thread looping "blocking receive from ``echo.w``, send a reply to ``echo.r``" until it
+takes a stop message of its own. Contestants, in rotating order:
 
 ``raw-pika``
-    one thread, pika's BlockingConnection: a prefetch-1 consumer, an ack and
-    a confirmed, mandatory publish per message. The broker's floor for a
-    worker that confirms its replies.
+    one thread, BlockingConnection: prefetch 1, an ack and a confirmed, mandatory publish per
+    message. The broker's floor for a worker that confirms its replies.
 ``raw-pika-pipelined``
-    the same broker work in the pipelined shape (``PipelinedSide``, which
-    says how): the ceiling of a worker process of N threads over one
-    connection.
-``asgi_amqp``
-    the layer.
-``asgi_redis``
-    asgi_redis 1.4.3 (its own virtualenv, ``--redis-python``) on a Redis.
+    the same broker work in the pipelined shape (``PipelinedSide``): the ceiling of a worker
+    process of N threads over one connection.
+``asgi_amqp``, ``asgi_redis``
+    the layers (asgi_redis 1.4.3 in its own virtualenv, ``--redis-python``, on a Redis).
 ``asgi_amqp@baseline``
-    with ``--baseline-src DIR``: the ``asgi_amqp`` row with the layer
-    imported from DIR (``common.LayerSource``).
+    with ``--baseline-src DIR``: the layer imported from DIR (``common.LayerSource``).
 
-``raw-pika`` runs one thread; the others run each thread count of
-``--echo-threads`` (default 1,2,4,8), as ``runworker --threads N`` runs
-them, the layers with a capacity that holds the queue. Every message body
-is a msgpack'd dict of the size a ``websocket.receive`` has. The worker
-reports its CPU per message (process time over the drain, all threads).
-After the clock stops, every reply is counted in the reply channel (the
-broker's count for raw pika, a receive of each for the layers): one
-missing fails the round. The table gives each thread count's median
-round, each contestant's best, and the ratios best asgi_amqp / best
-asgi_redis (the target is 1.2x) and best asgi_amqp / best
+All but ``raw-pika`` run each thread count of ``--echo-threads``, the layers with a capacity
+that holds the queue. Bodies are msgpack'd dicts of a ``websocket.receive``'s size. The
+worker reports its CPU per message (process time over the drain, all threads). After the
+clock stops every reply is counted (the broker's count for raw pika, a receive of each for
+the layers): one missing fails the round. The table gives each thread count's median round,
+each contestant's best, and best asgi_amqp over best asgi_redis (target 1.2x) and over best
 ``raw-pika-pipelined`` (the share of the ceiling the layer reaches).
 
-Each drain runs in a child process (``python -m benchmarks.echo_ceiling
---child KIND``); only the standard library is imported at
-module level, because asgi_redis's children run in its own virtualenv.
-Writes ``results/echo_ceiling.md``.
+Each drain runs in a child process (``--child KIND``), so module level imports only the
+standard library: asgi_redis's children run in its own virtualenv. Writes
+``results/echo_ceiling.md``.
 """
 
 import argparse

@@ -306,10 +306,8 @@ class MembershipKeeping(object):
 
 
 class LayerKeeper(MembershipKeeping, Keeper):
-    """Housekeeping for an AMQPChannelLayer on a housekeeping connection
-    (``Admin``): queue names from the layer's ``topology``, passive declares
-    for counts, ``queue.purge``, unconfirmed publishes for fills; the
-    membership checks read the broker's record (``MembershipKeeping``)."""
+    """An AMQPChannelLayer's housekeeping on an ``Admin`` connection: passive declares for
+    counts, ``queue.purge``, unconfirmed publishes for fills."""
 
     def __init__(self, layer, admin):
         super(LayerKeeper, self).__init__(layer)
@@ -457,9 +455,8 @@ def forget_leases(admin, topology, pairs):
 
 
 def layer_objects(topology, channels, group):
-    """(queues, exchanges) an AMQPChannelLayer with ``topology`` creates for
-    the benchmark's ``channels`` and ``group``, its shared objects included
-    (the lease queue)."""
+    """(queues, exchanges) a layer of ``topology`` makes for ``channels`` and ``group``,
+    shared ones (the lease queue) included."""
     queues = [topology.channel_queue(c) for c in channels]
     queues.append(topology.lease_queue)
     queues.append(topology.dead_letter_queue)

@@ -126,11 +126,9 @@ def redis_server_binary():
 
 
 class RedisServer(object):
-    """``url`` of the Redis to use: ``url``, ``$BENCH_REDIS_URL`` or
-    ``$REDIS_URL``, else one answering on 127.0.0.1:6379, else a private
-    ``redis-server`` on a free port (no persistence, in a temporary
-    directory, its own session, stopped by :meth:`stop`). ``url`` is None and
-    ``reason`` says why when there is none."""
+    """``url`` of the Redis to use: ``url``, ``$BENCH_REDIS_URL`` or ``$REDIS_URL``, else one
+    answering on 127.0.0.1:6379, else a private ``redis-server`` without persistence, stopped
+    by :meth:`stop`. With none, ``url`` is None and ``reason`` says why."""
 
     def __init__(self, url=None):
         self.url = None
@@ -456,9 +454,8 @@ class SuiteResult(object):
 
 
 class Context(object):
-    """What the entry point provides to every suite: the broker, Redis (found
-    or started once), asgi_redis's interpreter (resolved once), the baseline
-    source tree, where results go, and the command line."""
+    """What the entry point gives every suite: the broker, Redis and asgi_redis's Python
+    (each resolved once, at first use), the baseline tree, the results directory."""
 
     def __init__(self, args, broker, command):
         self.args = args

@@ -28,7 +28,7 @@ GROUP_CHANNELS = ["bench.member%03d" % k for k in range(GROUP_MEMBERS)]
 REPLY_BASE = "daphne.response.bench!"
 KEEP_BASE = "daphne.response.keep!"
 ROOMS = ["bench-room%d" % k for k in range(MEMBERSHIP_ROOMS)]
-MEMBERSHIP_SCENARIOS = ("group-add", "group-discard")
+MEMBERSHIP_SCENARIOS = ("group-add", "group-discard", "group-discard-8t")
 CAPACITY = 1000000
 EXPIRY = 60
 
@@ -287,6 +287,8 @@ class LayerTrials(object):
 
     def t_group_discard(self, ops):
         return self._membership_trial(ops, discard=True)
+
+    t_group_discard_8t = t_group_discard
 
     # -- (g) -----------------------------------------------------------------------
 

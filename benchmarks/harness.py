@@ -21,6 +21,7 @@ Standard library and ``common`` only: worker processes in asgi_redis's virtualen
 """
 
 import collections
+import concurrent.futures
 import queue as queue_module
 import threading
 import time
@@ -240,6 +241,34 @@ def run_sequential(trial, ops):
             break
     wall = (perf() - begin) / 1e9
     return RoundResult(len(oks), wall, starts, durations, oks, errors)
+
+
+def threaded_runner(threads):
+    """A runner that calls ``trial.op(i)`` for i in range(ops) from ``threads`` threads
+    at once; the wall time runs from the first call to the last one's end."""
+
+    def run_threaded(trial, ops):
+        perf = time.perf_counter_ns
+        rows, errors = [], []  # list.append is atomic: the threads share them
+
+        def one(i):
+            start = perf()
+            try:
+                ok = trial.op(i) is not False
+            except Exception as exc:  # recorded, as in run_sequential
+                ok = False
+                errors.append(_error_text(exc))
+            rows.append((start, perf() - start, ok))
+
+        begin = perf()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(ops)))
+        wall = (perf() - begin) / 1e9
+        rows.sort()
+        starts, durations, oks = ([row[k] for row in rows] for k in range(3))
+        return RoundResult(len(rows), wall, starts, durations, oks, errors)
+
+    return run_threaded
 
 
 WAKEUP_DELAY_S = 0.050

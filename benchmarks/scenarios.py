@@ -14,6 +14,7 @@ from .harness import (
     register_scenario,
     run_sequential,
     run_wakeup,
+    threaded_runner,
 )
 
 MESSAGE_BYTES = 200
@@ -208,6 +209,21 @@ GROUP_DISCARD = register_scenario(
             "ceiling no binding of a discarded membership may be left on its group's "
             "exchange."
         ),
+    )
+)
+
+
+GROUP_DISCARD_THREADS = register_scenario(
+    Scenario(
+        name="group-discard-8t",
+        letter="l",
+        title="(l) group_discard of those memberships, 8 threads",
+        metric="group_discard/s",
+        baseline=MEMBERSHIP_CEILING,
+        runner=threaded_runner(8),
+        default_ops=MEMBERSHIP_OPS,
+        description="(j) with its group_discard calls made from 8 threads of one layer at "
+        "once, as a runworker with --threads 8 ends its sockets' memberships.",
     )
 )
 

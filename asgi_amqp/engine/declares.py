@@ -7,7 +7,7 @@ answered, whose answer vouches for them all. If that pass fails, the
 operation runs again one step at a time (every step is idempotent) to find
 the failing step and apply its rules (a 404 is fine for something already
 gone). ``AdminChannels`` spreads operations over up to ``ADMIN_CHANNELS``, so
-calls from several threads overlap.
+calls from several threads overlap: with one, bench row (l) group-discard-8t falls.
 
 Broker facts:
 

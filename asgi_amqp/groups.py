@@ -8,7 +8,8 @@ the binding. ``group_add`` has the lease (and a process-local channel's join
 notice, so it is queued ahead of any group message) confirmed before it binds;
 binding again with the current stamp is the renewal, and the channel queue's
 answered declare renews that queue. What this process knows exists is not
-declared again, and a 404 makes everything again.
+declared again, and a 404 makes everything again: without ``MemberExchanges``
+bench row (i) group-add falls, without ``_bound`` and ``_leases_sent`` (k) group-renew.
 
 Broker facts (tests under tests/):
 

@@ -28,7 +28,7 @@ GROUP_CHANNELS = ["bench.member%03d" % k for k in range(GROUP_MEMBERS)]
 REPLY_BASE = "daphne.response.bench!"
 KEEP_BASE = "daphne.response.keep!"
 ROOMS = ["bench-room%d" % k for k in range(MEMBERSHIP_ROOMS)]
-MEMBERSHIP_SCENARIOS = ("group-add", "group-discard", "group-discard-8t")
+MEMBERSHIP_SCENARIOS = ("group-add", "group-renew", "group-discard", "group-discard-8t")
 CAPACITY = 1000000
 EXPIRY = 60
 
@@ -245,7 +245,7 @@ class LayerTrials(object):
 
     # -- (i), (j) ---------------------------------------------------------------------
 
-    def _membership_trial(self, ops, discard):
+    def _membership_trial(self, ops, discard, renew=False):
         from .harness import Trial
 
         layer, keeper = self.layer, self.keeper
@@ -255,12 +255,12 @@ class LayerTrials(object):
         def prepare():
             keeper.purge(REPLY_BASE)
             keeper.purge(KEEP_BASE)
-            if discard:
+            if discard or renew:
                 for group, channel in pairs + kept:
                     layer.group_add(group, channel)
                 problems = check_membership_round(layer.send_group, keeper, pairs, kept, True)
                 if problems:
-                    raise RuntimeError("the memberships to discard: " + "; ".join(problems))
+                    raise RuntimeError("the memberships made untimed: " + "; ".join(problems))
 
         if discard:
 
@@ -284,6 +284,9 @@ class LayerTrials(object):
 
     def t_group_add(self, ops):
         return self._membership_trial(ops, discard=False)
+
+    def t_group_renew(self, ops):
+        return self._membership_trial(ops, discard=False, renew=True)
 
     def t_group_discard(self, ops):
         return self._membership_trial(ops, discard=True)

@@ -189,6 +189,21 @@ GROUP_ADD = register_scenario(
     )
 )
 
+GROUP_RENEW = register_scenario(
+    Scenario(
+        name="group-renew",
+        letter="k",
+        title="(k) group_add again of memberships this process made, 1 thread",
+        metric="group_add/s",
+        baseline=MEMBERSHIP_CEILING,
+        runner=run_sequential,
+        default_ops=MEMBERSHIP_OPS,
+        description="ops memberships as in (i) are made and checked (untimed); one thread "
+        "then calls group_add on each again within its lease stamp, as an app that "
+        "re-adds a socket to its group on every message. Checked as (i).",
+    )
+)
+
 GROUP_DISCARD = register_scenario(
     Scenario(
         name="group-discard",

@@ -168,9 +168,6 @@ class ManagementClient(object):
 
     # -- what the layer asks ----------------------------------------------------
 
-    def ping(self) -> None:
-        self.overview()
-
     def queue_names(self, prefix: str) -> List[str]:
         return [q["name"] for q in self._paged("queues/%s" % self._vhost, prefix, "name")]
 

@@ -116,23 +116,23 @@ def test_the_first_connect_bound_ends_the_wait_with_its_cause_and_time(caplog):
     layer = make_layer(
         "amqp://guest:s3cr3t-pw@127.0.0.1:%d/%%2F" % port,
         prefix=PREFIX,
-        receive_timeout=0.5,
-        first_connect_timeout=2,
+        receive_timeout=0.25,
+        first_connect_timeout=1,
         dead_letter_worker=False,
     )
     try:
         start = time.monotonic()
         loop = ReceiveLoop(layer, "first.never")
-        loop.thread.join(2 + 5)
+        loop.thread.join(1 + 5)
         assert not loop.thread.is_alive(), "the receive loop still waits"
         assert loop.nothing >= 2  # it waited, receiving nothing
         waited = loop.error_at - start
-        assert 2.0 <= waited < 2.0 + 2.0, waited
+        assert 1.0 <= waited < 1.0 + 2.0, waited
         error = loop.error
         assert isinstance(error, asgi_amqp.BrokerConnectionError)
         assert not isinstance(error, asgi_amqp.OperationTimeout)
         text = str(error)
-        assert "first_connect_timeout is 2 s" in text, text
+        assert "first_connect_timeout is 1 s" in text, text
         assert "127.0.0.1:%d" % port in text and "ConnectionRefusedError" in text, text
         # Every later call fails at once, with the same cause.
         for call in (
@@ -174,14 +174,14 @@ def test_the_command_fails_at_once_unless_told_to_wait(tmp_path, monkeypatch):
         "AMQP_MANAGEMENT_URL": "http://127.0.0.1:%d/" % free_port(),
         "ASGI_AMQP_FIRST_CONNECT_TIMEOUT": None,
     }
-    for options, least, most in (([], 0.0, 3.0), (["--first-connect-timeout", "2"], 2.0, 5.0)):
+    for options, least, most in (([], 0.0, 3.0), (["--first-connect-timeout", "1"], 1.0, 4.0)):
         began = time.monotonic()
         result = run_cli(options + ["send", "first.cli", "{}"], env=env)
         took = time.monotonic() - began
         assert result.exit_code == 2, result.stderr
         assert "127.0.0.1:%d" % port in result.stderr and "ConnectionRefused" in result.stderr
         assert least <= took < most, (options, took, result.stderr)
-    assert "first_connect_timeout is 2 s" in result.stderr, result.stderr
+    assert "first_connect_timeout is 1 s" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("value", [-1, float("inf"), float("nan"), "60", True, None])

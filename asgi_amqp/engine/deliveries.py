@@ -194,7 +194,7 @@ class Held(object):
         channel: Optional[pika.channel.Channel],
         delivery_tag: int,
         delivery: Delivery,
-        owner: "Optional[Consumer]" = None,
+        owner: "Consumer",
     ) -> None:
         self.channel = channel  # compared by identity only, outside the I/O thread
         self.delivery_tag = delivery_tag
@@ -307,20 +307,6 @@ class HeldMessages(object):
     def withdraw(self, queue: str) -> List[Held]:
         with self._lock:
             return list(self._by_queue.pop(queue, ()))
-
-    def withdraw_where(self, predicate: Callable[[Held], bool]) -> List[Held]:
-        """Remove and return every held message for which ``predicate(held)`` is true."""
-        with self._lock:
-            removed: List[Held] = []
-            for queue, waiting in list(self._by_queue.items()):
-                kept = collections.deque(held for held in waiting if not predicate(held))
-                if len(kept) != len(waiting):
-                    removed.extend(held for held in waiting if predicate(held))
-                    if kept:
-                        self._by_queue[queue] = kept
-                    else:
-                        del self._by_queue[queue]
-            return removed
 
     def clear(self) -> List[Held]:
         """Remove every held message; returns them."""

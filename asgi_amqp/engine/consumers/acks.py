@@ -7,9 +7,9 @@ for and before a sweep gives held messages back. A process-local queue's
 redelivery comes back to this process, whose hand-off log drops it
 (``deliveries.HandedOff``).
 
-Owned by ``pool.ConsumerPool``; ``Acks`` and ``requeued`` are the I/O
-thread's. ``TakenAcks`` is shared: callers' threads add to it
-(``IOThread.take_pushed``), under its lock.
+Owned by ``pool.ConsumerPool``; ``Acks`` is the I/O thread's. ``TakenAcks``
+is shared: callers' threads add to it (``IOThread.take_pushed``), under its
+lock.
 """
 
 import threading
@@ -70,14 +70,13 @@ class Acks(object):
     def __init__(self, pool: "ConsumerPool", taken: TakenAcks) -> None:
         self._pool = pool
         self._taken = taken  # shared with callers' threads
-        self.requeued = False  # a nack was sent since the last barrier (``Polls.barrier``)
 
     def acknowledge(self, queue: str, held: Held) -> None:
         """Ack a held message handed over on the I/O thread."""
         consumer = self._pool.consumer(queue)
         if consumer is not None:
             consumer.wanted_at = time.monotonic()
-        if self.settle_held(held, ack=True) and held.owner is not None:
+        if self.settle_held(held, ack=True):
             held.owner.unacked -= 1
             held.owner.handed_at = time.monotonic()
 
@@ -93,8 +92,8 @@ class Acks(object):
         if channel is not None and not channel.is_open:
             channel = None  # closing: the broker puts back what it carried
         for queue, held in taken:
-            if held.owner is None or channel is None or held.channel is not channel:
-                self.acknowledge(queue, held)  # adopted from a lane, or a closed channel
+            if channel is None or held.channel is not channel:
+                self.acknowledge(queue, held)  # a closed channel's
                 continue
             consumer = self._pool.consumer(queue)
             if consumer is not None:
@@ -116,23 +115,12 @@ class Acks(object):
         channel.basic_nack(tag, requeue=True)
 
     def settle_held(self, held: Held, ack: bool) -> bool:
-        """Settle a held message on its channel (the consumers', or an adopted
-        message's lane) if still open; True if sent. A closed channel's
-        messages are back in their queue already.
+        """Settle a held message on the consumers' channel if it is still the one
+        that was pushed it; True if sent. A closed channel's messages are back in
+        their queue already.
         """
         channel = held.channel
-        if held.owner is not None:
-            if channel is not self._pool.channel or channel is None:
-                return False
-        elif channel is None or not channel.is_open:
+        if channel is not self._pool.channel or channel is None:
             return False
-        if held.owner is None:  # adopted from a lane: not this channel's delivery
-            if ack:
-                channel.basic_ack(held.delivery_tag)
-            else:
-                channel.basic_nack(held.delivery_tag, requeue=True)
-        else:
-            (self.ack_tag if ack else self.nack_tag)(held.delivery_tag)
-        if not ack:
-            self.requeued = True
+        (self.ack_tag if ack else self.nack_tag)(held.delivery_tag)
         return True

@@ -3,8 +3,9 @@
 A non-blocking receive starts no consumer but a shard's (a ``basic.get``
 would take a frame from under the process that holds its shard). What a
 blocking receive's consumer was pushed, the polls take: a poll over consumed
-queues costs one round trip (``let_pushes_land``), not a ``basic.get`` each.
-Polls keep no messages from other processes
+queues costs one round trip (``let_pushes_land``; without it
+``test_a_message_sent_is_found_by_the_next_poll`` fails), not a ``basic.get``
+each. Polls keep no messages from other processes
 (``test_a_poll_starts_no_consumer_of_its_own``).
 
 Broker facts:
@@ -13,9 +14,7 @@ Broker facts:
   a message ahead of one on its way, so a consumed queue is never asked with
   one (``test_a_polled_channel_keeps_its_order_and_loses_nothing``);
 * a quorum shard refuses ``basic.get`` and closes the channel
-  (``test_peek_says_a_quorum_queues_shard_cannot_be_read``);
-* the answer to a ``basic.qos`` comes after the broker forwarded the
-  channel's nacks (``test_messages_taken_and_put_back_keep_their_order``).
+  (``test_peek_says_a_quorum_queues_shard_cannot_be_read``).
 
 Owned by ``pool.ConsumerPool``; called by the getter; I/O thread only. Owns
 the callbacks waiting for a round trip.
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 from ...naming import is_shard_queue
 from .. import declares
-from ..deliveries import Delivery, Held, HeldMessages
+from ..deliveries import HeldMessages
 from ..futures import Pending
 from ..work import Queues
 
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class Polls(object):
-    """What the getter asks of the consumers: keep, count, let pushes land, adopt."""
+    """What the getter asks of the consumers: keep, count, let pushes land."""
 
     def __init__(
         self,
@@ -120,27 +119,6 @@ class Polls(object):
             consumer = self._pool.consumer(queue)
             if consumer is not None and consumer.confirmed:
                 consumer.checked = consumer.fills
-
-    def adopt(self, queue: str, channel: Any, delivery_tag: int, delivery: Delivery) -> bool:
-        """Adopt a message a ``basic.get`` took, if we consume ``queue``; True if so."""
-        consumer = self._pool.consumer(queue)
-        if consumer is None or not consumer.active or not self._pool.ready:
-            return False
-        self._held.put_back(queue, Held(channel, delivery_tag, delivery))
-        return True
-
-    def drop_adopted(self, channel: Any) -> None:
-        """A getter's lane closed: the broker put back what we adopted from it."""
-        self._held.withdraw_where(lambda held: held.channel is channel and held.owner is None)
-
-    def barrier(self, done: Callable[[], None]) -> None:
-        """Call ``done`` once this channel's nacked messages are back in their queues,
-        so that a lane's ``basic.get`` cannot overtake them."""
-        self._pool.acks.requeued = False
-        if not self._pool.ready:
-            done()
-            return
-        self._round_trip(done)
 
     def let_pushes_land(self, queues: Sequence[str], callback: Callable[[], None]) -> None:
         """Call ``callback`` once deliveries already pushed for ``queues`` have arrived,

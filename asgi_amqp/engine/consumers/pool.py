@@ -514,13 +514,10 @@ class ConsumerPool(object):
             self._liveness.forget(consumer.queue)
 
     def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
-        # The broker requeues a closed channel's unacked deliveries: what was
-        # held is forgotten; what was adopted from a lane still open goes back there.
+        # The broker requeues a closed channel's unacked deliveries: what was held is forgotten.
         if reply_code == ACCESS_REFUSED:
             self._fail_refused(reply_text)
-        for held in self._held.clear():
-            if held.owner is None:
-                self.acks.settle_held(held, ack=False)
+        self._held.clear()
         self._consumers.clear()
         self._by_tag.clear()
         waiters, self._waiters = self._waiters, []

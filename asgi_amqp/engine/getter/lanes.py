@@ -71,12 +71,9 @@ class Lane(object):
         liveness: Liveness,
         handed_off: HandedOff,
         on_ready: Callable[[], None],
-        on_closed: Callable[[Optional[pika.channel.Channel]], None],
     ) -> None:
         self._liveness = liveness
         self._handed_off = handed_off
-        self._notify_closed = on_closed  # called with the channel that closed
-        self._opened: Optional[pika.channel.Channel] = None
         self._job: Optional[Tuple[str, Any, Callable[[Answer], None]]] = None
         # The ``done`` of the barrier in flight.
         self._barrier: Optional[Callable[[], None]] = None
@@ -111,7 +108,6 @@ class Lane(object):
             done()
 
     def _setup(self, channel: pika.channel.Channel, done: Callable[[], None]) -> None:
-        self._opened = channel
         channel.add_callback(self._on_empty, [spec.Basic.GetEmpty], one_shot=False)
         done()
 
@@ -180,7 +176,6 @@ class Lane(object):
         self._barrier = None
 
     def _on_lost(self, reply_code: Optional[int], reply_text: Optional[str]) -> None:
-        self._notify_closed(self._opened)
         self._pass_barrier()
         if self._job is None:
             return

@@ -120,8 +120,7 @@ class Getter(object):
         self._barriers = 0  # barriers not yet passed; no new wave until 0
         self._empty_at: Dict[str, float] = {}  # queue -> monotonic time it last answered empty
         self._lanes = [
-            Lane(connection, liveness, handed_off, self._on_lane_ready, self._polls.drop_adopted)
-            for _ in range(lanes)
+            Lane(connection, liveness, handed_off, self._on_lane_ready) for _ in range(lanes)
         ]
 
     def get(self, pending: Pending, queues: Queues) -> None:
@@ -146,11 +145,6 @@ class Getter(object):
 
     def _next(self) -> None:
         while self._current is None and not self._barriers and self._requests:
-            if self._consumers.acks.requeued:
-                # Messages a consumer gave back must be in their queues first.
-                self._barriers += 1
-                self._polls.barrier(self._barrier_passed)
-                return
             request = self._requests.popleft()
             if not request.pending.wanted:
                 continue
@@ -209,7 +203,7 @@ class Getter(object):
                 losers = taken[1:]
             else:
                 losers = taken
-            put_back = [loser.lane for loser in losers if self._give_back(loser)]
+            put_back = [loser.lane for loser in losers if loser.settle(False)]
         for _, result in every_taken:  # handed out (logged), held, or put back
             self._handed_off.taken(result.delivery)
         if taken:
@@ -223,15 +217,6 @@ class Getter(object):
             self._done()
         else:
             self._ask_next_wave()
-
-    def _give_back(self, loser: Taken) -> bool:
-        """Give back a message nobody gets; True if nacked. A consumed queue's is
-        adopted instead: nacked, it would be pushed behind later messages."""
-        if self._polls.adopt(
-            loser.delivery.queue, loser.channel, loser.delivery_tag, loser.delivery
-        ):
-            return False
-        return loser.settle(False)
 
     def _done(self) -> None:
         self._current = None
@@ -268,21 +253,9 @@ class Getter(object):
         self._next()
 
     def _ask_again(self, request: _GetRequest, missed: Queues) -> None:
-        """Ask the queues whose consumer was cancelled during the call, after a
-        barrier if it nacked what it held."""
+        """Ask the queues whose consumer was cancelled during the call."""
         request.ask(missed)
-        if self._consumers.acks.requeued:
-            self._barriers += 1
-            self._polls.barrier(lambda: self._resume(request))
-        else:
-            self._ask_next_wave()
-
-    def _resume(self, request: _GetRequest) -> None:
-        self._barriers -= 1
-        if request is self._current:
-            self._ask_next_wave()
-        elif not self._barriers:
-            self._next()
+        self._ask_next_wave()
 
     def _after_count(self, request: _GetRequest, behind: List[str], ready: int) -> None:
         """A consumer is behind (``Polls.behind``) and nothing came: if the broker

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 from ...naming import is_shard_queue
 from .. import declares
-from ..deliveries import HeldMessages
 from ..futures import Pending
 from ..work import Queues
 
@@ -40,11 +39,9 @@ class Polls(object):
     def __init__(
         self,
         pool: "ConsumerPool",
-        held: HeldMessages,
         declares: "AdminChannels",
     ) -> None:
         self._pool = pool
-        self._held = held
         self._declares = declares
         # Callbacks waiting for a basic.qos answer, oldest first.
         self._round_trips: List[Callable[[], None]] = []

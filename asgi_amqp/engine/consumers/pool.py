@@ -195,7 +195,7 @@ class ConsumerPool(object):
         self._waiters: List[_Waiter] = []
         self._backlog: Deque[_Backlogged] = collections.deque()
         self.acks = Acks(self, taken if taken is not None else TakenAcks())
-        self.polls = Polls(self, held, declare_executor)
+        self.polls = Polls(self, declare_executor)
         self._sweep = Sweep(self, held, settings.linger, settings.idle_timeout)
         self._balance = Balance(self, declare_executor)
         self._owners = OwnerWait(self, declare_executor, resumed, reclaimed)

@@ -2,47 +2,16 @@
 1.4.3, same run, same machine (``python -m benchmarks --only channels``,
 ``make bench-channels``).
 
-For each layer, the chat example project (tests/project) runs as daphne +
-ONE ``manage.py runworker`` (daphne in native Twisted mode on both layers:
-asgi_amqp's ``receive_twisted``; asgi_redis with txredisapi). The clients are
-websocket-client connections to the ``/echo/`` route, in this process:
-
-latency
-    one client, one frame at a time: send -> daphne -> websocket.receive ->
-    runworker -> reply channel -> daphne -> client. p50/p95/p99 over
-    ``--channels-latency-ops`` round trips per round.
-throughput through daphne
-    ``--channels-clients`` clients keeping ``--channels-window`` frames each
-    in flight (32 in all by default) for ``--channels-duration`` seconds:
-    echoes per second through daphne and the one runworker. The CPU share
-    of the worker and of daphne during the round says which one was the
-    bottleneck.
-runworker drain
-    the messages per second one runworker handles, through
-    ``--channels-drain-count`` ``websocket.receive`` messages queued for it
-    straight through the layer (no daphne) while it was stopped:
-    ``benchmarks/channels_drive.py --drain`` (its ``drain`` says how), run
-    with the layer's own interpreter. Both stacks run with a channel
-    capacity of twice ``--channels-drain-count`` so the burst fits.
-runworker threads
-    the same drain with ``runworker --threads N`` for each N of
-    ``--channels-threads`` (default 1,2,4,8): the worker is started again
-    with N threads, warmed up with one drain, then drained
-    ``--rounds`` times, alternating between the layers. The 1-thread
-    figures are the drain rounds above (the same worker, the same
-    measurement). Every reply must come back. The check: the best
-    asgi_amqp runworker handles at least 1.2x the messages/s of the best
-    asgi_redis runworker (each at its own best thread count).
-
-Rounds alternate between the layers (AB, BA, ...) after a warm-up; the
-table shows the median round. Every frame sent must come back: a lost frame
-is reported and makes the status 1.
-
-The broker and Redis are the run's (``common``). The asgi_redis side runs in
-asgi_redis's virtualenv (``--redis-python``, default ``.venv-redis``):
-asgi_redis 1.4.3 installed with ``--no-deps`` beside msgpack 1.x, see
-tests/project/chatproject/redis_layer.py; without it, or without Redis, only
-asgi_amqp runs. Writes ``results/channels_summary.md``.
+daphne (native Twisted mode on both layers) and ONE ``manage.py runworker``
+of the example project (tests/project) per layer; the clients are
+websocket-client connections in this process. Round trips, echoes per second
+through daphne (with daphne's and the worker's CPU share, which says which one
+was the bottleneck), a runworker drain (``channels_drive.py --drain``) and the
+same drain per ``--channels-threads`` N: benchmarks/README.md says each. Rounds
+alternate between the layers (AB, BA, ...) after a warm-up; the table shows
+the median round. A lost frame is reported and makes the status 1. Without
+asgi_redis's virtualenv or Redis, only asgi_amqp runs. Writes
+``results/channels_summary.md``.
 """
 
 import json

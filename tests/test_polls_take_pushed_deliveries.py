@@ -83,6 +83,24 @@ def test_a_poll_starts_no_consumer_of_its_own(layer, broker, channel):
     assert layer.receive([channel])[1] == {"n": 1}
 
 
+def test_a_frame_parked_after_a_poll_in_one_worker_is_found_by_the_next_in_another(
+    broker, new_layer
+):
+    """enforce_ordering: worker A polls a socket's wait channel and finds nothing,
+    then parks an early frame there; worker B, handling the frame before it,
+    polls the wait channel once. Had A's poll left a consumer, the broker would
+    push the parked frame to A and B's one poll would miss it: the socket stalls
+    until its client sends again. This is why polls use ``basic.get``."""
+    channel = "__wait__.daphne.response.abc?def"
+    a = new_layer(broker, expiry=30, flush=True)
+    b = new_layer(broker, expiry=30, prefix=a.topology.prefix)
+    for n in range(20):
+        for _ in range(3):
+            assert a.receive([channel]) == (None, None)
+        a.send(channel, {"n": n})
+        assert b.receive([channel]) == (channel, {"n": n})
+
+
 def test_consumers_per_process_stay_bounded(broker, new_layer):
     layer = new_layer(broker, expiry=30, max_consumers=3, receive_timeout=0.1)
     channels = ["bounded%d!" % i for i in range(8)]

@@ -5,8 +5,9 @@ would take a frame from under the process that holds its shard). What a
 blocking receive's consumer was pushed, the polls take: a poll over consumed
 queues costs one round trip (``let_pushes_land``; without it
 ``test_a_message_sent_is_found_by_the_next_poll`` fails), not a ``basic.get``
-each. Polls keep no messages from other processes
-(``test_a_poll_starts_no_consumer_of_its_own``).
+each. Polls keep no messages from other processes: Channels' enforce_ordering
+polls a wait channel once, from any worker
+(``test_a_frame_parked_after_a_poll_in_one_worker_is_found_by_the_next_in_another``).
 
 Broker facts:
 

@@ -90,6 +90,42 @@ def test_only_a_quorum_queue_before_rabbitmq_4_requeues_behind_the_later_message
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_what_a_lost_connection_held_comes_back_first(broker, queue_type):
+    """A consumer (prefetch 1) holds m0 unacked while m1-m3 wait; its
+    connection goes: m0 comes back first, on either queue type (3.10.8 and
+    4.0.5). Only a nack puts a message behind the later ones, on a 3.10
+    quorum queue (``requeues_in_place``)."""
+    queue = "back-on-loss-%s-%d" % (queue_type, time.monotonic_ns())
+    holder = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    reader = pika.BlockingConnection(pika.URLParameters(broker.amqp_url))
+    try:
+        channel = reader.channel()
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": queue_type})
+        channel.confirm_delivery()
+        held = holder.channel()
+        held.basic_qos(prefetch_count=1)
+        channel.basic_publish("", queue, b"0")
+        assert next(held.consume(queue, inactivity_timeout=5))[2] == b"0"
+        for n in (1, 2, 3):
+            channel.basic_publish("", queue, str(n).encode())
+        holder.close()  # m0 goes back unacked
+        got = []
+        for method, _, body in channel.consume(queue, auto_ack=True, inactivity_timeout=5):
+            if method is None:
+                break
+            got.append(int(body))
+            if len(got) == 4:
+                break
+        channel.cancel()
+        channel.queue_delete(queue)
+        assert got == [0, 1, 2, 3]
+    finally:
+        for connection in (holder, reader):
+            if connection.is_open:
+                connection.close()
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 def test_a_frame_sent_is_there_for_the_next_non_blocking_receive(broker, new_layer, queue_type):
     layer = new_layer(broker, flush=True, queue_type=queue_type)
     for order in range(3):

@@ -1,16 +1,9 @@
-"""The bulk suite: the same rows through the command line's bulk mode
-(``python -m asgi_amqp send --from FILE``, the whole process),
-``layer.send_many`` in this process and asgi_redis's ``send`` loop over the
-same file (a whole process in its virtualenv), against the pipelined-confirm
-ceiling (``PipelinedPublisher``: raw pika, 1000 confirms outstanding, one
-queue), in one run (``python -m benchmarks --only bulk``).
-
-Each round sends every row once per sender, in an order that rotates, into
-a fresh prefix, and checks that the channels' queues hold exactly the rows
-sent (passive declares on a connection of its own); the prefix's objects
-are deleted after each sender. Only public API and pika: the layer's
-internal modules differ between versions. Writes ``results/bulk.md`` and
-``bulk.json``.
+"""The bulk suite: the CLI's bulk mode (``python -m asgi_amqp send --from
+FILE``), ``layer.send_many`` and asgi_redis's ``send`` loop over the same
+rows, against the pipelined-confirm ceiling (``PipelinedPublisher``), in one
+run (``python -m benchmarks --only bulk``); benchmarks/README.md says how each
+round checks its rows. Only public API and pika: the layer's internal modules
+differ between versions. Writes ``results/bulk.md`` and ``bulk.json``.
 """
 
 import collections

@@ -426,6 +426,41 @@ class RawPikaConsumeContestant(_RawBase):
 
 
 @register_contestant
+class RawPikaShapeContestant(_RawBase):
+    """The ceiling of (a) in the layer's thread shape: raw pika with an I/O
+    thread of its own, and nothing else the layer does."""
+
+    name = "raw-pika-shape"
+    description = (
+        "an I/O thread owns a pika SelectConnection with confirms on; the caller hands "
+        "each basic_publish (mandatory) over with add_callback_threadsafe and waits "
+        "for its confirm (bulk_bench.PipelinedPublisher, one message at a time)"
+    )
+
+    def setup(self, env):
+        from .bulk_bench import PipelinedPublisher
+
+        super(RawPikaShapeContestant, self).setup(env)
+        self.publisher = PipelinedPublisher(env.url, window=1, chunk=1)
+
+    def teardown(self, env):
+        self.publisher.close()
+        super(RawPikaShapeContestant, self).teardown(env)
+
+    def scenario_send(self, env, ops):
+        queue = self.queue(env, SEND_CHANNEL)
+
+        def op(_i):
+            acked, returned, errors = self.publisher.publish(queue, 1, timeout=10)
+            if errors or returned or not acked[0]:
+                raise RuntimeError("raw-pika-shape: %s" % (errors or "returned or nacked"))
+
+        return Trial(
+            op, prepare=lambda: env.admin.purge(queue), finish=lambda: _check_sent(env, queue, ops)
+        )
+
+
+@register_contestant
 class RawMembershipContestant(Contestant):
     """The ceiling of group membership: the layer's broker work for one
     ``group_add``/``group_discard``, done by hand with raw pika, as few round

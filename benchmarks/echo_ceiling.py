@@ -1,32 +1,14 @@
 """The echo suite: how fast can one worker process echo messages, layer by
 layer, without Django? (``python -m benchmarks --only echo``, ``make bench-echo``)
 
-The Channels suite times a real ``runworker``; this takes Channels out. ``--echo-drain
-COUNT`` messages are queued first (untimed); then one worker process is timed through them,
-each thread looping "blocking receive from ``echo.w``, send a reply to ``echo.r``" until it
-takes a stop message of its own. Contestants, in rotating order:
-
-``raw-pika``
-    one thread, BlockingConnection: prefetch 1, an ack and a confirmed, mandatory publish per
-    message. The broker's floor for a worker that confirms its replies.
-``raw-pika-pipelined``
-    the same broker work in the pipelined shape (``PipelinedSide``): the ceiling of a worker
-    process of N threads over one connection.
-``asgi_amqp``, ``asgi_redis``
-    the layers (asgi_redis 1.4.3 in its own virtualenv, ``--redis-python``, on a Redis).
-``asgi_amqp@baseline``
-    with ``--baseline-src DIR``: the layer imported from DIR (``common.LayerSource``).
-
-All but ``raw-pika`` run each thread count of ``--echo-threads``, the layers with a capacity
-that holds the queue. Bodies are msgpack'd dicts of a ``websocket.receive``'s size. The
-worker reports its CPU per message (process time over the drain, all threads). After the
-clock stops every reply is counted (the broker's count for raw pika, a receive of each for
-the layers): one missing fails the round. The table gives each thread count's median round,
-each contestant's best, and best asgi_amqp over best asgi_redis (target 1.2x) and over best
-``raw-pika-pipelined`` (the share of the ceiling the layer reaches).
-
-Each drain runs in a child process (``--child KIND``), so module level imports only the
-standard library: asgi_redis's children run in its own virtualenv. Writes
+``--echo-drain COUNT`` messages are queued first (untimed); then one worker
+process is timed through them, each thread looping "blocking receive from
+``echo.w``, send a reply to ``echo.r``" until it takes a stop message of its
+own. The contestants (``raw-pika``, ``raw-pika-pipelined``, whose shape
+``PipelinedSide`` gives, ``asgi_amqp``, ``asgi_amqp@baseline`` and
+``asgi_redis``), the CPU column and the checks: benchmarks/README.md. Each
+drain runs in a child process (``--child KIND``), so module level imports only
+the standard library: asgi_redis's children run in its own virtualenv. Writes
 ``results/echo_ceiling.md``.
 """
 

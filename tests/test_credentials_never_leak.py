@@ -179,7 +179,7 @@ def test_passwords_with_reserved_characters_leak_nowhere(caplog, password):
     layer = AMQPChannelLayer(
         url=url,
         prefix=PREFIX,
-        operation_timeout=1,
+        operation_timeout=0.3,
         management_url="http://127.0.0.1:%d/" % free_port(),
     )
     try:

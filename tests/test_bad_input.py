@@ -746,7 +746,7 @@ def test_closing_a_layer_that_never_connected_logs_no_error(caplog):
     layer = make_layer(
         "amqp://guest:guest@127.0.0.1:%d/%%2F" % free_port(),
         prefix=PREFIX + "-cls",
-        operation_timeout=1,
+        operation_timeout=0.3,
     )
     with pytest.raises(asgi_amqp.BrokerConnectionError):
         layer.send("some.channel", {"a": 1})

@@ -277,6 +277,8 @@ class HeldMessages(object):
         ``record(delivery)`` runs under the lock: ``has`` sees the message here or
         wherever ``record`` put it, never in neither.
         """
+        if not self._by_queue:  # nothing held: no lock (an add now comes after this take)
+            return None
         with self._lock:
             candidates = [q for q in queues if q in self._by_queue]
             if not candidates:

@@ -308,12 +308,13 @@ class Engine(object):
         io = self._running_io()
         # Channels' enforce_ordering empties a socket's wait channel with a
         # worker's poll: a frame it missed in an outage stalls that socket.
-        worker = self._caller() is Caller.WORKER
+        caller = self._caller()
+        worker = caller is Caller.WORKER
         if io.outage() and not worker:
             return None
         poll = Poll(Pending("receive"), queues)
         if io.connected or worker:
-            return self._submit_and_wait(poll)
+            return self._submit_and_wait(poll, io, caller)
         io.submit(poll)
         pending = poll.pending
         if not wait_while_reachable(io, pending, self.operation_timeout):
@@ -384,14 +385,19 @@ class Engine(object):
         """Forget which queues are known to exist (they were just deleted)."""
         self._submit_and_wait(ForgetQueues(Pending("flush caches")))
 
-    def _submit_and_wait(self, work: Work) -> Any:
+    def _submit_and_wait(
+        self, work: Work, io: Optional[IOThread] = None, caller: Optional[Caller] = None
+    ) -> Any:
         """Hand ``work`` to the I/O thread and wait up to ``operation_timeout``: only an
-        outage that outlasts it raises, and not on a worker thread (``_ride_out``)."""
-        io = self._running_io()
+        outage that outlasts it raises, and not on a worker thread (``_ride_out``).
+        ``io`` and ``caller``: what the calling method looked up already."""
+        if io is None:
+            io = self._running_io()
         io.submit(work)
         pending = work.pending
         timeout = self.operation_timeout
-        caller = self._caller()
+        if caller is None:
+            caller = self._caller()
         if caller is Caller.WORKER:
             self._ride_out(io, pending)
             timeout = 0.0  # it has waited already: the result, or the error now

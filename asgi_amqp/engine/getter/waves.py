@@ -14,6 +14,7 @@ declare, but not on a quorum queue
 
 import collections
 import functools
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
@@ -35,6 +36,10 @@ LANES = 16  # basic.get channels, i.e. queues asked at once by one receive
 PUSH_WAIT = 0.05  # seconds a poll waits at most for a push on its way (``_after_count``)
 # Seconds before a queue found empty is in a first wave again (``Getter``).
 RECHECK_EMPTY = 0.01
+
+
+def _idle(lane: Lane) -> bool:
+    return lane.idle
 
 
 class Poll(Work):
@@ -163,14 +168,13 @@ class Getter(object):
         if request.index >= len(request.queues):
             self._let_pushes_land(request)
             return
-        lanes = [lane for lane in self._lanes if lane.idle]
+        end = request.fresh if request.index < request.fresh else len(request.queues)
+        lanes = list(itertools.islice(filter(_idle, self._lanes), end - request.index))
         if not lanes:
             return  # the session is (re)opening channels; _on_lane_ready resumes
         end = request.index + len(lanes)
-        if request.index < request.fresh:
-            end = min(end, request.fresh)
-        wave = list(enumerate(request.queues))[request.index : end]
-        request.index += len(wave)
+        wave = list(enumerate(request.queues[request.index : end], request.index))
+        request.index = end
         request.outstanding = len(wave)
         request.results = []
         for lane, (position, (queue, arguments)) in zip(lanes, wave):

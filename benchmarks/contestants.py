@@ -10,6 +10,7 @@ untimed housekeeping.
 
 import random
 import sys
+import threading
 
 import msgpack
 import pika
@@ -271,6 +272,16 @@ def _check_sent(env, queue, ops):
     return [] if seen == ops else ["%d messages confirmed but %s in the queue" % (ops, seen)]
 
 
+def _receive_trial(contestant, env, ops):
+    """(c) for a raw contestant whose ``_get(queue)`` takes one message."""
+    queue = contestant.queue(env, RECEIVE_CHANNEL)
+    return Trial(
+        lambda _i: contestant._get(queue),
+        prepare=lambda: contestant.fill(env, queue, ops),
+        finish=lambda: _check_left(env, queue, ops),
+    )
+
+
 @register_contestant
 class RawPikaContestant(_RawBase):
     """The floor: pika's BlockingConnection doing the same broker work by hand."""
@@ -310,12 +321,7 @@ class RawPikaContestant(_RawBase):
         return True
 
     def scenario_receive(self, env, ops):
-        queue = self.queue(env, RECEIVE_CHANNEL)
-        return Trial(
-            lambda _i: self._get(queue),
-            prepare=lambda: self.fill(env, queue, ops),
-            finish=lambda: _check_left(env, queue, ops),
-        )
+        return _receive_trial(self, env, ops)
 
     def scenario_receive_10(self, env, ops):
         queues = [self.queue(env, channel) for channel in MULTI_CHANNELS]
@@ -427,14 +433,16 @@ class RawPikaConsumeContestant(_RawBase):
 
 @register_contestant
 class RawPikaShapeContestant(_RawBase):
-    """The ceiling of (a) in the layer's thread shape: raw pika with an I/O
-    thread of its own, and nothing else the layer does."""
+    """The ceiling of (a) and (c) in the layer's thread shape: raw pika with an
+    I/O thread of its own, and nothing else the layer does."""
 
     name = "raw-pika-shape"
     description = (
         "an I/O thread owns a pika SelectConnection with confirms on; the caller hands "
         "each basic_publish (mandatory) over with add_callback_threadsafe and waits "
-        "for its confirm (bulk_bench.PipelinedPublisher, one message at a time)"
+        "for its confirm (bulk_bench.PipelinedPublisher, one message at a time); "
+        "receive: each basic_get(auto_ack=False) is handed over the same way, acked "
+        "there, and the caller waits for the body"
     )
 
     def setup(self, env):
@@ -442,6 +450,18 @@ class RawPikaShapeContestant(_RawBase):
 
         super(RawPikaShapeContestant, self).setup(env)
         self.publisher = PipelinedPublisher(env.url, window=1, chunk=1)
+        self.waiter = None  # (lock, answer) of the get in flight: the I/O thread's
+        # Runs before any get handed over later: the loop keeps the callbacks' order.
+        self.publisher.connection.ioloop.add_callback_threadsafe(
+            lambda: self.publisher.channel.add_callback(
+                lambda _frame: self._answer(None), [pika.spec.Basic.GetEmpty], one_shot=False
+            )
+        )
+
+    def _answer(self, body):
+        lock, answer = self.waiter
+        answer.append(body)
+        lock.release()
 
     def teardown(self, env):
         self.publisher.close()
@@ -458,6 +478,29 @@ class RawPikaShapeContestant(_RawBase):
         return Trial(
             op, prepare=lambda: env.admin.purge(queue), finish=lambda: _check_sent(env, queue, ops)
         )
+
+    def _get(self, queue):
+        lock, answer, channel = threading.Lock(), [], self.publisher.channel
+        lock.acquire()
+
+        def on_message(_channel, method, _properties, body):
+            channel.basic_ack(method.delivery_tag)
+            self._answer(body)
+
+        def get():
+            self.waiter = (lock, answer)
+            channel.basic_get(queue, on_message, auto_ack=False)
+
+        self.publisher.connection.ioloop.add_callback_threadsafe(get)
+        if not lock.acquire(timeout=10):
+            raise RuntimeError("raw-pika-shape: no answer to basic.get in 10 s")
+        if answer[0] is None:
+            return False
+        msgpack.unpackb(answer[0], raw=False)
+        return True
+
+    def scenario_receive(self, env, ops):
+        return _receive_trial(self, env, ops)
 
 
 @register_contestant

@@ -16,6 +16,7 @@ import collections
 import functools
 import itertools
 import logging
+import operator
 import time
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Set, Tuple
 
@@ -36,10 +37,6 @@ LANES = 16  # basic.get channels, i.e. queues asked at once by one receive
 PUSH_WAIT = 0.05  # seconds a poll waits at most for a push on its way (``_after_count``)
 # Seconds before a queue found empty is in a first wave again (``Getter``).
 RECHECK_EMPTY = 0.01
-
-
-def _idle(lane: Lane) -> bool:
-    return lane.idle
 
 
 class Poll(Work):
@@ -169,7 +166,8 @@ class Getter(object):
             self._let_pushes_land(request)
             return
         end = request.fresh if request.index < request.fresh else len(request.queues)
-        lanes = list(itertools.islice(filter(_idle, self._lanes), end - request.index))
+        idle = filter(operator.attrgetter("idle"), self._lanes)
+        lanes = list(itertools.islice(idle, end - request.index))
         if not lanes:
             return  # the session is (re)opening channels; _on_lane_ready resumes
         end = request.index + len(lanes)

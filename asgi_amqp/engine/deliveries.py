@@ -209,8 +209,8 @@ FORGOTTEN_AFTER = 60.0
 
 class HeldMessages(object):
     """Held messages per queue, oldest first: the I/O thread adds, withdraws and clears,
-    any thread may ``take``, under ``_lock``. One taken after its channel closed comes
-    again, ``redelivered``, and ``HandedOff`` drops it.
+    any thread may ``take``, under ``_lock`` (none held: no lock). One taken after its
+    channel closed comes again, ``redelivered``, and ``HandedOff`` drops it.
 
     Per caller thread, it also keeps what its latest blocking receive asked
     for, which the sweep counts as wanted even if held messages served it

@@ -25,6 +25,7 @@ callers' threads under ``_lock``; nothing here runs on the I/O thread.
 import collections
 import enum
 import logging
+import random
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Tuple, Union
@@ -148,12 +149,13 @@ class LocalGroups(object):
                 self._waiting_for[channel] += 1
 
     def take(self, queues: List[str]) -> Optional[Tuple[str, str, bytes]]:
-        """``(queue, channel, body)`` of the oldest copy waiting for one of ``queues``."""
+        """``(queue, channel, body)`` of the oldest copy waiting for one of ``queues``,
+        tried in random order, so that no queue starves another."""
         if not self._waiting:
             return None
         now = self._clock()
         with self._lock:
-            for queue in queues:
+            for queue in random.sample(queues, len(queues)) if len(queues) > 1 else queues:
                 waiting = self._waiting.get(queue)
                 while waiting:
                     channel, body, until = waiting.popleft()

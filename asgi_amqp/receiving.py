@@ -150,7 +150,11 @@ class Receiver(object):
 
     def _fetch(self, queues: Queues, block: bool, deadline: float) -> Optional[Delivery]:
         """A Delivery from the broker: waited for by consumers until ``deadline``
-        (``time.monotonic()``), or taken with basic.get."""
+        (``time.monotonic()``), or taken with basic.get. The queues go in random
+        order, so that no channel starves another."""
+        if len(queues) > 1:
+            queues = list(queues)
+            random.shuffle(queues)
         try:
             if not block:
                 return self._engine.get(queues)
@@ -185,9 +189,8 @@ class ReceiveTargets(object):
     """``receive``'s channel names -> the distinct queues behind them, validated.
 
     A worker names the same few channels again and again: each name is checked
-    and mapped once, each set of names once. The queues come back shuffled, so
-    that no channel starves another. Callers' threads: a dict's get and set are
-    atomic, and an entry lost to a race (or to a clear at the limit) is made again.
+    and mapped once, each set of names once. Callers' threads: a dict's get and set
+    are atomic, and an entry lost to a race (or to a clear at the limit) is made again.
     """
 
     def __init__(self, topology: naming.Topology) -> None:
@@ -197,8 +200,9 @@ class ReceiveTargets(object):
         # frozenset of names -> their distinct (queue, arguments)
         self._sets: Dict[FrozenSet[Any], Tuple[Target, ...]] = {}
 
-    def __call__(self, channels: Iterable[str]) -> List[Target]:
-        """[(queue, arguments)] in random order; empty for an empty collection."""
+    def __call__(self, channels: Iterable[str]) -> Sequence[Target]:
+        """The distinct (queue, arguments), in the order of ``channels``; empty for an
+        empty collection. Whoever asks the broker shuffles them (``Receiver._fetch``)."""
         # Any collection of names: Channels 1.x's worker passes a set. A bare
         # string is refused rather than read as a list of one-letter names.
         if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
@@ -217,10 +221,7 @@ class ReceiveTargets(object):
                 if len(self._sets) >= 1000:
                     self._sets.clear()
                 self._sets[key] = known
-        queues = list(known)
-        if len(queues) > 1:
-            random.shuffle(queues)
-        return queues
+        return known
 
     def _unique_targets(self, channels: List[Any]) -> Tuple[Target, ...]:
         queues: List[Target] = []

@@ -4,16 +4,14 @@ layer, without Django? (``python -m benchmarks --only echo``, ``make bench-echo`
 ``--echo-drain COUNT`` messages are queued first (untimed); then one worker
 process is timed through them, each thread looping "blocking receive from
 ``echo.w``, send a reply to ``echo.r``" until it takes a stop message of its
-own. The contestants (``raw-pika``, ``raw-pika-pipelined``, whose shape
-``PipelinedSide`` gives, ``asgi_amqp``, ``asgi_amqp@baseline`` and
-``asgi_redis``), the CPU column and the checks: benchmarks/README.md. Each
-drain runs in a child process (``--child KIND``), so module level imports only
-the standard library: asgi_redis's children run in its own virtualenv. Writes
-``results/echo_ceiling.md``.
+own. Contestants and checks: benchmarks/README.md. Each drain runs in a child
+process (``--child KIND``; asgi_redis's in its own virtualenv), so module level
+imports only the standard library. Writes ``results/echo_ceiling.md``.
 """
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import statistics
@@ -132,32 +130,34 @@ class RawSide(object):
         self.connection.close()
 
 
-PIPELINED_PREFETCH = 32  # the consumer's window: a worker thread always finds its next one here
-
-
 class PipelinedSide(object):
-    """Raw pika in the pipelined shape (worker side only), for any number of threads.
+    """The layer's broker work, thread shape and promises, with no layer code
+    (worker side only), for any number of threads.
 
-    One I/O thread owns a SelectConnection with confirms on and a consumer
-    whose prefetch window puts deliveries in a local queue. A worker thread
-    takes its next delivery from that queue (no round trip), hands its ack
-    over without waiting, hands its reply's publish over and waits on a
-    lock for that publish's confirm only. Every hand-off goes through one
-    list under a lock, with one ``add_callback_threadsafe`` per batch.
+    One I/O thread owns two SelectConnections on one loop, as the layer does (an
+    alarm blocks only the one that publishes): a consumer with the layer's window
+    (the thread count, 16 at most) puts deliveries in a local queue; the other
+    publishes with confirms, with the layer's properties. A worker thread takes
+    its next delivery from that queue, hands its ack over at once (settled when
+    taken: at most once), then its reply's publish, and waits on a lock for that
+    confirm. Hand-offs go through one list under a lock, with one
+    ``add_callback_threadsafe`` per batch.
     """
 
     ACK, PUBLISH = 0, 1
 
-    def __init__(self, prefix, prefetch=PIPELINED_PREFETCH):
+    def __init__(self, prefix, threads=1):
         import queue
 
         import msgpack
         import pika
 
         self.msgpack = msgpack
+        self.pika = pika
         self.is_ack = pika.spec.Basic.Ack
         self.queues = _raw_queues(prefix)
-        self.prefetch = prefetch
+        self.prefetch = min(16, threads)
+        self.ids = itertools.count()
         self.deliveries = queue.SimpleQueue()
         self.work_lock = threading.Lock()
         self.work = []  # (kind, argument, waiter) for the I/O thread
@@ -165,28 +165,36 @@ class PipelinedSide(object):
         self.sequence = 0  # the last publish's delivery tag (I/O thread)
         self.waiters = {}  # delivery tag -> [lock, confirmed], in order (I/O thread)
         self.returned = 0
+        self.channel = self.publish_channel = None  # the consumer's, the publisher's
         self.opened = threading.Event()
+        parameters = pika.URLParameters(os.environ["AMQP_URL"])
         self.connection = pika.SelectConnection(
-            pika.URLParameters(os.environ["AMQP_URL"]),
+            parameters,
             on_open_callback=lambda conn: conn.channel(on_open_callback=self._on_channel),
+        )
+        self.publishing = pika.SelectConnection(
+            parameters,
+            on_open_callback=lambda conn: conn.channel(on_open_callback=self._on_publishing),
+            custom_ioloop=self.connection.ioloop,
         )
         self.thread = threading.Thread(target=self.connection.ioloop.start, daemon=True)
         self.thread.start()
         if not self.opened.wait(10):
-            raise RuntimeError("the I/O thread's channel did not open")
+            raise RuntimeError("the I/O thread's channels did not open")
 
     # I/O thread
     def _on_channel(self, channel):
         self.channel = channel
+        channel.basic_qos(prefetch_count=self.prefetch, callback=lambda _: self._consume())
+
+    def _on_publishing(self, channel):
+        self.publish_channel = channel
         channel.add_on_return_callback(self._on_return)
-        channel.confirm_delivery(
-            self._on_confirm,
-            callback=lambda _: channel.basic_qos(
-                prefetch_count=self.prefetch, callback=lambda _: self._consume()
-            ),
-        )
+        channel.confirm_delivery(self._on_confirm, callback=lambda _: self._consume())
 
     def _consume(self):
+        if self.channel is None or self.publish_channel is None:
+            return  # the other channel is not ready yet
         for queue in self.queues:
             self.channel.queue_declare(queue, arguments=RAW_QUEUE_ARGUMENTS)
         self.channel.basic_consume(self.queues[0], self._on_message, auto_ack=False)
@@ -223,13 +231,21 @@ class PipelinedSide(object):
             else:
                 self.sequence += 1
                 self.waiters[self.sequence] = waiter
-                self.channel.basic_publish("", self.queues[1], argument, mandatory=True)
+                properties = self.pika.BasicProperties(
+                    delivery_mode=1,
+                    content_type="application/x-msgpack",
+                    message_id="%s.%d" % (self.queues[1], next(self.ids)),
+                    timestamp=int(time.time()),
+                )
+                self.publish_channel.basic_publish(
+                    "", self.queues[1], argument, properties, mandatory=True
+                )
 
     # the worker's threads
-    def _hand_over(self, kind, argument, waiter=None, wake=True):
+    def _hand_over(self, kind, argument, waiter=None):
         with self.work_lock:
             self.work.append((kind, argument, waiter))
-            if self.scheduled or not wake:
+            if self.scheduled:
                 return
             self.scheduled = True
         self.connection.ioloop.add_callback_threadsafe(self._run_work)
@@ -238,9 +254,8 @@ class PipelinedSide(object):
         """One worker thread's loop, until it takes a stop message."""
         while True:
             tag, body = self.deliveries.get(timeout=30)  # queue.Empty after 30 s
+            self._hand_over(self.ACK, tag)
             message = self.msgpack.unpackb(body)
-            # The ack rides with the reply's publish, in the same batch.
-            self._hand_over(self.ACK, tag, wake=bool(message.get("stop")))
             if message.get("stop"):
                 return
             handled.tick()
@@ -254,7 +269,8 @@ class PipelinedSide(object):
                 raise RuntimeError("a reply was refused (nacked or returned)")
 
     def close(self):
-        self.connection.ioloop.add_callback_threadsafe(self.connection.close)
+        for connection in (self.publishing, self.connection):
+            self.connection.ioloop.add_callback_threadsafe(connection.close)
         self.connection.ioloop.add_callback_threadsafe(self.connection.ioloop.stop)
         self.thread.join(5)
 
@@ -322,7 +338,7 @@ def child_drain(kind, prefix, redis_url, count, threads=1):
         kind = "asgi_amqp"
     if kind.startswith("raw-pika"):
         feeder = RawSide(prefix)
-        worker = RawSide(prefix) if kind == "raw-pika" else PipelinedSide(prefix)
+        worker = RawSide(prefix) if kind == "raw-pika" else PipelinedSide(prefix, threads)
     else:
         feeder = LayerSide(kind, prefix, redis_url, capacity=count + threads + 10)
         worker = LayerSide(kind, prefix, redis_url, capacity=count + threads + 10)

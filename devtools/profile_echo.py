@@ -72,7 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         feeder = echo.LayerSide(args.kind, prefix, "", capacity=size)
         worker = echo.LayerSide(args.kind, prefix, "", capacity=size)
     else:
-        feeder, worker = echo.RawSide(prefix), echo.PipelinedSide(prefix)
+        feeder, worker = echo.RawSide(prefix), echo.PipelinedSide(prefix, args.threads)
     feeder.feed([dict(echo.MESSAGE, order=order) for order in range(args.count)])
     feeder.feed([{"stop": True}] * args.threads)
     raw_path = args.out or tempfile.mkstemp(suffix=".txt")[1]

@@ -26,7 +26,10 @@ def on_reactor_thread() -> bool:
     """Whether the caller runs on a Twisted reactor's own thread (daphne's).
     Twisted is not imported for this; a process without it has no reactor."""
     threadable = sys.modules.get("twisted.python.threadable")
-    return threadable is not None and bool(threadable.isInIOThread())
+    # ``ioThread``: None until a reactor runs (a runworker's case), then its thread.
+    if threadable is None or getattr(threadable, "ioThread", None) is None:
+        return False
+    return bool(threadable.isInIOThread())
 
 
 class Callers(object):

@@ -10,7 +10,18 @@ import logging
 import math
 import random
 import time
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from . import naming
 from .channel_names import check_channel_name
@@ -28,6 +39,13 @@ _MAX_NOTICES = 10000  # join and leave notices applied in one receive call
 
 Received = Tuple[str, Message]  # (channel, message)
 Target = Tuple[str, Optional[Dict[str, Any]]]  # (queue, its arguments)
+
+
+class Targets(NamedTuple):
+    """What a receive reads: its distinct queues with their arguments, and their names."""
+
+    queues: Tuple[Target, ...]
+    names: Tuple[str, ...]
 
 
 class Receiver(object):
@@ -75,13 +93,12 @@ class Receiver(object):
     def receive(
         self, channels: Iterable[str], block: bool = False
     ) -> Tuple[Optional[str], Optional[Message]]:
-        queues = self.queues(channels)
-        if not queues:
+        queues, names = self.queues(channels)
+        if not names:
             return None, None  # as asgiref's in-memory layer and asgi_redis do
-        names = [queue for queue, _ in queues]
         # Copies for this process's members first: they left their queue ahead of all it
         # holds; then what a consumer was pushed already. Notices count against the timeout.
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self._timeout
         if block:
             self._engine.asked(queues)  # its consumers stay wanted (engine.consumers.sweep)
         found = self._local_copy(names) or self._first_readable(
@@ -89,7 +106,7 @@ class Receiver(object):
         )
         return (None, None) if found is None else found
 
-    def _local_copy(self, names: List[str]) -> Optional[Received]:
+    def _local_copy(self, names: Sequence[str]) -> Optional[Received]:
         """A copy of a group message waiting for a process-local member."""
         for _ in range(_MAX_SKIPPED):
             copy = self.local_groups.take(names)
@@ -101,13 +118,13 @@ class Receiver(object):
                 return decoded
         return None
 
-    def take_held(self, queues: Sequence[Target]) -> Optional[Received]:
-        """A message already pushed to this process for one of ``queues``, or None.
+    def take_held(self, names: Sequence[str]) -> Optional[Received]:
+        """A message already pushed to this process for one of the queues ``names``,
+        or None.
 
         Never waits nor starts the layer's threads, so that daphne's reactor
         thread may call it (``twisted_support.receive_twisted``).
         """
-        names = [queue for queue, _ in queues]
         copy = self._local_copy(names)
         if copy is not None or not self._engine.started_here:
             return copy
@@ -197,12 +214,13 @@ class ReceiveTargets(object):
         self._topology = topology
         # channel -> its (queue, arguments), and an ordered channel's shards
         self._targets: Dict[Any, Tuple[Target, ...]] = {}
-        # frozenset of names -> their distinct (queue, arguments)
-        self._sets: Dict[FrozenSet[Any], Tuple[Target, ...]] = {}
+        # frozenset of names -> their distinct (queue, arguments) and queue names
+        self._sets: Dict[FrozenSet[Any], Targets] = {}
 
-    def __call__(self, channels: Iterable[str]) -> Sequence[Target]:
-        """The distinct (queue, arguments), in the order of ``channels``; empty for an
-        empty collection. Whoever asks the broker shuffles them (``Receiver._fetch``)."""
+    def __call__(self, channels: Iterable[str]) -> Targets:
+        """The distinct (queue, arguments), in the order of ``channels``, and their names;
+        empty for an empty collection. Whoever asks the broker shuffles them
+        (``Receiver._fetch``)."""
         # Any collection of names: Channels 1.x's worker passes a set. A bare
         # string is refused rather than read as a list of one-letter names.
         if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
@@ -223,7 +241,7 @@ class ReceiveTargets(object):
                 self._sets[key] = known
         return known
 
-    def _unique_targets(self, channels: List[Any]) -> Tuple[Target, ...]:
+    def _unique_targets(self, channels: List[Any]) -> Targets:
         queues: List[Target] = []
         seen = set()
         for channel in channels:
@@ -231,7 +249,7 @@ class ReceiveTargets(object):
                 if queue not in seen:
                     seen.add(queue)
                     queues.append((queue, arguments))
-        return tuple(queues)
+        return Targets(tuple(queues), tuple(queue for queue, _ in queues))
 
     def _targets_of(self, channel: Any) -> Tuple[Target, ...]:
         """A channel's queue, and an ordered channel's shards."""

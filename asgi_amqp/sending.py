@@ -76,7 +76,8 @@ class Sender(object):
         # refused, or behind earlier parked sends to its queue; and a frame for a full shard,
         # maybe enforce_ordering's requeue from its only reader, which Channels does not retry.
         # An unordered queue parks SHORT_LINE at most, then ChannelFull (daphne: 503 or 1013).
-        reactor = self.caller() is Caller.REACTOR
+        caller = self.caller()
+        reactor = caller is Caller.REACTOR
         parked = self.parked_sends
         most = None if shard else SHORT_LINE
         if reactor and self.engine.broker_away():
@@ -94,12 +95,13 @@ class Sender(object):
             "send to %s" % channel,
             alarm_wait=self.operation_timeout,
             parks=reactor,
+            caller=caller,
         )
         if outcome == PARKED:  # on its way when the broker went: it may have arrived
             parked.park(channel, queue, body, properties, marked=True)
         elif outcome == NACKED and (reactor or shard):  # full, or between leaders
             parked.park(channel, queue, body, properties, most=most)
-        else:
+        elif outcome != ACKED:  # the usual case: nothing more to do
             self.finish_send(channel, queue, body, properties, outcome)
 
     def encode(self, message: Message) -> bytes:

@@ -40,11 +40,11 @@ def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> "Deferred[
     # Validated here, so bad names raise now, not in the Deferred; an iterator is read once.
     if isinstance(channels, collections.abc.Iterator):
         channels = list(channels)
-    queues = receiver.queues(channels)
-    if not queues:
+    names = receiver.queues(channels).names
+    if not names:
         nothing: Received = (None, None)
         return defer.succeed(nothing)
-    held = receiver.take_held(queues)
+    held = receiver.take_held(names)
     if held is not None:
         return _on_next_turn(held)
     return threads.deferToThread(receiver.receive, channels, True)

@@ -283,7 +283,7 @@ class HeldMessages(object):
             candidates = [q for q in queues if q in self._by_queue]
             if not candidates:
                 return None
-            queue = random.choice(candidates)
+            queue = candidates[0] if len(candidates) == 1 else random.choice(candidates)
             waiting = self._by_queue[queue]
             held = waiting.popleft()
             if not waiting:

@@ -201,6 +201,7 @@ class Engine(object):
         *,
         alarm_wait: float,
         parks: bool = False,
+        caller: Optional[Caller] = None,
     ) -> str:
         """Publish and wait for the broker's answer: ``ACKED``, ``NACKED`` or ``RETURNED``.
 
@@ -213,7 +214,10 @@ class Engine(object):
         ``marked``: a possible copy, which its reader drops if it has the original.
         ``parks``, on daphne's reactor thread: if the broker goes away during the
         wait, the publish is given up and ``PARKED`` returned (``parked_sends``).
+        ``caller``: the calling thread's kind, if the caller knows it already.
         """
+        if caller is None:
+            caller = self._caller()
         deadline = None  # set at the first block: nothing extra on the usual path
         while True:
             publish = Publish(Pending(what), exchange, routing_key, body, properties, mandatory)
@@ -221,9 +225,9 @@ class Engine(object):
             try:
                 if parks:
                     return self._publish_or_park(publish)
-                return self._submit_and_wait(publish)
+                return self._submit_and_wait(publish, None, caller)
             except BrokerBlocked:
-                if self._caller() is Caller.REACTOR:
+                if caller is Caller.REACTOR:
                     raise
                 if deadline is None:
                     deadline = time.monotonic() + alarm_wait
@@ -399,10 +403,13 @@ class Engine(object):
         if caller is None:
             caller = self._caller()
         if caller is Caller.WORKER:
-            self._ride_out(io, pending)
+            if self._ride_out(io, pending):
+                return pending.answer()
             timeout = 0.0  # it has waited already: the result, or the error now
         elif caller is Caller.REACTOR:  # not through an outage
-            if not wait_while_reachable(io, pending, timeout) and io.outage() and pending.abandon():
+            if wait_while_reachable(io, pending, timeout):
+                return pending.answer()
+            if io.outage() and pending.abandon():
                 raise unreachable(io, pending.description, "it was not done")
             timeout = 0.0
         try:
@@ -410,8 +417,9 @@ class Engine(object):
         except OperationTimeout as exc:
             raise self._outage_error(io, pending.description) or exc
 
-    def _ride_out(self, io: IOThread, pending: Pending) -> None:
-        """On a worker thread, wait for ``pending`` as long as the broker is away.
+    def _ride_out(self, io: IOThread, pending: Pending) -> bool:
+        """On a worker thread, wait for ``pending`` as long as the broker is away:
+        True once it arrived.
 
         Channels 1.x sends a consumer's replies in a ``finally`` and catches
         nothing around it, so an ``OperationTimeout`` there would end a runworker
@@ -421,13 +429,14 @@ class Engine(object):
         deadline = time.monotonic() + self.operation_timeout
         while not pending.arrived(min(1.0, deadline - time.monotonic())):
             if self._closed or not io.alive:
-                return
+                return False
             if io.outage() > self.operation_timeout:
                 self._outage_notice.once(io, "%s waits for it" % pending.description)
             if io.outage():
                 deadline = time.monotonic() + self.operation_timeout
             elif time.monotonic() >= deadline:
-                return
+                return False
+        return True
 
     @staticmethod
     def _outage_error(io: IOThread, what: str) -> Optional[OperationTimeout]:

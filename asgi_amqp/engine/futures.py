@@ -110,7 +110,8 @@ class Pending(object):
             return True
         return not self.abandon()
 
-    def _answer(self) -> Any:
+    def answer(self) -> Any:
+        """The result once it arrived (``arrived`` said so): the value, or its error raised."""
         if self._error is not None:
             raise self._error
         return self._value
@@ -122,10 +123,10 @@ class Pending(object):
             raise OperationTimeout(
                 "%s: no answer from the broker within %.1f s" % (self.description, timeout)
             )
-        return self._answer()
+        return self.answer()
 
     def result_or(self, timeout: float, default: Any) -> Any:
         """Like ``result`` but returns ``default`` instead of raising on timeout."""
         if not self._arrives(timeout):
             return default
-        return self._answer()
+        return self.answer()

@@ -1,9 +1,9 @@
 """Every ack and nack of the consumers' channel.
 
 A caller that takes a held message in its own thread leaves the ack to the
-I/O thread: it goes into ``TakenAcks`` and a ``SendTakenAcks`` wakes the I/O
-thread, which also sends what waits there before anything else it is woken
-for and before a sweep gives held messages back. A process-local queue's
+I/O thread: it goes into ``TakenAcks`` and the caller wakes the I/O thread
+(``IOThread.take_pushed``), which sends what waits there before anything
+else it is woken for and before a sweep gives held messages back. A process-local queue's
 redelivery comes back to this process, whose hand-off log drops it
 (``deliveries.HandedOff``).
 
@@ -17,26 +17,9 @@ import time
 from typing import TYPE_CHECKING, List, Tuple
 
 from ..deliveries import Held
-from ..work import Work
 
 if TYPE_CHECKING:
-    from ..session import Session
     from .pool import ConsumerPool
-
-
-class SendTakenAcks(Work):
-    """The work that wakes the I/O thread to send taken acks (``Acks.send_taken``).
-
-    Nobody waits for it; not carried over, as a lost connection's deliveries
-    are back in their queues.
-    """
-
-    __slots__ = ()
-    retry = False
-
-    def __call__(self, session: "Session") -> None:
-        session.consumers.acks.send_taken()
-        self.pending.resolve(None)
 
 
 class TakenAcks(object):

@@ -501,6 +501,8 @@ class ConsumerPool(object):
         if consumer.unacked >= consumer.prefetch:
             consumer.fills += 1  # the broker keeps what comes next until we ack
         self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery, consumer))
+        if consumer.unacked < 2:
+            return  # what it holds counts among its unacked: one at most
         since, count = self._held.held_since(consumer.queue)
         if since is not None and count > 1:  # its allowed wait may just have shrunk
             self._sweep.due_by(since + self._sweep.allowed_wait(consumer.queue, count) + 0.002)

@@ -43,9 +43,9 @@ from pika.spec import INTERNAL_ERROR
 from ...errors import AuthenticationError, BrokerConnectionError, LayerClosed
 from ...urls import describe_parameters
 from ..consumers import ConsumerSettings
-from ..consumers.acks import SendTakenAcks, TakenAcks
+from ..consumers.acks import TakenAcks
 from ..deliveries import Delivery, HandedOff, HeldMessages, Liveness
-from ..futures import Pending, wait_seconds
+from ..futures import wait_seconds
 from ..publisher import Publisher
 from ..session import Session
 from ..work import Queues, Work
@@ -182,9 +182,10 @@ class IOThread(object):
         queue, held = taken
         self._taken.add(queue, held)
         try:
-            # Nobody waits for it; the lost connection's deliveries are
-            # back in their queues, so it is never run on the next one.
-            self.submit(SendTakenAcks(Pending("acknowledgements")))
+            # A wake-up, and no work: every ``_drain_inbox`` sends taken acks first.
+            # Without a session they wait for the next, which drops the lost
+            # channel's: the broker put those messages back.
+            self.submit_many(())
         except LayerClosed:
             pass  # the connection closes with the layer: the broker requeues them
         return held.delivery

@@ -28,19 +28,7 @@ import logging
 import random
 import threading
 import time
-from typing import (
-    Any,
-    Callable,
-    Deque,
-    Dict,
-    List,
-    Literal,
-    Mapping,
-    Optional,
-    Sequence,
-    Tuple,
-    Union,
-)
+from typing import Any, Callable, Deque, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from . import naming
 
@@ -160,7 +148,7 @@ class LocalGroups(object):
                 waiting.append((channel, body, until))
                 self._waiting_for[channel] += 1
 
-    def take(self, queues: Sequence[str]) -> Optional[Tuple[str, str, bytes]]:
+    def take(self, queues: Tuple[str, ...]) -> Optional[Tuple[str, str, bytes]]:
         """``(queue, channel, body)`` of the oldest copy waiting for one of ``queues``,
         tried in random order, so that no queue starves another."""
         if not self._waiting:

@@ -10,18 +10,7 @@ import logging
 import math
 import random
 import time
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    FrozenSet,
-    Iterable,
-    List,
-    NamedTuple,
-    Optional,
-    Sequence,
-    Tuple,
-)
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from . import naming
 from .channel_names import check_channel_name
@@ -39,13 +28,7 @@ _MAX_NOTICES = 10000  # join and leave notices applied in one receive call
 
 Received = Tuple[str, Message]  # (channel, message)
 Target = Tuple[str, Optional[Dict[str, Any]]]  # (queue, its arguments)
-
-
-class Targets(NamedTuple):
-    """What a receive reads: its distinct queues with their arguments, and their names."""
-
-    queues: Tuple[Target, ...]
-    names: Tuple[str, ...]
+Targets = Tuple[Tuple[Target, ...], Tuple[str, ...]]  # a receive's queues, and their names
 
 
 class Receiver(object):
@@ -106,7 +89,7 @@ class Receiver(object):
         )
         return (None, None) if found is None else found
 
-    def _local_copy(self, names: Sequence[str]) -> Optional[Received]:
+    def _local_copy(self, names: Tuple[str, ...]) -> Optional[Received]:
         """A copy of a group message waiting for a process-local member."""
         for _ in range(_MAX_SKIPPED):
             copy = self.local_groups.take(names)
@@ -118,7 +101,7 @@ class Receiver(object):
                 return decoded
         return None
 
-    def take_held(self, names: Sequence[str]) -> Optional[Received]:
+    def take_held(self, names: Tuple[str, ...]) -> Optional[Received]:
         """A message already pushed to this process for one of the queues ``names``,
         or None.
 
@@ -249,7 +232,7 @@ class ReceiveTargets(object):
                 if queue not in seen:
                     seen.add(queue)
                     queues.append((queue, arguments))
-        return Targets(tuple(queues), tuple(queue for queue, _ in queues))
+        return tuple(queues), tuple(queue for queue, _ in queues)
 
     def _targets_of(self, channel: Any) -> Tuple[Target, ...]:
         """A channel's queue, and an ordered channel's shards."""

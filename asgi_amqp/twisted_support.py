@@ -40,7 +40,7 @@ def receive_twisted(receiver: "Receiver", channels: Iterable[str]) -> "Deferred[
     # Validated here, so bad names raise now, not in the Deferred; an iterator is read once.
     if isinstance(channels, collections.abc.Iterator):
         channels = list(channels)
-    names = receiver.queues(channels).names
+    _, names = receiver.queues(channels)
     if not names:
         nothing: Received = (None, None)
         return defer.succeed(nothing)

@@ -241,9 +241,11 @@ class IOThread(object):
             ioloop.close()
 
     def _drain_inbox(self) -> None:
+        # The batch first: a caller who takes a message after it wakes the loop again.
+        works = self._inbox.take_all()
         if self._session is not None and len(self._taken):
-            self._session.consumers.acks.send_taken()  # first: they may have waited
-        for work in self._inbox.take_all():
+            self._session.consumers.acks.send_taken()  # before the work: they may have waited
+        for work in works:
             if not work.pending.wanted:
                 continue
             if self._session is not None:

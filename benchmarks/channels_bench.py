@@ -25,7 +25,7 @@ import time
 import uuid
 
 from . import common
-from .channels_drive import PAYLOAD, cpu_seconds
+from .channels_drive import PAYLOAD, SOCKETS, cpu_seconds
 
 HERE = common.HERE
 ROOT = common.ROOT
@@ -524,16 +524,16 @@ def _write_summary(ctx, opts, rows, checks, text, notes, load_start, load_end):
         "Django 2.2.28) per layer, the `/echo/` route of tests/project; clients are "
         "websocket-client in one process. Latency: %d sequential round trips per round; "
         "via daphne: %d clients x %d frames in flight for %.0f s per round; runworker drain: "
-        "benchmarks/channels_drive.py queues %d websocket.receive messages for the stopped "
-        "worker straight through the layer (no daphne), continues it and times it until every "
-        "reply is queued (channel capacity %s on both layers); %d rounds, alternating, "
-        "median round shown."
+        "benchmarks/channels_drive.py queues %d websocket.receive frames of %d sockets for the "
+        "stopped worker through the layer (no daphne), continues it and times it until every "
+        "reply is queued (channel capacity %s); %d rounds, alternating, median round shown."
         % (
             opts.latency_ops,
             opts.clients,
             opts.window,
             opts.duration,
             opts.drain_count,
+            SOCKETS,
             max(100, 2 * opts.drain_count),
             opts.rounds,
         ),

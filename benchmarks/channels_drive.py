@@ -4,17 +4,16 @@ time what it handles; run by channels_bench.py with each layer's interpreter.
     python benchmarks/channels_drive.py --worker-pid PID --drain 3000
     python benchmarks/channels_drive.py --worker-pid PID --drain 3000 --worker-threads 4
 
-The layer is the project's (``DJANGO_SETTINGS_MODULE``, ``CHAT_LAYER_PREFIX``
-and the broker variables come from the environment, as for the stack). Each
-message is a ``websocket.receive`` for the ``/echo/`` route, replying to
-this process's own process-local channel.
+The layer is the project's (settings and broker from the environment, as for
+the stack). Each message is a ``websocket.receive`` for the ``/echo/`` route
+from one of ``SOCKETS`` sockets in turn, as daphne sends a worker many sockets'
+frames (on asgi_amqp one socket's go through one shard, one at a time),
+replying to this process's own process-local channel.
 
 ``--drain COUNT`` times the worker through COUNT messages queued while it
-was stopped (``drain`` says how); the channel capacity must hold COUNT.
-``--worker-threads N`` is the worker's ``runworker --threads``.
-
-Prints one JSON object: messages per second, the worker's CPU share, frames
-lost.
+was stopped (``drain``); the channel capacity must hold COUNT. ``--worker-threads
+N`` is its ``runworker --threads``. Prints one JSON object: messages per
+second, the worker's CPU share, frames lost.
 """
 
 import argparse
@@ -29,6 +28,7 @@ ROOT = os.path.dirname(HERE)
 PROJECT_DIR = os.path.join(ROOT, "tests", "project")
 PAYLOAD = "x" * 64
 WORKER_CHANNEL = "websocket.receive"
+SOCKETS = 64
 
 
 def cpu_seconds(pid):
@@ -38,11 +38,11 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
 
 
-def backlog_probe(layer, channel, message=None):
+def backlog_probe(layer, channel, messages=(None,)):
     """A function giving the number of messages waiting in ``channel``, read
-    straight from the broker (not from statistics that lag by seconds).
-    ``message``: one the driver sends, which names the queue of an ordered
-    channel (its reply channel's shard) on asgi_amqp."""
+    straight from the broker (not from statistics that lag by seconds), and
+    how many queues that is. ``messages``: those the driver sends, which name
+    the queues of an ordered channel (their reply channels' shards) on asgi_amqp."""
     topology = getattr(layer, "topology", None)
     if topology is not None:  # asgi_amqp: a passive declare on a connection of its own
         import pika
@@ -52,12 +52,14 @@ def backlog_probe(layer, channel, message=None):
         url = os.environ["AMQP_URL"]  # set by the stack, like the layer's own
         connection = pika.BlockingConnection(parse_urls(url)[0])
         pika_channel = connection.channel()
-        queue = topology.send_queue(channel, message)
+        queues = {topology.send_queue(channel, message) for message in messages}
 
         def amqp_depth():
-            return pika_channel.queue_declare(queue, passive=True).method.message_count
+            return sum(
+                pika_channel.queue_declare(q, passive=True).method.message_count for q in queues
+            )
 
-        amqp_depth.close = connection.close
+        amqp_depth.close, amqp_depth.queues = connection.close, len(queues)
         return amqp_depth
     # asgi_redis: the channel is a list under the layer's prefix; a
     # process-local channel's list is named by its prefix ("foo!").
@@ -68,7 +70,7 @@ def backlog_probe(layer, channel, message=None):
     def redis_depth():
         return client.llen(layer.prefix + channel)
 
-    redis_depth.close = lambda: None
+    redis_depth.close, redis_depth.queues = (lambda: None), 1
     return redis_depth
 
 
@@ -80,12 +82,12 @@ class Driver(object):
         self.sent = 0
         self.received = 0
 
-    def message(self, order):
+    def message(self, number):
         return {
-            "reply_channel": self.reply_channel,
+            "reply_channel": "%s.%d" % (self.reply_channel, number % SOCKETS),
             "path": "/echo/",
-            "order": order,
-            "text": "%d %s" % (order, PAYLOAD),
+            "order": number // SOCKETS,
+            "text": "%d %s" % (number, PAYLOAD),
         }
 
     def send_one(self):
@@ -109,16 +111,14 @@ def _wait_stopped(pid, timeout=10.0):
 def drain(layer, driver, worker_pid, count, worker_threads=1):
     """The rate at which the worker handles ``count`` messages queued while it was stopped.
 
-    The worker is stopped (SIGSTOP, by its pid) while ``count`` messages are
-    queued for it, then continued; the clock runs until all ``count``
-    replies are in the driver's queue, read with the broker's own client
-    every 10 ms. Nothing else runs meanwhile, so the figure is the worker's
-    own pace with a full queue in front of it: what one runworker handles.
-    A stopped worker of ``worker_threads`` threads may hold one pushed
-    message per thread (a consumer's prefetch window, a BRPOP each).
+    The worker is stopped (SIGSTOP, by its pid) while they are queued, then
+    continued; the clock runs until all ``count`` replies are in the driver's
+    queue, read with the broker's own client every 10 ms: one runworker's
+    pace with a full queue in front of it. A stopped worker may hold a pushed
+    message per thread and per queue (a prefetch window, a BRPOP each).
     """
     layer.receive([driver.reply_prefix], block=False)  # declares its queue, on asgi_amqp
-    inbox = backlog_probe(layer, WORKER_CHANNEL, driver.message(1))
+    inbox = backlog_probe(layer, WORKER_CHANNEL, [driver.message(n) for n in range(SOCKETS)])
     replies = backlog_probe(layer, driver.reply_channel)
     try:
         os.kill(worker_pid, signal.SIGSTOP)
@@ -127,7 +127,7 @@ def drain(layer, driver, worker_pid, count, worker_threads=1):
             for _ in range(count):
                 driver.send_one()
             deadline = time.monotonic() + 30
-            while inbox() < count - max(1, worker_threads):  # pushed before it stopped
+            while inbox() < count - max(1, worker_threads) - inbox.queues:  # pushed already
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         "only %d of %d messages reached the worker's queue" % (inbox(), count)

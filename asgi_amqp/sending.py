@@ -101,7 +101,7 @@ class Sender(object):
             parked.park(channel, queue, body, properties, marked=True)
         elif outcome == NACKED and (reactor or shard):  # full, or between leaders
             parked.park(channel, queue, body, properties, most=most)
-        elif outcome != ACKED:  # the usual case: nothing more to do
+        else:
             self.finish_send(channel, queue, body, properties, outcome)
 
     def encode(self, message: Message) -> bytes:

@@ -2,9 +2,9 @@
 
 A caller that takes a held message in its own thread leaves the ack to the
 I/O thread: it goes into ``TakenAcks`` and the caller wakes the I/O thread
-(``IOThread.take_pushed``), which sends what waits there before anything
-else it is woken for and before a sweep gives held messages back. A process-local queue's
-redelivery comes back to this process, whose hand-off log drops it
+(``IOThread.take_pushed``), which sends what waits there before the work it
+is woken for and before a sweep gives held messages back. A process-local
+queue's redelivery comes back to this process, whose hand-off log drops it
 (``deliveries.HandedOff``).
 
 Owned by ``pool.ConsumerPool``; ``Acks`` is the I/O thread's. ``TakenAcks``

@@ -182,7 +182,7 @@ class IOThread(object):
         queue, held = taken
         self._taken.add(queue, held)
         try:
-            # A wake-up, and no work: every ``_drain_inbox`` sends taken acks first.
+            # A wake-up, and no work: every ``_drain_inbox`` sends taken acks before its work.
             # Without a session they wait for the next, which drops the lost
             # channel's: the broker put those messages back.
             self.submit_many(())

@@ -11,6 +11,7 @@ untimed housekeeping.
 import random
 import sys
 import threading
+import time
 
 import msgpack
 import pika
@@ -18,6 +19,7 @@ import pika
 from . import asgi_trials, common, membership
 from .asgi_trials import (
     CAPACITY,
+    EMPTY_CHANNELS,
     EXPIRY,
     GROUP,
     GROUP_CHANNELS,
@@ -323,24 +325,6 @@ class RawPikaContestant(_RawBase):
     def scenario_receive(self, env, ops):
         return _receive_trial(self, env, ops)
 
-    def scenario_receive_10(self, env, ops):
-        queues = [self.queue(env, channel) for channel in MULTI_CHANNELS]
-        full = self.queue(env, MULTI_FULL)
-
-        def op(_i):
-            order = list(queues)
-            random.shuffle(order)
-            for queue in order:
-                if self._get(queue):
-                    return True
-            return False
-
-        return Trial(
-            op,
-            prepare=lambda: self.fill(env, full, ops),
-            finish=lambda: _check_left(env, full, ops),
-        )
-
     def scenario_group(self, env, ops):
         exchange = "%s:%s:fanout" % (env.prefix, self.name)
         queues = [self.queue(env, channel) for channel in GROUP_CHANNELS]
@@ -433,16 +417,18 @@ class RawPikaConsumeContestant(_RawBase):
 
 @register_contestant
 class RawPikaShapeContestant(_RawBase):
-    """The ceiling of (a) and (c) in the layer's thread shape: raw pika with an
-    I/O thread of its own, and nothing else the layer does."""
+    """The ceiling of (a), (c), (d) and (m) in the layer's thread shape: raw pika
+    with an I/O thread of its own, and nothing else the layer does."""
 
     name = "raw-pika-shape"
     description = (
         "an I/O thread owns a pika SelectConnection with confirms on; the caller hands "
         "each basic_publish (mandatory) over with add_callback_threadsafe and waits "
         "for its confirm (bulk_bench.PipelinedPublisher, one message at a time); "
-        "receive: each basic_get(auto_ack=False) is handed over the same way, acked "
-        "there, and the caller waits for the body"
+        "receive: a basic_get(auto_ack=False) on each queue at once, one channel each, "
+        "handed over the same way; queues found empty in the last 10 ms are asked after "
+        "the others (as the layer's getter); the first message in the caller's random "
+        "order is acked there and any other nacked back; the caller waits for the body"
     )
 
     def setup(self, env):
@@ -450,18 +436,27 @@ class RawPikaShapeContestant(_RawBase):
 
         super(RawPikaShapeContestant, self).setup(env)
         self.publisher = PipelinedPublisher(env.url, window=1, chunk=1)
-        self.waiter = None  # (lock, answer) of the get in flight: the I/O thread's
-        # Runs before any get handed over later: the loop keeps the callbacks' order.
-        self.publisher.connection.ioloop.add_callback_threadsafe(
-            lambda: self.publisher.channel.add_callback(
-                lambda _frame: self._answer(None), [pika.spec.Basic.GetEmpty], one_shot=False
-            )
-        )
+        self.lanes = []  # a basic_get channel per queue of (c), (d), (m): the I/O thread's
+        self.on_empty = {}  # lane's channel number -> what its next GetEmpty calls: the same
+        self.empty_at = {}  # queue -> when it last answered empty: the same
+        opened = threading.Semaphore(0)
 
-    def _answer(self, body):
-        lock, answer = self.waiter
-        answer.append(body)
-        lock.release()
+        def open_lanes():
+            for _ in MULTI_CHANNELS:
+                self.publisher.connection.channel(on_open_callback=lambda ch: opened_lane(ch))
+
+        def opened_lane(channel):
+            number = channel.channel_number
+            channel.add_callback(
+                lambda _frame: self.on_empty[number](), [pika.spec.Basic.GetEmpty], one_shot=False
+            )
+            self.lanes.append(channel)
+            opened.release()
+
+        self.publisher.connection.ioloop.add_callback_threadsafe(open_lanes)
+        for _ in MULTI_CHANNELS:
+            if not opened.acquire(timeout=10):
+                raise RuntimeError("raw-pika-shape: a basic_get channel did not open in 10 s")
 
     def teardown(self, env):
         self.publisher.close()
@@ -480,27 +475,76 @@ class RawPikaShapeContestant(_RawBase):
         )
 
     def _get(self, queue):
-        lock, answer, channel = threading.Lock(), [], self.publisher.channel
+        return self._poll([queue])
+
+    def scenario_receive(self, env, ops):
+        return _receive_trial(self, env, ops)
+
+    def _poll(self, queues):
+        """True if one of ``queues`` (in random order) gave a message, False if none did."""
+        lock, answer = threading.Lock(), []
         lock.acquire()
+        order = list(queues)
+        if len(order) > 1:
+            random.shuffle(order)
 
-        def on_message(_channel, method, _properties, body):
-            channel.basic_ack(method.delivery_tag)
-            self._answer(body)
+        def ask(wave, rest):
+            answers = {}
 
-        def get():
-            self.waiter = (lock, answer)
-            channel.basic_get(queue, on_message, auto_ack=False)
+            def on_answer(queue, channel, method, body):
+                answers[queue] = (channel, method, body)
+                if method is None:
+                    self.empty_at[queue] = time.monotonic()
+                else:
+                    self.empty_at.pop(queue, None)
+                if len(answers) < len(wave):
+                    return
+                taken = [answers[q] for q in wave if answers[q][1] is not None]
+                for channel, method, _body in taken[1:]:
+                    channel.basic_nack(method.delivery_tag, requeue=True)
+                if taken:
+                    taken[0][0].basic_ack(taken[0][1].delivery_tag)
+                    answer.append(taken[0][2])
+                elif rest:
+                    return ask(rest, [])
+                lock.release()
 
-        self.publisher.connection.ioloop.add_callback_threadsafe(get)
+            for lane, queue in zip(self.lanes, wave):
+                self.on_empty[lane.channel_number] = lambda q=queue: on_answer(q, None, None, None)
+                lane.basic_get(
+                    queue,
+                    lambda ch, method, _p, body, q=queue: on_answer(q, ch, method, body),
+                    auto_ack=False,
+                )
+
+        def start():
+            now = time.monotonic()
+            quiet = [q for q in order if now - self.empty_at.get(q, 0.0) < 0.01]
+            fresh = [q for q in order if q not in quiet]
+            ask(fresh, quiet) if fresh else ask(quiet, [])
+
+        self.publisher.connection.ioloop.add_callback_threadsafe(start)
         if not lock.acquire(timeout=10):
-            raise RuntimeError("raw-pika-shape: no answer to basic.get in 10 s")
-        if answer[0] is None:
+            raise RuntimeError("raw-pika-shape: no answer to a poll in 10 s")
+        if not answer:
             return False
         msgpack.unpackb(answer[0], raw=False)
         return True
 
-    def scenario_receive(self, env, ops):
-        return _receive_trial(self, env, ops)
+    def scenario_receive_10(self, env, ops):
+        queues = [self.queue(env, channel) for channel in MULTI_CHANNELS]
+        full = self.queue(env, MULTI_FULL)
+        return Trial(
+            lambda _i: self._poll(queues),
+            prepare=lambda: self.fill(env, full, ops),
+            finish=lambda: _check_left(env, full, ops),
+        )
+
+    def scenario_poll_10(self, env, ops):
+        queues = [self.queue(env, channel) for channel in EMPTY_CHANNELS]
+        for queue in queues:
+            env.admin.purge(queue)
+        return Trial(lambda _i: not self._poll(queues))
 
 
 @register_contestant

@@ -5,7 +5,7 @@ Everything the run creates on the broker lives under a unique prefix
 (``bench-<stamp>-<pid>``; on Redis under the same key prefix) and is deleted
 at the end, also after an error or Ctrl-C. The raw samples go to
 ``results/raw/`` (``report.write_raw``); ``report_spark.py`` aggregates them
-with PySpark into ``results/summary.md``, ``summary.json`` and PNG charts.
+with PySpark into ``results/summary.md`` and ``summary.json``.
 """
 
 import json

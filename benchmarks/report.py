@@ -1,7 +1,7 @@
 """Turning a run into numbers: machine facts, the raw files of a run in
 ``results/raw/`` (:func:`write_raw`), the aggregation (pure Python;
 ``report_spark.py`` does the same with PySpark), the targets, summary.md /
-summary.json, the PNG charts and the tables printed at the end.
+summary.json and the tables printed at the end.
 """
 
 import collections
@@ -523,30 +523,28 @@ def read_rows(run, which):
         return [json.loads(line) for line in handle if line.strip()]
 
 
-# -- summary.md / summary.json / charts --------------------------------------------------------
+# -- summary.md / summary.json --------------------------------------------------------
 
 
 def write_outputs(stats, run, results_dir, engine):
-    """summary.md, summary.json and the charts; returns (target rows, paths)."""
+    """summary.md and summary.json; returns (target rows, paths)."""
     os.makedirs(results_dir, exist_ok=True)
     targets = evaluate_targets(stats, run)
-    charts = write_charts(stats, run, results_dir)
     document = {k: v for k, v in run.items() if not k.startswith("_")}
     document["aggregated_by"] = engine
     document["stats"] = stats
     document["targets_evaluated"] = targets
-    document["charts"] = charts
     path_json = os.path.join(results_dir, "summary.json")
     with open(path_json, "w") as handle:
         json.dump(document, handle, indent=2)
         handle.write("\n")
     path_md = os.path.join(results_dir, "summary.md")
     with open(path_md, "w") as handle:
-        handle.write(render_summary_md(stats, run, targets, charts, engine))
-    return targets, [path_md, path_json] + [os.path.join(results_dir, c) for c in charts]
+        handle.write(render_summary_md(stats, run, targets, engine))
+    return targets, [path_md, path_json]
 
 
-def render_summary_md(stats, run, targets, charts, engine):
+def render_summary_md(stats, run, targets, engine):
     machine = run["machine"]
     passed = sum(1 for t in targets if t["status"] == "PASS")
     lines = [
@@ -604,8 +602,6 @@ def render_summary_md(stats, run, targets, charts, engine):
         run["method"],
         "",
     ]
-    for chart in charts:
-        lines += ["![%s](%s)" % (chart, chart), ""]
     for scenario in run["scenarios"]:
         per = stats.get(scenario["name"])
         if not per:
@@ -647,91 +643,6 @@ def render_summary_md(stats, run, targets, charts, engine):
         lines.append("- **%s**: not run: %s" % (name, reason))
     lines.append("")
     return "\n".join(lines)
-
-
-def write_charts(stats, run, results_dir):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    names = []
-    for scenario in run["scenarios"]:
-        for name in _order(run, stats.get(scenario["name"], {})):
-            if name not in names:
-                names.append(name)
-    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
-    written = []
-
-    # Rates, one group of bars per rate scenario, log scale, min-max whiskers.
-    groups = []
-    for scenario in run["scenarios"]:
-        per = stats.get(scenario["name"])
-        if per and scenario["kind"] == "rate":
-            groups.append(
-                (
-                    "(%s) %s" % (scenario["letter"], scenario["metric"]),
-                    per,
-                    "rate_median",
-                    "rate_min",
-                    "rate_max",
-                )
-            )
-            if scenario.get("fanout"):
-                groups.append(
-                    ("(%s) deliveries/s" % scenario["letter"], per, "deliveries_median", None, None)
-                )
-    if groups:
-        fig, ax = plt.subplots(figsize=(12, 5))
-        width = 0.8 / max(1, len(names))
-        for j, name in enumerate(names):
-            xs, ys, lo, hi = [], [], [], []
-            for i, (_label, per, key, kmin, kmax) in enumerate(groups):
-                value = per.get(name, {}).get(key)
-                if value:
-                    xs.append(i + (j - (len(names) - 1) / 2.0) * width)
-                    ys.append(value)
-                    lo.append(value - (per[name].get(kmin) or value) if kmin else 0)
-                    hi.append((per[name].get(kmax) or value) - value if kmax else 0)
-            if xs:
-                ax.bar(xs, ys, width, label=name, color=colors[name], yerr=[lo, hi], capsize=2)
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels([g[0] for g in groups], rotation=15)
-        ax.set_ylabel("per second (median round; whiskers: min-max)")
-        ax.set_title("Throughput (higher is better)")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        ax.grid(axis="y", which="both", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.path.join(results_dir, "rates.png"), dpi=100)
-        plt.close(fig)
-        written.append("rates.png")
-
-    # Latencies: p50/p95/p99 per contestant for each latency scenario.
-    lat = [s for s in run["scenarios"] if s["kind"] == "latency" and stats.get(s["name"])]
-    if lat:
-        fig, axes = plt.subplots(1, len(lat), figsize=(5.5 * len(lat), 4.5), squeeze=False)
-        for ax, scenario in zip(axes[0], lat):
-            per = stats[scenario["name"]]
-            order = _order(run, per)
-            width = 0.8 / 3
-            for k, stat in enumerate(("p50", "p95", "p99")):
-                ys = [per[n].get(stat + "_ms") or 0 for n in order]
-                ax.bar([i + (k - 1) * width for i in range(len(order))], ys, width, label=stat)
-            ax.set_xticks(range(len(order)))
-            ax.set_xticklabels(order, rotation=15, fontsize=8)
-            ax.set_yscale("log")
-            ax.set_ylabel("ms (lower is better)")
-            ax.set_title("(%s) %s" % (scenario["letter"], scenario["metric"]))
-            ax.grid(axis="y", which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(results_dir, "latency.png"), dpi=100)
-        plt.close(fig)
-        written.append("latency.png")
-    return written
 
 
 def print_report(stats, run, targets, out=print):

@@ -157,7 +157,7 @@ def main(argv=None):
     parser.add_argument(
         "--results",
         default=os.path.join(HERE, "results"),
-        help="where summary.md/json and the charts go (benchmarks/results)",
+        help="where summary.md/json go (benchmarks/results)",
     )
     parser.add_argument(
         "--master",

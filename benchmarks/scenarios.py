@@ -93,8 +93,8 @@ RECEIVE_MANY = register_scenario(
         runner=run_sequential,
         description=(
             "One of %d channels is filled with ops messages (untimed); one thread "
-            "calls a non-blocking receive naming all %d ops times. raw-pika: "
-            "basic_get on the queues in random order until one answers."
+            "calls a non-blocking receive naming all %d ops times. raw-pika-shape: "
+            "a basic_get on each queue at once, as the layer's getter asks them."
             % (RECEIVE_CHANNELS, RECEIVE_CHANNELS)
         ),
     )

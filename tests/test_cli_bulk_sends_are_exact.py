@@ -10,6 +10,7 @@ one; JSON nested 1,000 deep crashed the command with a RecursionError.
 
 import codecs
 import collections
+import gc
 import json
 import os
 import re
@@ -308,6 +309,31 @@ def test_a_byte_order_mark_is_not_part_of_line_one(cli_env, cli_layer, tmp_path)
     result = run_cli(["send", "--from", str(source)], env=cli_env)
     assert result.exit_code == 0, result.stderr
     assert drain(cli_layer, ["bom.a"]) == [("bom.a", {"n": 1}), ("bom.a", {"n": 2})]
+
+
+def test_a_bulk_send_gives_the_collector_its_thresholds_back(
+    cli_env, cli_layer, tmp_path, monkeypatch
+):
+    """``send --from`` collects young objects less often while it sends, then restores
+    the process's thresholds, also after a line that fails."""
+    from asgi_amqp.tools import bulk
+
+    during = []
+    submit = bulk.BulkSender.submit
+
+    def recording(self, *args, **kwargs):
+        during.append(gc.get_threshold())
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(bulk.BulkSender, "submit", recording)
+    source = tmp_path / "gc.jsonl"
+    source.write_text(json.dumps({"channel": "gc.a", "message": {"n": 1}}) + "\n{bad\n")
+    before = gc.get_threshold()
+    result = run_cli(["send", "--from", str(source)], env=cli_env)
+    assert result.exit_code == 1, result.stderr
+    assert during and during[0][0] > before[0]
+    assert gc.get_threshold() == before
+    assert drain(cli_layer, ["gc.a"]) == [("gc.a", {"n": 1})]
 
 
 def test_json_summary_when_the_broker_cannot_be_reached(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ def _decode_special(obj: Dict[str, Any]) -> Any:
 
 
 # One decoder for every call: ``json.loads`` with an ``object_hook`` builds a new one
-# each time, which was a tenth of a bulk send's reading thread.
+# each time, for every line of a bulk send.
 _DECODER = json.JSONDecoder(object_hook=_decode_special)
 
 

@@ -54,14 +54,11 @@ def loads(text: Union[str, bytes]) -> Any:
     Nesting deeper than Python's parser can follow (about 1,000 levels, over 5,000 on 3.13) is a
     ValueError like any other bad JSON, not a RecursionError.
     """
-    if isinstance(text, (bytes, bytearray)):  # as json.loads reads them
-        text = text.decode(json.detect_encoding(text), "surrogatepass")
-    elif not isinstance(text, str):
-        raise TypeError("JSON text must be str or bytes, not %s" % type(text).__name__)
-    elif text.startswith("\ufeff"):  # json.loads refuses a BOM in text
-        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     try:
-        return _DECODER.decode(text)
+        if isinstance(text, str) and not text.startswith("\ufeff"):
+            return _DECODER.decode(text)
+        # bytes, a BOM or another type: json.loads reads or refuses them
+        return json.loads(text, object_hook=_decode_special)
     except RecursionError:
         raise ValueError("nested too deeply to read") from None
 

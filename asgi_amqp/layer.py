@@ -421,7 +421,8 @@ class AMQPChannelLayer(BaseChannelLayer):
             daphne's reactor thread at once; see the docs' "Broker alarms");
         ``group_sends_dropped``
             ``send_group`` messages dropped, each logged at WARNING, because an
-            alarm outlasted ``operation_timeout`` or a member stayed full for 2 s.
+            alarm outlasted ``operation_timeout``, a member stayed full for 2 s,
+            or a process-local member held ``capacity`` copies already.
         """
         figures = self._engine.connection_statistics()
         figures["undecodable_messages"] = self._stats.undecodable

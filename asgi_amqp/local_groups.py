@@ -62,10 +62,12 @@ class LocalGroups(object):
         self,
         topology: naming.Topology,
         capacity_for: Callable[[str], int],
+        on_full: Callable[[], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._topology = topology
         self._capacity_for = capacity_for
+        self._on_full = on_full  # counts a copy a full member missed (thread-safe)
         self._clock = clock
         self._lock = threading.Lock()
         # (queue, group) -> {member channel: its lease's end (s since the epoch)}
@@ -73,7 +75,6 @@ class LocalGroups(object):
         # queue -> copies of group messages waiting for a receive, oldest first
         self._waiting: Dict[str, Deque[_Copy]] = {}
         self._waiting_for: "collections.Counter[str]" = collections.Counter()  # by channel
-        self.dropped = 0  # copies a full member missed, or that waited past expiry
 
     # -- what arrives through a process-local queue ---------------------------
 
@@ -138,15 +139,18 @@ class LocalGroups(object):
         if not channels:
             return
         until = self._clock() + self._topology.expiry
+        full = []
         with self._lock:
             waiting = self._waiting.setdefault(queue, collections.deque())
             for channel in channels:
                 if self._waiting_for[channel] >= self._capacity_for(channel):
-                    self.dropped += 1
-                    logger.debug("group message copy for %s dropped: it is full", channel)
+                    full.append(channel)
                     continue
                 waiting.append((channel, body, until))
                 self._waiting_for[channel] += 1
+        for channel in full:  # as for a member's full queue (groups.py)
+            self._on_full()
+            logger.warning("send_group: %s is full: the group message is dropped for it", channel)
 
     def take(self, queues: Tuple[str, ...]) -> Optional[Tuple[str, str, bytes]]:
         """``(queue, channel, body)`` of the oldest copy waiting for one of ``queues``,
@@ -166,7 +170,6 @@ class LocalGroups(object):
                         if not waiting:
                             del self._waiting[queue]
                         return queue, channel, body
-                    self.dropped += 1
                     logger.debug("group message copy for %s expired unread", channel)
                 if waiting is not None:
                     self._waiting.pop(queue, None)

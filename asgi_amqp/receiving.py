@@ -57,7 +57,7 @@ class Receiver(object):
         self.queues = ReceiveTargets(topology)
         # Process-local members and the copies waiting for them (callers' threads, under
         # its lock): this receiver fills and reads it, ``Groups.flush`` empties it.
-        self.local_groups = LocalGroups(topology, get_capacity)
+        self.local_groups = LocalGroups(topology, get_capacity, stats.count_group_send_dropped)
 
     @property
     def timeout(self) -> float:

@@ -20,9 +20,21 @@ class Clock(object):
         return self.now
 
 
-def _groups(capacity=5, expiry=60.0, clock=None):
+class Missed(object):
+    """Counts the copies a full member missed (the layer's ``group_sends_dropped``)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self):
+        self.count += 1
+
+
+def _groups(capacity=5, expiry=60.0, clock=None, missed=None):
     topology = naming.Topology("p", expiry, 86400, lambda channel: capacity)
-    return LocalGroups(topology, lambda channel: capacity, clock=clock or Clock())
+    return LocalGroups(
+        topology, lambda channel: capacity, missed or Missed(), clock=clock or Clock()
+    )
 
 
 def _join(group, member, ends):
@@ -127,22 +139,26 @@ def test_copies_come_back_oldest_first_for_their_queue_only():
     assert local.take([QUEUE]) is None
 
 
-def test_a_full_member_misses_the_copy():
-    local = _groups(capacity=2)
+def test_a_full_member_misses_the_copy_counted_and_logged(caplog):
+    missed = Missed()
+    local = _groups(capacity=2, missed=missed)
     for body in (b"1", b"2", b"3"):
         local.keep(QUEUE, ["daphne!a", "daphne!b"], body)
     taken = [local.take([QUEUE]) for _ in range(5)]
     assert [copy[2] for copy in taken if copy] == [b"1", b"1", b"2", b"2"]
-    assert local.dropped == 2
+    assert missed.count == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all("is full" in text for text in warnings)
 
 
-def test_a_copy_waits_at_most_expiry():
+def test_a_copy_waits_at_most_expiry_and_expires_uncounted():
     clock = Clock(1000.0)
-    local = _groups(expiry=60.0, clock=clock)
+    missed = Missed()
+    local = _groups(expiry=60.0, clock=clock, missed=missed)
     local.keep(QUEUE, ["daphne!a"], b"old")
     clock.now = 1060.0
     assert local.take([QUEUE]) is None
-    assert local.dropped == 1
+    assert missed.count == 0  # it expired, as a message in a queue would
 
 
 def test_forget_clears_members_and_copies():

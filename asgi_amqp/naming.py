@@ -1,45 +1,39 @@
 """Every name and argument the layer gives to broker objects, in one place.
 
-The topology (all objects durable; docs/topology.rst tells it for users):
+All objects are durable; docs/topology.rst explains them for users.
 
 ``{prefix}:q:{channel}``
-    a channel's queue; a process-local ``foo!bar`` lives in ``foo!``'s, its messages
-    naming it in the ``asgi-channel`` header. ``x-max-length`` = capacity with
-    ``reject-publish``: a full queue nacks the publish, and the sender raises ChannelFull
+    a channel's queue (``foo!bar`` lives in ``foo!``'s, named in ``asgi-channel``).
+    ``x-max-length`` = capacity, ``reject-publish``: ChannelFull from the nack
     (test_a_full_channel_is_channel_full_for_its_items_only). ``x-message-ttl`` = expiry,
-    dead-lettered so that an expired message drops its channel from every group
-    (test_message_expiry_drops_normal_member_from_all_groups). ``x-expires`` = twice the
-    expiry (test_queues_and_exchanges_go_away_after_their_ttls); RabbitMQ does not
-    dead-letter what an expiring queue holds.
+    dead-lettered to drop the channel from its groups
+    (test_message_expiry_drops_normal_member_from_all_groups). ``x-expires`` = 2 x expiry
+    (test_queues_and_exchanges_go_away_after_their_ttls); an expiring queue's messages
+    are not dead-lettered.
 ``{prefix}:q:{channel}#{shard}``
-    the ``ORDERED_SHARDS`` shards of an ordered channel: a message with a ``reply_channel``
-    and an integer ``order`` goes to the shard its reply channel hashes to. With
-    ``x-single-active-consumer`` one process at a time takes a socket's frames, in order
+    ``ORDERED_SHARDS`` shards: a message with ``reply_channel`` and an integer ``order``
+    goes to its reply channel's; ``x-single-active-consumer`` gives a socket's frames to
+    one process at a time, in order
     (test_each_socket_reaches_one_worker_at_a_time_and_the_workers_share_them).
 ``{prefix}:groups``
-    the router: a direct exchange that always exists, to which ``send_group`` publishes
-    with the group as routing key. A group nobody joined is then unroutable
-    (test_discard_of_unknown_member_and_group_is_harmless), where a publish to a group
-    exchange that does not exist would be a 404 that closes the AMQP channel.
+    the router, a direct exchange keyed by group: a group nobody joined is unroutable,
+    not a 404 that closes the channel (test_discard_of_unknown_member_and_group_is_harmless).
 ``{prefix}:g:{group}``
-    a group's fanout exchange, bound from the router. An exchange has no ``x-expires``:
-    this one is auto-delete, and goes with the router's binding when its last membership
-    does (test_a_group_deleted_when_it_emptied_can_be_joined_again).
+    a group's fanout exchange, bound from the router; auto-delete, it goes with its last
+    membership (test_a_group_deleted_when_it_emptied_can_be_joined_again).
 ``{prefix}:m:{channel}``
-    a *member exchange* (fanout, auto-delete, bound to the channel's queue, so it goes
-    with it). A *membership* is a binding to it from a group exchange naming its lease's
-    stamp (``asgi-lease``); deleting a normal channel's own drops it from all its groups. The
-    channels ``foo!...`` share ``m:foo!``, each binding naming its member (``asgi-member``):
-    a group message reaches ``foo!`` once, and the process copies it to its members
-    (``local_groups``). An exchange, since ``exchange.unbind`` can be sent ``nowait`` and
-    ``queue.unbind`` cannot (AMQP 0-9-1): ``group_discard`` takes one round trip.
+    a *member exchange* (fanout, auto-delete, bound to the channel's queue). A *membership*
+    is a binding to it from a group exchange naming its lease's stamp (``asgi-lease``).
+    ``foo!...`` share ``m:foo!``, each binding naming its member (``asgi-member``), and the
+    process copies a group message to its members (``local_groups``). An exchange, since
+    ``exchange.unbind`` can be ``nowait`` and ``queue.unbind`` cannot (AMQP 0-9-1):
+    ``group_discard`` takes one round trip.
 ``{prefix}:e:{milliseconds}``
-    the lease queue of one ``group_expiry``: each ``group_add`` puts a lease message in
-    it, which expires (in the order they came) and is dead-lettered when the lease ends;
-    the dead-letter worker then removes that lease's binding. A repeated ``group_add``
-    binds a later stamp, so it renews the membership without a broker-side lookup.
+    the lease queue of one ``group_expiry``: each ``group_add`` puts a lease message in it,
+    dead-lettered when the lease ends, and the dead-letter worker removes that binding; a
+    repeated ``group_add`` binds a later stamp, renewing without a lookup.
 ``{prefix}:dlx`` and ``{prefix}:dead-letters``
-    the dead-letter exchange, and the queue every process's dead-letter worker consumes
+    the dead-letter exchange and the queue every process's dead-letter worker consumes
     from, competing, so each event is handled once.
 
 ASGI names never hold ``:`` (``channel_names``), so the names above parse back.

@@ -46,6 +46,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "heavy: loads the machine for long (a whole stack, a cluster, a storm): make test "
+        "never runs two at once (devtools/test_brokers.py)",
+    )
+    config.addinivalue_line(
+        "markers",
         "extras: needs the spark or channels extra, which make check neither installs nor runs",
     )
     # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture

@@ -123,6 +123,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -229,6 +230,10 @@ _RESERVED_PORTS = frozenset([4369, 5671, 5672, 15672, 25672, *range(35672, 35683
 
 # Ports are picked from here up to the start of the kernel's ephemeral range.
 _LOWEST_PORT = 10000
+#: ``LOW-HIGH``: the share of that range this process picks from. Test runs
+#: side by side get shares that do not meet (devtools.test_brokers), so that
+#: one never takes the port of the other's stopped node.
+PORTS_VARIABLE = "ASGI_AMQP_PORTS"
 
 
 def _ephemeral_start() -> int:
@@ -238,6 +243,19 @@ def _ephemeral_start() -> int:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
+
+
+def port_range() -> Tuple[int, int]:
+    """The ports to pick from, [low, high): ``PORTS_VARIABLE``'s share if set."""
+    low, high = _LOWEST_PORT, _ephemeral_start()
+    share = os.environ.get(PORTS_VARIABLE)
+    if share:
+        try:
+            share_low, share_high = (int(part) for part in share.split("-"))
+        except ValueError:
+            raise RabbitNodeError("%s must be LOW-HIGH, not %r" % (PORTS_VARIABLE, share))
+        low, high = max(low, share_low), min(high, share_high)
+    return low, high
 
 
 def _free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
@@ -252,8 +270,8 @@ def _free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
     node then failed to restart with ``eaddrinuse`` on its AMQP port 53079.
     Outside the ephemeral range no client's own port can take the node's.
     """
-    high = _ephemeral_start()
-    if high - _LOWEST_PORT < 1000:  # an unusual range: let the kernel pick
+    low, high = port_range()
+    if high - low < 1000:  # an unusual range: let the kernel pick
         return _kernel_picked_ports(count, host)
     pick = random.Random()
     socks = []
@@ -262,7 +280,7 @@ def _free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
         for _ in range(20 * count + 200):
             if len(ports) == count:
                 return ports
-            port = pick.randrange(_LOWEST_PORT, high)
+            port = pick.randrange(low, high)
             if port in _RESERVED_PORTS or port in ports:
                 continue
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -277,7 +295,7 @@ def _free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
             return ports
         raise RabbitNodeError(
             "found only %d of %d free ports in %d-%d on %s"
-            % (len(ports), count, _LOWEST_PORT, high - 1, host)
+            % (len(ports), count, low, high - 1, host)
         )
     finally:
         for sock in socks:

@@ -14,6 +14,12 @@ kind:
     (RabbitMQ's generic-unix tarball, or a distribution's package unpacked;
     ``python -m devtools.rabbitmq unpack`` prepares one).
 
+With both kinds, the two runs share the machine in two halves: first the
+tests marked ``heavy`` on the first kind beside the others on the second,
+then the other way round (``run_side_by_side``), so that no two heavy tests
+ever run at once. ``PYTEST_ARGS`` with ``-m`` runs the kinds one after the
+other, as with one kind.
+
 With ``AMQP_URL`` set the suite runs once, on that broker only. Before each
 run the kind's node is started once to read its version; a kind that
 cannot start is named with the reason and skipped, unless
@@ -47,10 +53,11 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from devtools import pythons
+from devtools import pythons, rabbitmq
 
 SERVER_DIR_VARIABLE = "ASGI_AMQP_RABBITMQ_SERVER_DIR"
 ERLANG_VARIABLE = "ASGI_AMQP_ERLANG_ROOT"
@@ -68,6 +75,11 @@ OTHER_PYTHONS_IGNORE = [
     "tests/test_devtools_rabbitmq.py",
     "tests/test_imports_form_no_cycle.py",
 ]
+#: The marker of the tests that load the machine for long (conftest.py).
+HEAVY = "heavy"
+NO_TESTS = 5  # pytest's exit status when the selection is empty
+#: One run of a half of the suite: (kind's index, -m, exit status, counts, seconds).
+Part = Tuple[int, str, int, Dict[str, int], float]
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 
 
@@ -126,10 +138,17 @@ def probe(kind: Kind) -> Tuple[Optional[str], Optional[str]]:
     return None, (lines[-1] if lines else "exit status %d" % done.returncode)
 
 
+_echo_lock = threading.Lock()  # two runs side by side echo whole lines
+
+
 def run_pytest(
-    env: Mapping[str, str], args: Sequence[str], command: Optional[Sequence[str]] = None
+    env: Mapping[str, str],
+    args: Sequence[str],
+    command: Optional[Sequence[str]] = None,
+    prefix: str = "",
 ) -> Tuple[int, Dict[str, int], float]:
-    """Run the suite (or ``command``, a pytest); echo its output; (exit status, counts, seconds)."""
+    """Run the suite (or ``command``, a pytest); echo its output, each line after
+    ``prefix``; (exit status, counts, seconds)."""
     started = time.monotonic()
     process = subprocess.Popen(
         list(command) if command is not None else [sys.executable, "-m", "pytest", *args],
@@ -142,8 +161,9 @@ def run_pytest(
     summary = ""
     assert process.stdout is not None
     for line in process.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        with _echo_lock:
+            sys.stdout.write(prefix + line)
+            sys.stdout.flush()
         if " in " in line and _COUNT.search(line):
             summary = line
     status = process.wait()
@@ -152,6 +172,40 @@ def run_pytest(
         word = "errors" if word.startswith("error") else word
         counts[word] = counts.get(word, 0) + int(number)
     return status, counts, time.monotonic() - started
+
+
+def run_side_by_side(ready: Sequence[Tuple[Kind, str]], args: Sequence[str]) -> List[Part]:
+    """The suite on two broker kinds at once, in two halves, each run's result.
+
+    First the first kind's heavy tests beside the second kind's others, then the
+    other way round: two heavy tests (a whole stack through a restart, a cluster,
+    a storm) never share the machine, and each kind still runs every test. Each
+    run picks its ports from its own share (``devtools.rabbitmq.PORTS_VARIABLE``),
+    so neither takes the port of the other's stopped node."""
+    low, high = rabbitmq.port_range()
+    middle = (low + high) // 2
+    shares = ["%d-%d" % (low, middle), "%d-%d" % (middle, high)]
+    parts: List[Part] = []
+
+    def run(index: int, marker: str) -> None:
+        kind, name = ready[index]
+        env = kind.environ()
+        env[rabbitmq.PORTS_VARIABLE] = shares[index]
+        prefix = "[%s, %s] " % (name.split(" (")[0], marker)
+        try:
+            result = run_pytest(env, ["-p", "no:cacheprovider", "-m", marker, *args], prefix=prefix)
+        except Exception as exc:  # counted as a failed run, with its reason
+            print("%scould not run: %r" % (prefix, exc), flush=True)
+            result = (1, {}, 0.0)
+        parts.append((index, marker, *result))  # list.append is atomic
+
+    for markers in ((HEAVY, "not " + HEAVY), ("not " + HEAVY, HEAVY)):
+        threads = [threading.Thread(target=run, args=(i, markers[i])) for i in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return parts
 
 
 def _describe(counts: Mapping[str, int]) -> str:
@@ -248,8 +302,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         version = name.split()[1] if name.startswith("RabbitMQ ") else ""
         majors.add(version.split(".")[0])
-        print("\n=== the test suite on %s\n" % name, flush=True)
-        status, counts, seconds = run_pytest(kind.environ(), args)
+    ready = [(kind, name) for kind, name, why in runs if why is None]
+    results: List[Tuple[str, int, Dict[str, int], float]] = []
+    if len(ready) == 2 and not any(arg.startswith("-m") for arg in args):
+        both = (ready[0][1], ready[1][1])
+        print("\n=== the test suite on %s and %s, side by side\n" % both, flush=True)
+        started = time.monotonic()
+        parts = run_side_by_side(ready, args)
+        lines.append("both brokers, side by side: %s" % _minutes(time.monotonic() - started))
+        for index, (_, name) in enumerate(ready):
+            mine = [part for part in parts if part[0] == index]
+            counts: Dict[str, int] = {}
+            for part in mine:
+                for word, number in part[3].items():
+                    counts[word] = counts.get(word, 0) + number
+            # Failed if either half failed; "no tests" only if both selected none.
+            statuses = [part[2] for part in mine if part[2] != NO_TESTS] or [NO_TESTS]
+            status = next((status for status in statuses if status != 0), 0)
+            half = "; heavy tests and the rest each beside the other broker's"
+            results.append((name + half, status, counts, sum(part[4] for part in mine)))
+    else:
+        for kind, name in ready:
+            print("\n=== the test suite on %s\n" % name, flush=True)
+            status, counts, seconds = run_pytest(kind.environ(), args)
+            results.append((name, status, counts, seconds))
+    for name, status, counts, seconds in results:
         failed |= status != 0
         for word in totals:
             totals[word] += counts.get(word, 0)
@@ -270,7 +347,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         failed = True
     brokers = dict(totals)
     # The other Pythons, each on one broker kind: the oldest on the first, the newest on the last.
-    ran = [(kind, name) for kind, name, why in runs if why is None]
     wanted = os.environ.get(PYTHONS_VARIABLE, " ".join(pythons.SUITES)).replace(",", " ").split()
     wanted = [] if wanted == ["none"] else wanted
     required_pythons = set(
@@ -280,11 +356,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lines.append("required but not run: Python %s (%s)" % (version, PYTHONS_VARIABLE))
         failed = True
     for index, version in enumerate(wanted):
-        if not ran:
+        if not ready:
             lines.append("not run: Python %s: no broker ran" % version)
             failed |= version in required_pythons
             continue
-        kind, name = ran[0] if index < len(wanted) - 1 or len(wanted) == 1 else ran[-1]
+        kind, name = ready[0] if index < len(wanted) - 1 or len(wanted) == 1 else ready[-1]
         python_failed, counts, python_lines = run_other_python(
             version, kind, name, version in required_pythons
         )

@@ -47,7 +47,7 @@ from helpers import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.heavy]
 
 OPERATION_TIMEOUT = 3.0
 RECEIVE_TIMEOUT = 1.0

@@ -28,7 +28,7 @@ import pytest
 
 from helpers import Traffic, at_moment, drain, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.heavy]
 
 OPERATION_TIMEOUT = 3.0
 RECEIVE_TIMEOUT = 1.0

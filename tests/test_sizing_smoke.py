@@ -12,7 +12,7 @@ import pytest
 
 from devtools.sizing import Sizing, markdown, parse_args, slope
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def test_slope_is_the_least_squares_fit():

@@ -18,7 +18,7 @@ import pytest
 from devtools.rabbitmq import Broker
 from devtools.soak import Soak, SoakConfig
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.heavy]
 
 
 def test_a_one_minute_soak_holds_every_bound(node, tmp_path):

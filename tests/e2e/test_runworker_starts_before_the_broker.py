@@ -14,7 +14,7 @@ from e2e_support import chatstack
 
 from helpers import at_moment
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.heavy]
 
 BROKER_LATE = 20.0  # seconds between the processes' start and the broker's
 WAITING_LINE = "no connection to the broker yet"

@@ -19,7 +19,7 @@ import pytest
 import stackfaults
 from e2e_support import chatstack  # noqa: F401  (puts tests/project on sys.path)
 
-pytestmark = [pytest.mark.slow, pytest.mark.faults]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.heavy]
 
 
 # The alarm run's clients send 5 messages/s each, as the quorum runs do, for

@@ -31,6 +31,7 @@ class Recorder(object):
 @pytest.fixture
 def two_kinds(monkeypatch):
     monkeypatch.delenv("AMQP_URL", raising=False)
+    monkeypatch.delenv(rabbitmq.PORTS_VARIABLE, raising=False)  # set in make test's own halves
     monkeypatch.delenv(test_brokers.REQUIRE_VARIABLE, raising=False)
     monkeypatch.delenv(test_brokers.REQUIRE_PYTHONS_VARIABLE, raising=False)
     monkeypatch.setenv(test_brokers.PYTHONS_VARIABLE, "none")

@@ -208,6 +208,11 @@ def run_side_by_side(ready: Sequence[Tuple[Kind, str]], args: Sequence[str]) -> 
     return parts
 
 
+def _add(counts: Dict[str, int], more: Mapping[str, int]) -> None:
+    for word, number in more.items():
+        counts[word] = counts.get(word, 0) + number
+
+
 def _describe(counts: Mapping[str, int]) -> str:
     return ", ".join("%d %s" % (n, word) for word, n in counts.items()) or "no test ran"
 
@@ -265,8 +270,7 @@ def run_other_python(
         print("\n=== %s: %s\n" % (name, what), flush=True)
         status, tier_counts, seconds = run_pytest(env, [], command)
         failed |= status != 0
-        for word, number in tier_counts.items():
-            counts[word] = counts.get(word, 0) + number
+        _add(counts, tier_counts)
         lines.append(
             "ran on %s, %s: %s in %s (exit status %d)"
             % (name, what, _describe(tier_counts), _minutes(seconds), status)
@@ -314,8 +318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             mine = [part for part in parts if part[0] == index]
             counts: Dict[str, int] = {}
             for part in mine:
-                for word, number in part[3].items():
-                    counts[word] = counts.get(word, 0) + number
+                _add(counts, part[3])
             # Failed if either half failed; "no tests" only if both selected none.
             statuses = [part[2] for part in mine if part[2] != NO_TESTS] or [NO_TESTS]
             status = next((status for status in statuses if status != 0), 0)

@@ -73,9 +73,10 @@ redis-deps: venv ## a Redis for the benchmarks' asgi_redis (optional)
 # The suite runs once per RabbitMQ version it can start (devtools/test_brokers.py):
 # Debian's rabbitmq-server, and a server directory plus an Erlang given by
 # ASGI_AMQP_RABBITMQ_SERVER_DIR and ASGI_AMQP_ERLANG_ROOT (see devtools/rabbitmq.py),
-# the two side by side, never two tests marked heavy at once. Then Python 3.9
-# and 3.13 (Debian's, built as root by devtools/pythons.py) run the
-# broker-free tier, the conformance, CLI and chat end-to-end tests.
+# the two side by side, never two tests marked heavy at once, and those marked
+# alone with nothing beside them. Then Python 3.9 and 3.13 (Debian's, built as
+# root by devtools/pythons.py) run the broker-free tier, the conformance, CLI
+# and chat end-to-end tests.
 test: venv broker-deps e2e-deps lint docs ## lint, docs and every test on every broker version (PYTEST_ARGS='-k foo')
 	$(VPY) -m devtools.test_brokers $(PYTEST_ARGS)
 

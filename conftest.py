@@ -51,6 +51,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "alone: timing targets set on a quiet machine (a chat at 10 messages/s per client, a "
+        "connect storm): make test runs these with no other test beside them",
+    )
+    config.addinivalue_line(
+        "markers",
         "extras: needs the spark or channels extra, which make check neither installs nor runs",
     )
     # A SIGTERM (CI timeout, `kill`) would end pytest without running fixture

@@ -17,8 +17,9 @@ kind:
 With both kinds, the two runs share the machine in two halves: first the
 tests marked ``heavy`` on the first kind beside the others on the second,
 then the other way round (``run_side_by_side``), so that no two heavy tests
-ever run at once. ``PYTEST_ARGS`` with ``-m`` runs the kinds one after the
-other, as with one kind.
+ever run at once. Then the tests marked ``alone`` run on each kind in turn,
+with nothing beside them. ``PYTEST_ARGS`` with ``-m`` runs the kinds one
+after the other, as with one kind.
 
 With ``AMQP_URL`` set the suite runs once, on that broker only. Before each
 run the kind's node is started once to read its version; a kind that
@@ -77,6 +78,14 @@ OTHER_PYTHONS_IGNORE = [
 ]
 #: The marker of the tests that load the machine for long (conftest.py).
 HEAVY = "heavy"
+#: The marker of the tests whose timing targets need the machine to themselves.
+ALONE = "alone"
+#: What each run of ``run_side_by_side`` selects, by its name in the output.
+SELECTIONS = {
+    HEAVY: "%s and not %s" % (HEAVY, ALONE),
+    "rest": "not %s and not %s" % (HEAVY, ALONE),
+    ALONE: ALONE,
+}
 NO_TESTS = 5  # pytest's exit status when the selection is empty
 #: One run of a half of the suite: (kind's index, -m, exit status, counts, seconds).
 Part = Tuple[int, str, int, Dict[str, int], float]
@@ -175,36 +184,42 @@ def run_pytest(
 
 
 def run_side_by_side(ready: Sequence[Tuple[Kind, str]], args: Sequence[str]) -> List[Part]:
-    """The suite on two broker kinds at once, in two halves, each run's result.
+    """The suite on two broker kinds at once, in two halves and a last part, each run's result.
 
     First the first kind's heavy tests beside the second kind's others, then the
     other way round: two heavy tests (a whole stack through a restart, a cluster,
-    a storm) never share the machine, and each kind still runs every test. Each
-    run picks its ports from its own share (``devtools.rabbitmq.PORTS_VARIABLE``),
-    so neither takes the port of the other's stopped node."""
+    a storm) never share the machine, and each kind still runs every test. Last,
+    each kind's ``alone`` tests, one kind after the other: their timing targets
+    were set on a quiet machine (a chat at 10 messages/s per client beside the
+    other broker's suite once fell 7 s behind). Each run picks its ports from its
+    own share (``devtools.rabbitmq.PORTS_VARIABLE``), so neither takes the port of
+    the other's stopped node."""
     low, high = rabbitmq.port_range()
     middle = (low + high) // 2
     shares = ["%d-%d" % (low, middle), "%d-%d" % (middle, high)]
     parts: List[Part] = []
 
-    def run(index: int, marker: str) -> None:
+    def run(index: int, selection: str) -> None:
         kind, name = ready[index]
         env = kind.environ()
         env[rabbitmq.PORTS_VARIABLE] = shares[index]
-        prefix = "[%s, %s] " % (name.split(" (")[0], marker)
+        prefix = "[%s, %s] " % (name.split(" (")[0], selection)
+        marker = SELECTIONS[selection]
         try:
             result = run_pytest(env, ["-p", "no:cacheprovider", "-m", marker, *args], prefix=prefix)
         except Exception as exc:  # counted as a failed run, with its reason
             print("%scould not run: %r" % (prefix, exc), flush=True)
             result = (1, {}, 0.0)
-        parts.append((index, marker, *result))  # list.append is atomic
+        parts.append((index, selection, *result))  # list.append is atomic
 
-    for markers in ((HEAVY, "not " + HEAVY), ("not " + HEAVY, HEAVY)):
-        threads = [threading.Thread(target=run, args=(i, markers[i])) for i in (0, 1)]
+    for selections in ((HEAVY, "rest"), ("rest", HEAVY)):
+        threads = [threading.Thread(target=run, args=(i, selections[i])) for i in (0, 1)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+    for index in (0, 1):
+        run(index, ALONE)
     return parts
 
 
@@ -319,10 +334,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             counts: Dict[str, int] = {}
             for part in mine:
                 _add(counts, part[3])
-            # Failed if either half failed; "no tests" only if both selected none.
+            # Failed if any part failed; "no tests" only if every part selected none.
             statuses = [part[2] for part in mine if part[2] != NO_TESTS] or [NO_TESTS]
             status = next((status for status in statuses if status != 0), 0)
-            half = "; heavy tests and the rest each beside the other broker's"
+            half = "; heavy tests and the rest each beside the other broker's, then alone"
             results.append((name + half, status, counts, sum(part[4] for part in mine)))
     else:
         for kind, name in ready:

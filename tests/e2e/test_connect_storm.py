@@ -32,7 +32,7 @@ import pytest
 import websocket
 from e2e_support import Client, diagnostics, new_stack, run_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.alone]
 
 STORM_SOCKETS = int(os.environ.get("ASGI_AMQP_STORM_SOCKETS", "400"))
 ROOMS = 10

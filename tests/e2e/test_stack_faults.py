@@ -63,6 +63,7 @@ def test_the_stack_rides_through_broker_faults(scenario, workers, queue_type):
         assert report["kills"] >= 3 and report["restart_seconds"] is None
 
 
+@pytest.mark.alone  # at 10 messages/s per client: the stack's pace on 2 cores
 def test_enforce_ordering_parks_at_most_a_sockets_first_frame():
     """Two runworkers on every channel, no fault, 10 messages/s per client:
     each socket's frames reach one worker at a time (``test_ordered_channels``),

@@ -87,7 +87,7 @@ SELECTIONS = {
     ALONE: ALONE,
 }
 NO_TESTS = 5  # pytest's exit status when the selection is empty
-#: One run of a half of the suite: (kind's index, -m, exit status, counts, seconds).
+#: One run of a part of the suite: (kind's index, its selection, exit status, counts, seconds).
 Part = Tuple[int, str, int, Dict[str, int], float]
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 

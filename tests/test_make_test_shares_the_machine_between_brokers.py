@@ -21,7 +21,7 @@ class Recorder(object):
         self.lock = threading.Lock()
         self.running = 0  # runs under way now
         self.beside = []  # (kind, marker) of each run that began while another was under way
-        self.overlap = threading.Barrier(2, timeout=2)  # holds a run until its partner starts
+        self.overlap = threading.Barrier(2, timeout=10)  # holds a run until its partner starts
 
     def __call__(self, env, args, command=None, prefix=""):
         args = list(args)

@@ -136,7 +136,7 @@ class PipelinedSide(object):
 
     One I/O thread owns two SelectConnections on one loop, as the layer does (an
     alarm blocks only the one that publishes): a consumer with the layer's window
-    (the thread count, 16 at most) puts deliveries in a local queue; the other
+    (2T - 1 for T threads, 16 at most) puts deliveries in a local queue; the other
     publishes with confirms, with the layer's properties. A worker thread takes
     its next delivery from that queue, hands its ack over at once (settled when
     taken: at most once), then its reply's publish, and waits on a lock for that
@@ -156,7 +156,7 @@ class PipelinedSide(object):
         self.pika = pika
         self.is_ack = pika.spec.Basic.Ack
         self.queues = _raw_queues(prefix)
-        self.prefetch = min(16, threads)
+        self.prefetch = min(16, 2 * threads - 1)  # the layer's window
         self.ids = itertools.count()
         self.deliveries = queue.SimpleQueue()
         self.work_lock = threading.Lock()

@@ -237,8 +237,8 @@ def test_only_a_process_local_channel_is_pushed_a_whole_window(broker, new_layer
     receives' consumer gets the whole ``consumer_prefetch`` window, so daphne,
     which reads its replies from one thread, finds the next ones already
     pushed instead of waiting a broker round trip for each. A normal
-    channel's window stays at one per receiving thread (other processes may
-    take the rest). The broker's count of ready messages shows what it
+    channel's window stays at one for one receiving thread (other processes
+    may take the rest). The broker's count of ready messages shows what it
     pushed; ``linger`` is long, so nothing goes back meanwhile."""
     layer = new_layer(broker, flush=True, linger=10.0, consumer_prefetch=8)
     channel, readable = ("replies!abc", "replies!") if local else ("jobs", "jobs")
@@ -250,4 +250,26 @@ def test_only_a_process_local_channel_is_pushed_a_whole_window(broker, new_layer
     # The window's pushes follow the first one.
     wait_until(lambda: _ready_in(broker, queue) == 11 - pushed, 5, message="ready count")
     taken = [layer.receive([readable], block=True)[1]["n"] for _ in range(11)]
+    assert taken == list(range(1, 12))  # in order, nothing lost or repeated
+
+
+def test_a_normal_channels_window_is_two_per_receiving_thread_less_one(broker, new_layer):
+    """Three threads made blocking receives: the consumer is pushed 2 x 3 - 1 = 5
+    messages beyond the one handed over, so that each thread's next message is
+    on its way while the others take theirs. ``linger`` is long, so nothing goes
+    back meanwhile; the broker's count of ready messages shows the window."""
+    layer = new_layer(broker, flush=True, linger=10.0, consumer_prefetch=16, receive_timeout=0.2)
+    channel = "jobs-%s" % uuid.uuid4().hex[:8]
+    idle = "idle-%s" % uuid.uuid4().hex[:8]
+    waits = [threading.Thread(target=layer.receive, args=([idle], True)) for _ in range(2)]
+    for thread in waits:  # two more threads that received in the last THREADS_WINDOW s
+        thread.start()
+    for thread in waits:
+        thread.join(10)
+    for n in range(12):
+        layer.send(channel, {"n": n})
+    assert layer.receive([channel], block=True) == (channel, {"n": 0})
+    queue = layer.topology.channel_queue(channel)
+    wait_until(lambda: _ready_in(broker, queue) == 11 - 5, 5, message="ready count")
+    taken = [layer.receive([channel], block=True)[1]["n"] for _ in range(11)]
     assert taken == list(range(1, 12))  # in order, nothing lost or repeated

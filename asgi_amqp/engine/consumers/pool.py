@@ -3,11 +3,11 @@
 A worker receives over the same channels in a loop; a consume and a cancel
 per call would cost two round trips per channel, so consumers stay:
 
-* a consumer's prefetch window is the number of this process's threads that
-  made a blocking receive in the last ``THREADS_WINDOW`` seconds, at most
-  ``consumer_prefetch``, so each thread finds its next message here; a
-  consumer started narrower is started again. A process-local queue gets the
-  whole window (``_window_for``);
+* a consumer's prefetch window is 2T - 1 for the T threads of this process
+  that made a blocking receive in the last ``THREADS_WINDOW`` seconds, at
+  most ``consumer_prefetch``, so each thread finds its next message here
+  while the acks of the last ones bring more; a consumer started narrower is
+  started again. A process-local queue gets the whole window (``_window_for``);
 * a delivery goes to a waiting caller, acked once the caller has it; with
   nobody waiting it is *held*, unacked, for the next call; ``Sweep`` gives
   back what is held too long.
@@ -290,7 +290,9 @@ class ConsumerPool(object):
         if not self.ready:
             self._backlog.append((pending, queues, deadline, threads))
             return
-        self._window = min(self._prefetch, max(1, threads))
+        # One thread finds its next message pushed during its send's confirm;
+        # each further thread gets two, or it often finds none and waits here.
+        self._window = min(self._prefetch, max(1, 2 * threads - 1))
         if self.await_push(pending, [queue for queue, _ in queues], deadline):
             for queue, arguments in queues:
                 self._ensure_consumer(queue, arguments, self._window_for(queue))

@@ -142,8 +142,6 @@ class Receiver(object):
                 notices += 1
                 continue
             if decoded is not None:
-                if naming.is_shard_queue(delivery.queue):
-                    self._engine.handling(delivery.queue)
                 return decoded
             skipped += 1
         return None

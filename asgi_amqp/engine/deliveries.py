@@ -30,7 +30,7 @@ from typing import (
 
 import pika
 
-from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER
+from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER, is_shard_queue
 from .work import Queues, Work
 
 # Seconds after a marked copy arrives during which unmarked messages are checked:
@@ -214,8 +214,12 @@ class HeldMessages(object):
 
     Per caller thread, it also keeps what its latest blocking receive asked
     for, which the sweep counts as wanted even if held messages served it
-    (``consumers.sweep``), and the shard whose frame it handles until then,
-    which is not given back (``consumers.balance``).
+    (``consumers.sweep``), and the shard whose frame it handles until its
+    next blocking receive: no other thread is handed that shard's frames meanwhile
+    (a runworker's threads would run one socket's frames at once, and
+    ``enforce_ordering`` parks and loses them:
+    ``test_a_sockets_next_frame_waits_for_the_thread_running_its_last``),
+    and ``consumers.balance`` does not give it back.
     """
 
     def __init__(self) -> None:
@@ -224,18 +228,22 @@ class HeldMessages(object):
         # thread -> (monotonic time, queues) of its latest blocking receive;
         # each caller's thread writes its own entry, the I/O thread reads.
         self._asked: Dict[int, Tuple[float, Queues]] = {}
-        # thread -> (monotonic time, shard), written the same way
+        # thread -> (monotonic time, shard) of the frame it handles: set under
+        # ``_lock`` when a frame is taken for it, removed by its next ``asked``.
         self._handling: Dict[int, Tuple[float, str]] = {}
+        # thread -> the shard its last ``asked`` released, taken first by its next take.
+        self._released: Dict[int, str] = {}
 
     def asked(self, queues: Queues) -> None:
-        """This thread's blocking receive asks for ``queues``: its last frame is done."""
+        """This thread's blocking receive asks for ``queues``: its last frame is done.
+
+        Not a non-blocking one: Channels sends a consumer's replies after it
+        returns, and its ``enforce_ordering`` polls a wait channel before."""
         ident = threading.get_ident()
         self._asked[ident] = (time.monotonic(), queues)
-        self._handling.pop(ident, None)
-
-    def handling(self, shard: str) -> None:
-        """This thread was handed a frame of ``shard``."""
-        self._handling[threading.get_ident()] = (time.monotonic(), shard)
+        handled = self._handling.pop(ident, None)
+        if handled is not None:
+            self._released[ident] = handled[1]
 
     def shards_handled(self) -> Set[str]:
         """The shards whose frames caller threads handle now (I/O thread); a
@@ -248,6 +256,15 @@ class HeldMessages(object):
             else:
                 self._handling.pop(ident, None)
         return handled
+
+    def _handled_by_others(self, thread: int) -> Set[str]:
+        """The shards whose frames threads other than ``thread`` handle (under ``_lock``)."""
+        since = time.monotonic() - FORGOTTEN_AFTER
+        return {
+            shard
+            for ident, (at, shard) in list(self._handling.items())
+            if ident != thread and at >= since
+        }
 
     def asked_since(self, when: float) -> List[Queues]:
         """What blocking receives asked for from ``when`` on (I/O thread); the
@@ -265,14 +282,22 @@ class HeldMessages(object):
         with self._lock:
             self._by_queue.setdefault(queue, collections.deque()).append(held)
 
-    def put_back(self, queue: str, held: Held) -> None:
+    def put_back(self, queue: str, held: Held, thread: int) -> None:
+        """Undo ``thread``'s take of ``held``, whose caller left."""
         with self._lock:
             self._by_queue.setdefault(queue, collections.deque()).appendleft(held)
+            if self._handling.get(thread, (0, None))[1] == queue:
+                del self._handling[thread]
 
     def take(
-        self, queues: Sequence[str], record: Optional[Callable[[Delivery], None]] = None
+        self,
+        queues: Sequence[str],
+        thread: int,
+        record: Optional[Callable[[Delivery], None]] = None,
     ) -> Optional[Tuple[str, Held]]:
-        """(queue, oldest Held) of a random one of ``queues`` holding any, or None.
+        """(queue, oldest Held) of a random one of ``queues`` holding any, or None,
+        for the caller ``thread``: a shard's only if no other thread handles one
+        of its frames, and first the shard whose frame it handled last.
 
         ``record(delivery)`` runs under the lock: ``has`` sees the message here or
         wherever ``record`` put it, never in neither.
@@ -281,6 +306,12 @@ class HeldMessages(object):
             return None
         with self._lock:
             candidates = [q for q in queues if q in self._by_queue]
+            last = self._released.pop(thread, None)
+            if candidates and any(is_shard_queue(q) for q in candidates):
+                busy = self._handled_by_others(thread)
+                candidates = [q for q in candidates if q not in busy]
+                if last in candidates:
+                    candidates = [last]
             if not candidates:
                 return None
             queue = candidates[0] if len(candidates) == 1 else random.choice(candidates)
@@ -288,6 +319,8 @@ class HeldMessages(object):
             held = waiting.popleft()
             if not waiting:
                 del self._by_queue[queue]
+            if is_shard_queue(queue):
+                self._handling[thread] = (time.monotonic(), queue)
             if record is not None:
                 record(held.delivery)
             return queue, held

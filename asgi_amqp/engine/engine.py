@@ -377,10 +377,6 @@ class Engine(object):
         the thread's last frame is done."""
         self._running_io().asked(queues)
 
-    def handling(self, shard: str) -> None:
-        """The calling thread was handed a frame of ``shard``, until its next blocking receive."""
-        self._running_io().handling(shard)
-
     def take_held(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A held message for one of ``queues``, or None, taken in the caller's thread."""
         return self._running_io().take_pushed(queues)

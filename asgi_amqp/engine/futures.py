@@ -33,7 +33,16 @@ def wait_seconds(timeout: float) -> float:
 
 
 class Pending(object):
-    __slots__ = ("_lock", "_arrived", "_state", "_value", "_error", "description", "_on_done")
+    __slots__ = (
+        "_lock",
+        "_arrived",
+        "_state",
+        "_value",
+        "_error",
+        "description",
+        "_on_done",
+        "thread",
+    )
 
     def __init__(self, description: str = "operation", on_done: Optional[OnDone] = None) -> None:
         self._lock = threading.Lock()  # makes resolve/fail/abandon one decision
@@ -44,6 +53,7 @@ class Pending(object):
         self._error: Optional[BaseException] = None
         self.description = description
         self._on_done = on_done
+        self.thread = threading.get_ident()  # the caller's, whom a delivery is for
 
     @property
     def wanted(self) -> bool:

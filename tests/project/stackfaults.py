@@ -650,6 +650,7 @@ def run(
     restart_at=None,
     stop_first=False,
     workers=2,
+    worker_threads=1,
     persistent=False,
     management_plugin=False,
     operation_timeout=None,
@@ -674,7 +675,8 @@ def run(
     where the processes connected first and made the clients' memberships
     (the kills move the connections on to the other nodes).
     ``workers`` is the number of runworker processes (2 by default), each
-    on every channel.
+    on every channel, with ``worker_threads`` threads each (runworker's
+    default, 1).
 
     The run's own single node has no management plugin unless
     ``management_plugin``: before RabbitMQ 3.13 the plugin's agent keeps a
@@ -777,6 +779,7 @@ class FaultRun(object):
             self.node.management_url,  # None without the plugin
             prefix=self.prefix,
             workers=self.workers,
+            worker_args=["--threads", str(self.worker_threads)],
             echo=self.echo,
             env={
                 "CHAT_QUEUE_TYPE": self.queue_type,
@@ -1441,6 +1444,9 @@ def main(argv=None):
     )
     parser.add_argument("--workers", type=int, default=2, help="runworker processes (2)")
     parser.add_argument(
+        "--worker-threads", type=int, default=1, help="each runworker's --threads (1)"
+    )
+    parser.add_argument(
         "--persistent",
         action="store_true",
         help="the layer's persistent=True: classic queues keep their messages through a restart",
@@ -1500,6 +1506,7 @@ def main(argv=None):
             node_loss=scenario == "node-loss",
             stop_first=args.stop_first_node,
             workers=args.workers,
+            worker_threads=args.worker_threads,
             persistent=args.persistent,
             management_plugin=args.management_plugin,
             operation_timeout=args.operation_timeout,

@@ -266,7 +266,7 @@ class ConsumerPool(object):
 
     def start_shard(self, queue: str, arguments: Any) -> None:
         """Declare and consume a shard a non-blocking receive polls (``Polls.keep``)."""
-        self._ensure_consumer(queue, arguments, self._window, polled=True)
+        self._ensure_consumer(queue, arguments, 1, polled=True)
 
     def same_qos(self, callback: Callable[[Any], None]) -> None:
         """A ``basic.qos`` that changes nothing: ``callback`` gets its answer."""
@@ -305,7 +305,12 @@ class ConsumerPool(object):
         other reader, so it gets the whole ``consumer_prefetch``: with one,
         daphne's one reading thread waited a round trip per message
         (``test_only_a_process_local_channel_is_pushed_a_whole_window``).
+        A shard's frames run one at a time (``HeldMessages``), so it gets 1:
+        more would wait here, and a lost connection can put them back out of
+        place (``requeues_in_place``).
         """
+        if is_shard_queue(queue):
+            return 1
         return self._prefetch if is_process_local_queue(queue) else self._window
 
     def await_push(self, pending: Pending, names: Sequence[str], deadline: float) -> bool:
@@ -324,12 +329,13 @@ class ConsumerPool(object):
         """Hand a held message from one of ``queues`` to ``pending``; True if one was taken."""
         if self.channel is None or not self.ready:
             return False  # the channel is gone; the broker requeues what it held
-        taken = self._held.take(queues)
+        taken = self._held.take(queues, pending.thread)
         if taken is None:
             return False
         queue, held = taken
         if not pending.resolve(held.delivery):
-            self._held.put_back(queue, held)  # the caller left: keep it for someone else
+            # The caller left: keep it for someone else.
+            self._held.put_back(queue, held, pending.thread)
             return True
         self._handed_off.add(held.delivery)
         self.acks.acknowledge(queue, held)
@@ -345,6 +351,13 @@ class ConsumerPool(object):
         if waiter in self._waiters:
             self._waiters.remove(waiter)
         waiter.pending.resolve(None)
+
+    def _hand_frames(self, shard: str) -> None:
+        """Hand ``shard``'s oldest held frame to a waiter whose thread may run it."""
+        for waiter in [w for w in self._waiters if shard in w.queues]:
+            if self.hand_over_held(waiter.pending, (shard,)):  # taken, or its caller left
+                self._waiters.remove(waiter)
+                self.ioloop.remove_timeout(waiter.timer)
 
     # -- consumers ----------------------------------------------------------
 
@@ -381,7 +394,7 @@ class ConsumerPool(object):
 
     def consume_shard(self, shard: str, arguments: Any, polled: bool) -> None:
         """Consume a shard that waited for its owner (``owners``)."""
-        self._ensure_consumer(shard, arguments, self._window, polled)
+        self._ensure_consumer(shard, arguments, 1, polled)
 
     def _add_consumer(self, queue: str, window: int) -> Consumer:
         """A new consumer, not yet started, within ``max_consumers`` (``_evict_one``)."""
@@ -491,18 +504,21 @@ class ConsumerPool(object):
             method.redelivered,
             properties.message_id,
         )
-        for waiter in [w for w in self._waiters if consumer.queue in w.queues]:
-            self._waiters.remove(waiter)
-            self.ioloop.remove_timeout(waiter.timer)
-            if waiter.pending.resolve(delivery):
-                self._handed_off.add(delivery)
-                consumer.wanted_at = consumer.handed_at = time.monotonic()
-                self.acks.ack_tag(method.delivery_tag)
-                return
+        if not is_shard_queue(consumer.queue):
+            for waiter in [w for w in self._waiters if consumer.queue in w.queues]:
+                self._waiters.remove(waiter)
+                self.ioloop.remove_timeout(waiter.timer)
+                if waiter.pending.resolve(delivery):
+                    self._handed_off.add(delivery)
+                    consumer.wanted_at = consumer.handed_at = time.monotonic()
+                    self.acks.ack_tag(method.delivery_tag)
+                    return
         consumer.unacked += 1
         if consumer.unacked >= consumer.prefetch:
             consumer.fills += 1  # the broker keeps what comes next until we ack
         self._held.add(consumer.queue, Held(channel, method.delivery_tag, delivery, consumer))
+        if is_shard_queue(consumer.queue):
+            self._hand_frames(consumer.queue)  # oldest first, to one thread at a time
         if consumer.unacked < 2:
             return  # what it holds counts among its unacked: one at most
         since, count = self._held.held_since(consumer.queue)

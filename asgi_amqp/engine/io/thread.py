@@ -169,14 +169,10 @@ class IOThread(object):
         """A blocking receive of the calling thread asks for ``queues`` (its thread)."""
         self._held.asked(queues)
 
-    def handling(self, shard: str) -> None:
-        """The calling thread was handed a frame of ``shard`` (its thread)."""
-        self._held.handling(shard)
-
     def take_pushed(self, queues: Sequence[str]) -> Optional[Delivery]:
         """A held message for one of ``queues``, or None, taken in the caller's thread;
         its ack is submitted without waiting for it."""
-        taken = self._held.take(queues, record=self._handed_off.add)
+        taken = self._held.take(queues, threading.get_ident(), record=self._handed_off.add)
         if taken is None:
             return None
         queue, held = taken

@@ -224,6 +224,32 @@ def test_a_shard_is_pushed_one_frame_ahead_however_many_threads_receive(broker, 
     assert [layer.receive([RECEIVE], block=True)[1]["order"] for _ in range(5)] == [1, 2, 3, 4, 5]
 
 
+def test_a_shard_with_a_backlog_leaves_room_for_other_channels(broker, new_layer):
+    """A thread's next receive prefers no shard: one that kept to the shard of
+    its last frame while that shard held more starved every other channel
+    behind a backlog (after a restart, a /ping/ waited 4-12 s)."""
+    layer = new_layer(broker, flush=True)
+    shard = layer.topology.send_queue(RECEIVE, frame("a", 0))
+    request = layer.topology.channel_queue("http.request")
+    for order in range(20):
+        layer.send(RECEIVE, frame("a", order))
+    channels = [RECEIVE, "http.request"]
+    assert layer.receive(channels, block=True)[1]["order"] == 0  # both consumers start
+    layer.send("http.request", {"path": "/ping/"})
+    taken = []
+    while "http.request" not in taken:
+        # Each queue's next message is pushed and held before the receive.
+        ready = max(0, 20 - 1 - len([c for c in taken if c == RECEIVE]) - 1)
+        wait_until(
+            lambda ready=ready: queue_counts(broker, shard).message_count == ready,
+            5,
+            message="held",
+        )
+        wait_until(lambda: queue_counts(broker, request).message_count == 0, 5, message="ping")
+        taken.append(layer.receive(channels, block=True)[0])
+    assert len(taken) < 20, "the ping came after every frame of the shard"
+
+
 class Worker(object):
     """A runworker's loop on a layer of its own: receive, handle for ``work`` s, repeat."""
 

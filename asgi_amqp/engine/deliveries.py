@@ -231,8 +231,6 @@ class HeldMessages(object):
         # thread -> (monotonic time, shard) of the frame it handles: set under
         # ``_lock`` when a frame is taken for it, removed by its next ``asked``.
         self._handling: Dict[int, Tuple[float, str]] = {}
-        # thread -> the shard its last ``asked`` released, taken first by its next take.
-        self._released: Dict[int, str] = {}
 
     def asked(self, queues: Queues) -> None:
         """This thread's blocking receive asks for ``queues``: its last frame is done.
@@ -241,9 +239,7 @@ class HeldMessages(object):
         returns, and its ``enforce_ordering`` polls a wait channel before."""
         ident = threading.get_ident()
         self._asked[ident] = (time.monotonic(), queues)
-        handled = self._handling.pop(ident, None)
-        if handled is not None:
-            self._released[ident] = handled[1]
+        self._handling.pop(ident, None)
 
     def shards_handled(self) -> Set[str]:
         """The shards whose frames caller threads handle now (I/O thread); a
@@ -297,7 +293,8 @@ class HeldMessages(object):
     ) -> Optional[Tuple[str, Held]]:
         """(queue, oldest Held) of a random one of ``queues`` holding any, or None,
         for the caller ``thread``: a shard's only if no other thread handles one
-        of its frames, and first the shard whose frame it handled last.
+        of its frames. No queue is preferred: under a backlog, a thread that kept
+        to its last shard starved the others and every other channel.
 
         ``record(delivery)`` runs under the lock: ``has`` sees the message here or
         wherever ``record`` put it, never in neither.
@@ -306,12 +303,9 @@ class HeldMessages(object):
             return None
         with self._lock:
             candidates = [q for q in queues if q in self._by_queue]
-            last = self._released.pop(thread, None)
             if candidates and any(is_shard_queue(q) for q in candidates):
                 busy = self._handled_by_others(thread)
                 candidates = [q for q in candidates if q not in busy]
-                if last in candidates:
-                    candidates = [last]
             if not candidates:
                 return None
             queue = candidates[0] if len(candidates) == 1 else random.choice(candidates)

@@ -51,9 +51,8 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
-        "alone: timing targets set on a quiet machine (a chat at 10 messages/s per client, the "
-        "catch-up after a 30 s outage, a connect storm): make test runs these with no other "
-        "test beside them",
+        "alone: timing targets set on a quiet machine (a chat at 10 messages/s per client, a "
+        "connect storm): make test runs these with no other test beside them",
     )
     config.addinivalue_line(
         "markers",

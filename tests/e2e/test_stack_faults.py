@@ -152,10 +152,6 @@ LONG_OUTAGE_PAUSE = 30.0
 LONG_OUTAGE_OPERATION_TIMEOUT = 5.0
 
 
-# Alone: after the broker's return the stack catches up 30 s of chat (12-14 s
-# on a quiet machine, 20 s beside the other broker's suite), and a /ping/
-# issued then must be answered within its 10 s.
-@pytest.mark.alone
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 def test_a_30_s_outage_loses_nothing_daphne_accepted(queue_type):
     report = stackfaults.run(

@@ -152,6 +152,11 @@ class LocalGroups(object):
             self._on_full()
             logger.warning("send_group: %s is full: the group message is dropped for it", channel)
 
+    @property
+    def waiting(self) -> bool:
+        """Whether any copy waits (read without the lock: a copy kept now is seen next call)."""
+        return bool(self._waiting)
+
     def take(self, queues: Tuple[str, ...]) -> Optional[Tuple[str, str, bytes]]:
         """``(queue, channel, body)`` of the oldest copy waiting for one of ``queues``,
         tried in random order, so that no queue starves another."""

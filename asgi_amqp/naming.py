@@ -119,6 +119,9 @@ class Topology(object):
         self._capacity_for = capacity_for
         # Channels whose messages with a reply channel and an order go to shards.
         self.ordered_channels = frozenset(ordered_channels)
+        # kind -> "{prefix}:{kind}:", made on first use (any thread: a dict's get and
+        # set are atomic, and the same string is made by whoever races).
+        self._heads: Dict[str, str] = {}
 
     def _name(self, kind: str, *parts: str) -> str:
         return SEPARATOR.join((self.prefix, kind) + parts)
@@ -245,7 +248,9 @@ class Topology(object):
     # -- parsing names back -------------------------------------------------
 
     def _strip(self, kind: str, name: str) -> Optional[str]:
-        head = self._name(kind) + SEPARATOR
+        head = self._heads.get(kind)
+        if head is None:
+            head = self._heads[kind] = self._name(kind) + SEPARATOR
         if name.startswith(head):
             return name[len(head) :]
         return None
@@ -412,5 +417,4 @@ def is_process_local_queue(queue: str) -> bool:
     """Whether ``queue`` is a process-local ``foo!`` queue, which only its process
     reads, so a consumer may stay on it. Not ``foo?bar``: Channels 1.x's
     ``enforce_ordering`` parks messages in ``__wait__...?...`` that every worker reads."""
-    channel = queue.rpartition(SEPARATOR + "q" + SEPARATOR)[2]
-    return channel.endswith("!")
+    return queue.endswith("!")  # {prefix}:q:foo! (a shard ends in its number)

@@ -84,9 +84,11 @@ class Receiver(object):
         deadline = time.monotonic() + self._timeout
         if block:
             self._engine.asked(queues)  # its consumers stay wanted (engine.consumers.sweep)
-        found = self._local_copy(names) or self._first_readable(
-            lambda: self._engine.take_held(names) or self._fetch(queues, block, deadline)
-        )
+        found = self._local_copy(names) if self.local_groups.waiting else None
+        if found is None:
+            found = self._first_readable(
+                lambda: self._engine.take_held(names) or self._fetch(queues, block, deadline)
+            )
         return (None, None) if found is None else found
 
     def _local_copy(self, names: Tuple[str, ...]) -> Optional[Received]:
@@ -183,6 +185,9 @@ class Receiver(object):
             return None
 
 
+_COLLECTIONS = (list, tuple, set, frozenset)  # read twice safely, without a copy
+
+
 class ReceiveTargets(object):
     """``receive``'s channel names -> the distinct queues behind them, validated.
 
@@ -204,17 +209,19 @@ class ReceiveTargets(object):
         (``Receiver._fetch``)."""
         # Any collection of names: Channels 1.x's worker passes a set. A bare
         # string is refused rather than read as a list of one-letter names.
-        if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
-            raise TypeError(
-                "channels must be a list of channel names, not %s" % type(channels).__name__
-            )
-        channels = list(channels)
+        if type(channels) not in _COLLECTIONS:
+            if isinstance(channels, (str, bytes, dict)) or not hasattr(channels, "__iter__"):
+                raise TypeError(
+                    "channels must be a list of channel names, not %s" % type(channels).__name__
+                )
+            channels = list(channels)  # read once: an iterator gives its names only once
         try:
-            key = frozenset(channels)
+            key: Optional[FrozenSet[Any]] = frozenset(channels)
         except TypeError:  # an unhashable, hence invalid, name: the full check says which
             key = None
         known = self._sets.get(key) if key is not None else None
         if known is None:
+            channels = list(channels)
             known = self._unique_targets(channels)
             if key is not None:
                 if len(self._sets) >= 1000:

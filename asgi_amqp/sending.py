@@ -11,7 +11,7 @@ import itertools
 import os
 import secrets
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import pika
 
@@ -23,6 +23,25 @@ from .errors import BrokerOperationError, ChannelFull, MessageRefused
 from .parked_sends import SHORT_LINE, ParkedSends
 from .serialization import Message, Serializer
 from .statistics import Counters
+
+
+class _MessageIds(object):
+    """Message ids: a random token per process and a counter, shared by every layer
+    of the process (callers' threads: ``next`` is atomic). A forked child makes its
+    own token, so that the ids of two processes never meet in a receiver's
+    hand-off log."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(8)
+        self.counter = itertools.count()
+
+    def renew(self) -> None:
+        self.token = secrets.token_hex(8)
+
+
+_ids = _MessageIds()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.renew)
 
 
 class Sender(object):
@@ -52,25 +71,30 @@ class Sender(object):
         # The layer's ``operation_timeout`` (callers' threads; set there only).
         self.operation_timeout = operation_timeout
         self._delivery_mode = 2 if persistent else 1
+        # Valid channel names -> (queue, ordered, process-local) (callers' threads: a
+        # dict's get and set are atomic; an entry lost to a clear is made again).
+        self._targets: Dict[str, Tuple[str, bool, bool]] = {}
         # The calling thread's kind, which says what it may wait for (``callers``).
         self.caller = caller
-        # Message ids (callers' threads): a random token per process and a
-        # counter, whose next() is atomic; a forked child makes its own token.
-        self._id_token = secrets.token_hex(8)
-        self._id_pid = os.getpid()
-        self._id_counter = itertools.count()
         # What daphne's reactor thread could not send at once (``parked_sends``;
         # the reactor thread parks, the I/O thread sends, under its own lock).
         self.parked_sends = ParkedSends(engine, self.queue_declare, topology.expiry)
 
     def send(self, channel: str, message: Message) -> None:
-        check_channel_name(channel)
+        try:
+            target = self._targets.get(channel)
+        except TypeError:  # an unhashable, hence invalid, name: ``_target`` says why
+            target = None
+        if target is None:
+            target = self._target(channel)
         body = self._serializer.dumps(message)
-        queue = self._topology.send_queue(channel, message)
-        headers = {naming.CHANNEL_HEADER: channel} if is_process_local(channel) else None
+        queue, ordered, local = target
+        if ordered:
+            queue = self._topology.send_queue(channel, message)
+        headers = {naming.CHANNEL_HEADER: channel} if local else None
         # Persistent on a shard: a classic queue's node loses transient messages when it
         # stops (test_traffic_through_the_loss_of_a_node), and a lost frame stalls its socket.
-        shard = naming.is_shard_queue(queue)
+        shard = ordered and naming.is_shard_queue(queue)
         properties = self.properties(headers, persistent=shard)
         # Parked (``parked_sends``) instead of waiting: a reactor send while the broker is away,
         # refused, or behind earlier parked sends to its queue; and a frame for a full shard,
@@ -103,6 +127,22 @@ class Sender(object):
             parked.park(channel, queue, body, properties, most=most)
         else:
             self.finish_send(channel, queue, body, properties, outcome)
+
+    def _target(self, channel: str) -> Tuple[str, bool, bool]:
+        """(queue, ordered, process-local) of a valid ``channel``, else ``TypeError``.
+
+        Kept per name: a worker sends to the same few channels again and again."""
+        check_channel_name(channel)
+        topology = self._topology
+        target = (
+            topology.channel_queue(channel),
+            channel in topology.ordered_channels,
+            is_process_local(channel),
+        )
+        if len(self._targets) >= 10000:
+            self._targets.clear()
+        self._targets[channel] = target
+        return target
 
     def encode(self, message: Message) -> bytes:
         """``message`` as a body to publish (``MessageTooLarge``, ``TypeError``)."""
@@ -168,13 +208,6 @@ class Sender(object):
         """The step that declares ``channel``'s queue or shard with this layer's arguments."""
         return engine.queue_declare(queue, self._topology.queue_arguments(channel, queue))
 
-    def _process_token(self) -> str:
-        """This process's id token: a forked child gets its own, so that the
-        message ids of two processes never meet in a receiver's hand-off log."""
-        if self._id_pid != os.getpid():
-            self._id_token, self._id_pid = secrets.token_hex(8), os.getpid()
-        return self._id_token
-
     def properties(
         self, headers: Optional[Dict[str, Any]] = None, persistent: bool = False
     ) -> pika.BasicProperties:
@@ -182,7 +215,7 @@ class Sender(object):
         return pika.BasicProperties(
             delivery_mode=2 if persistent else self._delivery_mode,  # 2 with persistent=True
             content_type="application/x-msgpack",
-            message_id="%s.%d" % (self._process_token(), next(self._id_counter)),
+            message_id="%s.%d" % (_ids.token, next(_ids.counter)),
             headers=headers,
             timestamp=int(time.time()),
         )  # the broker's messages_max_age reads it

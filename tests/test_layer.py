@@ -190,6 +190,29 @@ def test_extensions_and_version():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_message_ids_repeat_in_no_two_layers_and_no_forked_child():
+    # A receiver drops a redelivery or a marked copy by its id (``HandedOff``):
+    # two layers of one process, and a parent and its child, never share one.
+    first = AMQPChannelLayer(url="amqp://127.0.0.1:1/", prefix="ids")
+    second = AMQPChannelLayer(url="amqp://127.0.0.1:1/", prefix="ids")
+    ids = [layer.sender.properties().message_id for layer in (first, second, first, second)]
+    assert len(set(ids)) == 4, ids
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the id its first message gets
+        try:
+            os.write(write_end, first.sender.properties().message_id.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    child = os.read(read_end, 200).decode()
+    os.waitpid(pid, 0)
+    parent = first.sender.properties().message_id
+    assert child.split(".")[0] != parent.split(".")[0], (child, parent)
+    assert first.threads() == second.threads() == []  # nothing reached a broker
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_layer_used_before_fork_works_in_the_child(layer):
     layer.send("before.fork", {"v": 1})
     assert layer.receive(["before.fork"]) == ("before.fork", {"v": 1})

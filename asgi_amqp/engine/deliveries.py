@@ -30,7 +30,7 @@ from typing import (
 
 import pika
 
-from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER, is_shard_queue
+from ..naming import CHANNEL_HEADER, REPUBLISHED_HEADER, SHARD_MARK
 from .work import Queues, Work
 
 # Seconds after a marked copy arrives during which unmarked messages are checked:
@@ -302,18 +302,20 @@ class HeldMessages(object):
         if not self._by_queue:  # nothing held: no lock (an add now comes after this take)
             return None
         with self._lock:
-            candidates = [q for q in queues if q in self._by_queue]
-            if candidates and any(is_shard_queue(q) for q in candidates):
+            by_queue = self._by_queue
+            candidates = [q for q in queues if q in by_queue]
+            shards = [q for q in candidates if SHARD_MARK in q]
+            if shards:
                 busy = self._handled_by_others(thread)
                 candidates = [q for q in candidates if q not in busy]
             if not candidates:
                 return None
             queue = candidates[0] if len(candidates) == 1 else random.choice(candidates)
-            waiting = self._by_queue[queue]
+            waiting = by_queue[queue]
             held = waiting.popleft()
             if not waiting:
-                del self._by_queue[queue]
-            if is_shard_queue(queue):
+                del by_queue[queue]
+            if shards and SHARD_MARK in queue:
                 self._handling[thread] = (time.monotonic(), queue)
             if record is not None:
                 record(held.delivery)

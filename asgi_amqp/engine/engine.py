@@ -37,13 +37,17 @@ logger = logging.getLogger(__name__)
 
 
 class _ForkGuard(object):
-    """A module lock that every forked child gets afresh (os.register_at_fork)."""
+    """This process's id and a module lock, both renewed in every forked child
+    (os.register_at_fork): every call asks which process it runs in, without a
+    system call."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.pid = os.getpid()
 
     def renew(self) -> None:
         self.lock = threading.Lock()
+        self.pid = os.getpid()
 
 
 _fork_guard = _ForkGuard()
@@ -88,7 +92,7 @@ class Engine(object):
         self._consumers = consumers
         self._run_worker = dead_letter_worker
         self._start_lock = threading.Lock()
-        self._lock_pid = os.getpid()  # the process whose threads can hold _start_lock
+        self._lock_pid = _fork_guard.pid  # the process whose threads can hold _start_lock
         self._pid: Optional[int] = None
         self._io: Optional[IOThread] = None
         self._worker: Optional[DeadLetterWorker] = None
@@ -105,12 +109,12 @@ class Engine(object):
         if self._closed:
             raise LayerClosed("the layer is closed")
         io = self._io
-        if io is not None and self._pid == os.getpid() and io.alive:
+        if io is not None and self._pid == _fork_guard.pid and io.alive:
             return io
         with self._lock_of_this_process():
             if self._closed:  # closed while this caller was on its way here
                 raise LayerClosed("the layer is closed")
-            if self._io is None or self._pid != os.getpid():
+            if self._io is None or self._pid != _fork_guard.pid:
                 # In a forked child the parent's threads do not exist and its
                 # sockets must not be touched: start afresh.
                 self._start_threads()
@@ -131,11 +135,11 @@ class Engine(object):
         Replaced under ``_fork_guard``'s lock, itself new in every child: two
         first callers must share one lock, or each starts an I/O thread.
         """
-        if self._lock_pid != os.getpid():
+        if self._lock_pid != _fork_guard.pid:
             with _fork_guard.lock:
-                if self._lock_pid != os.getpid():
+                if self._lock_pid != _fork_guard.pid:
                     self._start_lock = threading.Lock()
-                    self._lock_pid = os.getpid()
+                    self._lock_pid = _fork_guard.pid
         return self._start_lock
 
     def _start_threads(self) -> None:
@@ -143,7 +147,7 @@ class Engine(object):
         io = self._new_io_thread()
         worker = self._new_worker() if self._run_worker else None
         # Published only once running: other threads take the fast path above.
-        self._io, self._worker, self._pid = io, worker, os.getpid()
+        self._io, self._worker, self._pid = io, worker, _fork_guard.pid
 
     def _new_io_thread(self) -> IOThread:
         io = IOThread(
@@ -163,7 +167,7 @@ class Engine(object):
     @property
     def started_here(self) -> bool:
         """Whether this process started the threads (a forked child has not yet)."""
-        return self._pid == os.getpid()
+        return self._pid == _fork_guard.pid
 
     def threads(self) -> List[threading.Thread]:
         """The threads this engine runs in this process."""

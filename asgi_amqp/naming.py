@@ -51,6 +51,8 @@ from .channel_names import is_process_local, non_local_name
 SEPARATOR = ":"
 # ``#`` is never part of an ASGI name, so a shard's channel parses back.
 SHARD_MARK = "#"
+# Channels 1.x's enforce_ordering parks a frame out of turn in "__wait__.<reply channel>".
+_WAIT_QUEUE = SEPARATOR + "q" + SEPARATOR + "__wait__."
 ORDERED_SHARDS = 16  # shards of one ordered channel
 # ASGI 1.0's channels whose messages carry ``reply_channel`` and ``order``. Not
 # ``websocket.connect``: any process may run it (enforce_ordering parks frames before it),
@@ -411,6 +413,16 @@ def check_prefix(prefix: object) -> None:
 def is_shard_queue(queue: str) -> bool:
     """Whether ``queue`` is a shard of an ordered channel (``{prefix}:q:{channel}#{shard}``)."""
     return SHARD_MARK in queue
+
+
+def keeps_order(queue: str) -> bool:
+    """Whether ``queue`` holds what Channels' ``enforce_ordering`` cannot lose: a
+    socket's frames (a shard) or those it parked out of turn (``__wait__.``).
+
+    Their messages are persistent whatever the layer's ``persistent``: a classic
+    queue loses transient ones at ``stop_app``, and one lost frame parks every
+    later frame of its socket (``test_what_enforce_ordering_needs_survives_stop_app``)."""
+    return SHARD_MARK in queue or _WAIT_QUEUE in queue
 
 
 def is_process_local_queue(queue: str) -> bool:

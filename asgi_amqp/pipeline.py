@@ -171,7 +171,7 @@ class SendPipeline(object):
             entry.queue = layer.topology.send_queue(entry.name, message)
             headers = {naming.CHANNEL_HEADER: entry.name} if is_process_local(entry.name) else None
             entry.properties = sender.properties(
-                headers, persistent=naming.is_shard_queue(entry.queue)
+                headers, persistent=naming.keeps_order(entry.queue)
             )
         entry.body = sender.encode(message)
 

@@ -71,9 +71,9 @@ class Sender(object):
         # The layer's ``operation_timeout`` (callers' threads; set there only).
         self.operation_timeout = operation_timeout
         self._delivery_mode = 2 if persistent else 1
-        # Valid channel names -> (queue, ordered, process-local) (callers' threads: a
+        # Valid channel names -> ``_target`` (callers' threads: a
         # dict's get and set are atomic; an entry lost to a clear is made again).
-        self._targets: Dict[str, Tuple[str, bool, bool]] = {}
+        self._targets: Dict[str, Tuple[str, bool, bool, bool]] = {}
         # The calling thread's kind, which says what it may wait for (``callers``).
         self.caller = caller
         # What daphne's reactor thread could not send at once (``parked_sends``;
@@ -88,14 +88,16 @@ class Sender(object):
         if target is None:
             target = self._target(channel)
         body = self._serializer.dumps(message)
-        queue, ordered, local = target
+        queue, ordered, local, persistent = target
+        shard = False
         if ordered:
             queue = self._topology.send_queue(channel, message)
+            shard = persistent = naming.is_shard_queue(queue)
         headers = {naming.CHANNEL_HEADER: channel} if local else None
-        # Persistent on a shard: a classic queue's node loses transient messages when it
-        # stops (test_traffic_through_the_loss_of_a_node), and a lost frame stalls its socket.
-        shard = ordered and naming.is_shard_queue(queue)
-        properties = self.properties(headers, persistent=shard)
+        # Persistent where enforce_ordering keeps its frames (``naming.keeps_order``): a
+        # classic queue's node loses transient messages when it stops
+        # (test_traffic_through_the_loss_of_a_node), and a lost frame stalls its socket.
+        properties = self.properties(headers, persistent=persistent)
         # Parked (``parked_sends``) instead of waiting: a reactor send while the broker is away,
         # refused, or behind earlier parked sends to its queue; and a frame for a full shard,
         # maybe enforce_ordering's requeue from its only reader, which Channels does not retry.
@@ -128,16 +130,18 @@ class Sender(object):
         else:
             self.finish_send(channel, queue, body, properties, outcome)
 
-    def _target(self, channel: str) -> Tuple[str, bool, bool]:
-        """(queue, ordered, process-local) of a valid ``channel``, else ``TypeError``.
-
-        Kept per name: a worker sends to the same few channels again and again."""
+    def _target(self, channel: str) -> Tuple[str, bool, bool, bool]:
+        """(queue, ordered, process-local, persistent) of a valid ``channel``, else
+        ``TypeError``. Kept per name: a worker sends to the same few channels again
+        and again."""
         check_channel_name(channel)
         topology = self._topology
+        queue = topology.channel_queue(channel)
         target = (
-            topology.channel_queue(channel),
+            queue,
             channel in topology.ordered_channels,
             is_process_local(channel),
+            naming.keeps_order(queue),
         )
         if len(self._targets) >= 10000:
             self._targets.clear()
